@@ -1,0 +1,42 @@
+//! `outbox`: the operator CLI of lifecycle-outbox.
+
+#![forbid(unsafe_code)]
+
+mod cli;
+mod db;
+mod failure;
+mod migrate_cmd;
+mod sequence_cmd;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    cli.init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Migrate(args) => migrate_cmd::run(&cli.global, args).await,
+            Command::Sequence(args) => sequence_cmd::run(&cli.global, args).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("error: {failure}");
+            std::process::ExitCode::from(failure.code as u8)
+        }
+    }
+}

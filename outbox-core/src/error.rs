@@ -1,0 +1,108 @@
+//! The one error type of `outbox-core`.
+
+use tokio_postgres::error::SqlState;
+
+use crate::event::ValidationError;
+use crate::ids::IdError;
+
+/// Anything that can go wrong in the core library.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The event was refused before anything was written.
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
+    /// The database refused or failed a statement.
+    #[error("database error: {}", describe(.0))]
+    Database(#[from] tokio_postgres::Error),
+    /// An applied migration differs from the one this binary carries.
+    #[error(
+        "migration {version} ({name}) was applied with checksum {recorded}, but this build \
+         carries checksum {expected}: refusing to continue on a schema that differs from the \
+         code; restore the original migration file"
+    )]
+    ChecksumMismatch {
+        /// Migration version.
+        version: i32,
+        /// Migration name.
+        name: String,
+        /// Checksum in `schema_migrations`.
+        recorded: String,
+        /// Checksum of the embedded file.
+        expected: String,
+    },
+    /// The database has a migration this build does not know: a newer build migrated it.
+    #[error(
+        "migration {version} ({name}) is applied in the database but unknown to this build; \
+         run a build that includes it"
+    )]
+    UnknownMigration {
+        /// Migration version.
+        version: i32,
+        /// Migration name.
+        name: String,
+    },
+    /// The writer was called from inside an observed dispatch, which would double-fire the
+    /// writer-owned delete side effects.
+    #[error(
+        "refusing to write a lifecycle event from inside an observed dispatch: observers must \
+         not repeat writer-owned delete effects"
+    )]
+    WriteInsideObservedDispatch,
+}
+
+impl From<IdError> for Error {
+    fn from(e: IdError) -> Self {
+        Error::Validation(ValidationError::Id(e))
+    }
+}
+
+impl Error {
+    /// The SQLSTATE of a database error, if any.
+    pub fn code(&self) -> Option<&SqlState> {
+        match self {
+            Error::Database(e) => e.code(),
+            _ => None,
+        }
+    }
+
+    /// True when retrying the same operation later may succeed: serialization failures,
+    /// deadlocks, lock timeouts, administrator shutdown, and closed or broken connections.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Database(e) => is_retryable_db(e),
+            _ => false,
+        }
+    }
+}
+
+/// See [`Error::is_retryable`].
+pub fn is_retryable_db(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            [
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::LOCK_NOT_AVAILABLE,
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+            ]
+            .contains(code)
+                || code.code().starts_with("08")
+        }
+        // No SQLSTATE: an I/O or protocol failure on the connection.
+        None => true,
+    }
+}
+
+/// A database error with the server's message, not just "db error".
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}

@@ -1,0 +1,232 @@
+//! The `task:deleted` event: what a writer records and what an observer receives.
+
+use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{IdError, ProjectId, TaskId, validate_identifier};
+
+/// The only event type in the stream so far.
+pub const TASK_DELETED: &str = "task:deleted";
+
+/// Version of the payload layout written by this library.
+pub const PAYLOAD_VERSION: i32 = 1;
+
+/// Longest accepted `prior` value, in characters.
+pub const MAX_PRIOR_VALUE_LEN: usize = 64;
+
+/// How far ahead of the clock a `deleted_at` may lie before it is refused as a clock error.
+pub const MAX_FUTURE_SKEW: TimeDelta = TimeDelta::minutes(5);
+
+/// Why an event was refused before anything was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// An identifier is malformed.
+    #[error(transparent)]
+    Id(#[from] IdError),
+    /// `deleted_at` lies further in the future than [`MAX_FUTURE_SKEW`].
+    #[error("invalid deleted_at: {} is more than 5 minutes in the future", format_timestamp(*.0))]
+    DeletedAtInFuture(DateTime<Utc>),
+    /// `prior` is not a JSON object.
+    #[error("invalid prior: must be a JSON object")]
+    PriorNotObject,
+    /// `prior` has a key other than `column` or `status`.
+    #[error("invalid prior: unknown key {} (known keys: column, status)", serde_json::Value::String(.0.clone()))]
+    PriorUnknownKey(String),
+    /// A `prior` value is not a string.
+    #[error("invalid prior.{0}: must be a string")]
+    PriorValueNotString(String),
+}
+
+/// The task's state just before deletion: the minimum an observer needs to update its view.
+/// Bounded identifiers only, never free text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prior {
+    /// The board column the task was in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
+    /// The task's status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+impl Prior {
+    /// Validates a JSON value the way the SQL writer does. `null` means no prior state.
+    pub fn from_json(value: &serde_json::Value) -> Result<Self, ValidationError> {
+        let object = match value {
+            serde_json::Value::Null => return Ok(Self::default()),
+            serde_json::Value::Object(object) => object,
+            _ => return Err(ValidationError::PriorNotObject),
+        };
+        let mut keys: Vec<&String> = object.keys().collect();
+        keys.sort();
+        let mut prior = Self::default();
+        for key in keys {
+            let slot = match key.as_str() {
+                "column" => &mut prior.column,
+                "status" => &mut prior.status,
+                _ => return Err(ValidationError::PriorUnknownKey(key.clone())),
+            };
+            let text = object[key]
+                .as_str()
+                .ok_or_else(|| ValidationError::PriorValueNotString(key.clone()))?;
+            validate_identifier(&format!("prior.{key}"), text, MAX_PRIOR_VALUE_LEN)?;
+            *slot = Some(text.to_owned());
+        }
+        Ok(prior)
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        // Checked in key order, as the SQL writer does.
+        if let Some(column) = &self.column {
+            validate_identifier("prior.column", column, MAX_PRIOR_VALUE_LEN)?;
+        }
+        if let Some(status) = &self.status {
+            validate_identifier("prior.status", status, MAX_PRIOR_VALUE_LEN)?;
+        }
+        Ok(())
+    }
+
+    /// The stored payload object.
+    pub fn to_payload(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("Prior serializes to an object")
+    }
+}
+
+/// A validated `task:deleted` event, ready to be written in the deleting transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskDeleted {
+    project_id: ProjectId,
+    task_id: TaskId,
+    deleted_at: DateTime<Utc>,
+    prior: Prior,
+}
+
+impl TaskDeleted {
+    /// Validates an event against the current clock.
+    ///
+    /// `deleted_at` is truncated to microseconds, PostgreSQL's precision, so the event ID
+    /// computed here is the one the database would compute.
+    pub fn new(
+        project_id: ProjectId,
+        task_id: TaskId,
+        deleted_at: DateTime<Utc>,
+        prior: Prior,
+    ) -> Result<Self, ValidationError> {
+        Self::new_at(project_id, task_id, deleted_at, prior, Utc::now())
+    }
+
+    /// Like [`TaskDeleted::new`], against an explicit clock reading.
+    pub fn new_at(
+        project_id: ProjectId,
+        task_id: TaskId,
+        deleted_at: DateTime<Utc>,
+        prior: Prior,
+        now: DateTime<Utc>,
+    ) -> Result<Self, ValidationError> {
+        let deleted_at = deleted_at.trunc_subsecs(6);
+        if deleted_at > now + MAX_FUTURE_SKEW {
+            return Err(ValidationError::DeletedAtInFuture(deleted_at));
+        }
+        prior.validate()?;
+        Ok(Self {
+            project_id,
+            task_id,
+            deleted_at,
+            prior,
+        })
+    }
+
+    /// The project the event belongs to.
+    pub fn project_id(&self) -> &ProjectId {
+        &self.project_id
+    }
+
+    /// The deleted task.
+    pub fn task_id(&self) -> &TaskId {
+        &self.task_id
+    }
+
+    /// The deletion identity: a repeated delete with the same `deleted_at` is the same event.
+    pub fn deleted_at(&self) -> DateTime<Utc> {
+        self.deleted_at
+    }
+
+    /// The task's state before deletion.
+    pub fn prior(&self) -> &Prior {
+        &self.prior
+    }
+
+    /// `task-deleted:<task_id>:<deleted_at, RFC 3339 UTC with microseconds>`.
+    pub fn event_id(&self) -> String {
+        format!(
+            "task-deleted:{}:{}",
+            self.task_id,
+            format_timestamp(self.deleted_at)
+        )
+    }
+}
+
+/// RFC 3339 in UTC with exactly six fractional digits, as used in event IDs.
+pub fn format_timestamp(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn event(deleted_at: DateTime<Utc>, prior: Prior) -> Result<TaskDeleted, ValidationError> {
+        TaskDeleted::new(
+            ProjectId::new("p1").unwrap(),
+            TaskId::new("FN-1").unwrap(),
+            deleted_at,
+            prior,
+        )
+    }
+
+    #[test]
+    fn event_id_has_microseconds_in_utc() {
+        let at = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap() + TimeDelta::nanoseconds(1_234_567);
+        let e = event(at, Prior::default()).unwrap();
+        assert_eq!(e.event_id(), "task-deleted:FN-1:2026-01-02T03:04:05.001234Z");
+        assert_eq!(e.deleted_at().timestamp_subsec_nanos(), 1_234_000);
+    }
+
+    #[test]
+    fn refuses_far_future() {
+        let now = Utc::now();
+        assert!(event(now + TimeDelta::minutes(4), Prior::default()).is_ok());
+        let err = event(now + TimeDelta::days(1), Prior::default()).unwrap_err();
+        assert!(matches!(err, ValidationError::DeletedAtInFuture(_)));
+        assert!(err.to_string().ends_with("is more than 5 minutes in the future"));
+    }
+
+    #[test]
+    fn prior_must_be_small_object_of_known_keys() {
+        use serde_json::json;
+        assert_eq!(Prior::from_json(&json!(null)).unwrap(), Prior::default());
+        let p = Prior::from_json(&json!({"column": "todo", "status": "open"})).unwrap();
+        assert_eq!(p.to_payload(), json!({"column": "todo", "status": "open"}));
+        assert_eq!(
+            Prior::from_json(&json!([1])).unwrap_err().to_string(),
+            "invalid prior: must be a JSON object"
+        );
+        assert_eq!(
+            Prior::from_json(&json!({"note": "x"})).unwrap_err().to_string(),
+            "invalid prior: unknown key \"note\" (known keys: column, status)"
+        );
+        assert_eq!(
+            Prior::from_json(&json!({"status": 3})).unwrap_err().to_string(),
+            "invalid prior.status: must be a string"
+        );
+        assert_eq!(
+            Prior::from_json(&json!({"column": "a".repeat(65)})).unwrap_err().to_string(),
+            "invalid prior.column: 65 characters exceeds the limit of 64"
+        );
+        let bad = Prior { column: Some("two words".into()), status: None };
+        assert!(event(Utc::now(), bad).is_err());
+    }
+}

@@ -1,0 +1,213 @@
+//! Identifier validation shared by every entry point.
+//!
+//! Project, task, writer and consumer IDs share one rule so that an ID accepted in one place is
+//! accepted everywhere: 1 to 128 characters from `A-Z a-z 0-9 . _ : @ -`. The SQL writer
+//! (`check_identifier` in `sql/0001_init.sql`) raises exactly the messages produced here.
+
+use std::fmt;
+
+/// Longest accepted project, task, writer process or consumer ID, in characters.
+pub const MAX_ID_LEN: usize = 128;
+
+/// Why an identifier was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdError {
+    /// The value is the empty string.
+    #[error("invalid {field}: must not be empty")]
+    Empty {
+        /// Which argument.
+        field: String,
+    },
+    /// The value is longer than allowed.
+    #[error("invalid {field}: {len} characters exceeds the limit of {max}")]
+    TooLong {
+        /// Which argument.
+        field: String,
+        /// Its length in characters.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The value contains a control character (C0, DEL or C1).
+    #[error("invalid {field}: control character at position {position}")]
+    ControlCharacter {
+        /// Which argument.
+        field: String,
+        /// 1-based character position.
+        position: usize,
+    },
+    /// The value contains a printable character outside the allowed set.
+    #[error(
+        "invalid {field}: character {} at position {position} is not allowed \
+         (allowed: A-Z a-z 0-9 . _ : @ -)",
+        json_quoted(*character)
+    )]
+    InvalidCharacter {
+        /// Which argument.
+        field: String,
+        /// The offending character.
+        character: char,
+        /// 1-based character position.
+        position: usize,
+    },
+}
+
+fn json_quoted(c: char) -> String {
+    serde_json::Value::String(c.to_string()).to_string()
+}
+
+fn allowed(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '@' | '-')
+}
+
+/// Checks `value` against the identifier rule, naming `field` in the error.
+pub fn validate_identifier(field: &str, value: &str, max: usize) -> Result<(), IdError> {
+    if value.is_empty() {
+        return Err(IdError::Empty {
+            field: field.to_owned(),
+        });
+    }
+    let len = value.chars().count();
+    if len > max {
+        return Err(IdError::TooLong {
+            field: field.to_owned(),
+            len,
+            max,
+        });
+    }
+    for (index, character) in value.chars().enumerate() {
+        let position = index + 1;
+        if character.is_control() {
+            return Err(IdError::ControlCharacter {
+                field: field.to_owned(),
+                position,
+            });
+        }
+        if !allowed(character) {
+            return Err(IdError::InvalidCharacter {
+                field: field.to_owned(),
+                character,
+                position,
+            });
+        }
+    }
+    Ok(())
+}
+
+macro_rules! identifier {
+    ($(#[$doc:meta])* $name:ident, $field:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates and wraps `value`.
+            pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
+                let value = value.into();
+                validate_identifier($field, &value, MAX_ID_LEN)?;
+                Ok(Self(value))
+            }
+
+            /// The ID as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = IdError;
+            fn from_str(value: &str) -> Result<Self, IdError> {
+                Self::new(value)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+identifier!(
+    /// A project: the unit of ordering. Events are numbered densely per project.
+    ProjectId,
+    "project_id"
+);
+identifier!(
+    /// A task whose deletion is recorded.
+    TaskId,
+    "task_id"
+);
+identifier!(
+    /// The identity of the process that wrote an event, carried to observers as its origin.
+    WriterProcessId,
+    "writer_process_id"
+);
+identifier!(
+    /// A durable consumer's explicit, stable identity. Never generated at boot: a consumer that
+    /// forgets its ID would silently start a new cursor and lose its place.
+    ConsumerId,
+    "consumer_id"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn accepts_typical_ids() {
+        for id in ["FN-8683", "a", "proj.1", "dashboard@node-1", "x:y_z"] {
+            ProjectId::new(id).unwrap();
+        }
+        ProjectId::new("a".repeat(MAX_ID_LEN)).unwrap();
+    }
+
+    #[test]
+    fn names_each_problem() {
+        assert_eq!(
+            TaskId::new("").unwrap_err().to_string(),
+            "invalid task_id: must not be empty"
+        );
+        assert_eq!(
+            TaskId::new("a".repeat(129)).unwrap_err().to_string(),
+            "invalid task_id: 129 characters exceeds the limit of 128"
+        );
+        assert_eq!(
+            ConsumerId::new("ab\ncd").unwrap_err().to_string(),
+            "invalid consumer_id: control character at position 3"
+        );
+        assert_eq!(
+            ProjectId::new("a b").unwrap_err().to_string(),
+            "invalid project_id: character \" \" at position 2 is not allowed \
+             (allowed: A-Z a-z 0-9 . _ : @ -)"
+        );
+        assert_eq!(
+            ProjectId::new("é").unwrap_err(),
+            IdError::InvalidCharacter {
+                field: "project_id".into(),
+                character: 'é',
+                position: 1
+            }
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn valid_iff_matches_the_pattern(s in "\\PC{0,140}|[A-Za-z0-9._:@-]{0,140}") {
+            let expected = !s.is_empty()
+                && s.chars().count() <= MAX_ID_LEN
+                && s.chars().all(allowed);
+            prop_assert_eq!(ProjectId::new(s.clone()).is_ok(), expected);
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! # outbox-core
+//!
+//! The durable half of lifecycle-outbox: schema migrations, the transactional `task:deleted`
+//! writer, and the sequencer that numbers committed events densely per project.
+//!
+//! ```no_run
+//! use chrono::Utc;
+//! use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
+//!
+//! # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let writer = Writer::new(&Schema::default(), WriterProcessId::new("api-1")?);
+//! let tx = client.transaction().await?;
+//! let deleted_at = Utc::now();
+//! tx.execute("UPDATE tasks SET deleted_at = $1 WHERE id = $2 AND deleted_at IS NULL",
+//!            &[&deleted_at, &"FN-1"]).await?;
+//! let event = TaskDeleted::new(ProjectId::new("p1")?, TaskId::new("FN-1")?, deleted_at,
+//!                              Prior::default())?;
+//! writer.record(&tx, &event).await?;
+//! tx.commit().await?; // the delete and its event commit together, or neither does
+//! # Ok(()) }
+//! ```
+//!
+//! ## Guarantees
+//! - A committed delete has its event; a rolled-back one never had it.
+//! - A repeated delete of the same `(task_id, deleted_at)` writes nothing
+//!   ([`WriteOutcome::AlreadyRecorded`]).
+//! - Sequences are dense per project (1, 2, 3, ...) and become visible in order: a reader that
+//!   sees sequence n+1 also sees n, whatever order the writers committed in.
+//! - Writers never serialise on a shared row and never send `NOTIFY`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+mod event;
+mod ids;
+mod migrate;
+mod observed;
+mod schema;
+mod sequencer;
+mod sql;
+mod writer;
+
+pub use error::{Error, describe, is_retryable_db};
+pub use event::{
+    MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, PAYLOAD_VERSION, Prior, TASK_DELETED, TaskDeleted,
+    ValidationError, format_timestamp,
+};
+pub use ids::{ConsumerId, IdError, MAX_ID_LEN, ProjectId, TaskId, WriterProcessId};
+pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
+pub use observed::{in_observed_dispatch, observe};
+pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
+pub use sequencer::{DEFAULT_BATCH, Sequencer, Tick};
+pub use writer::{WriteOutcome, Writer};

@@ -1,0 +1,79 @@
+//! Every SQL statement of `outbox-core`, as templates over `{{schema}}`.
+
+/// Creates the schema and the migrations table (run under the migration lock).
+pub const MIGRATIONS_TABLE: &str = "
+CREATE SCHEMA IF NOT EXISTS {{schema}};
+CREATE TABLE IF NOT EXISTS {{schema}}.schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);";
+
+/// Applied migrations in order.
+pub const APPLIED_MIGRATIONS: &str =
+    "SELECT version, name, checksum FROM {{schema}}.schema_migrations ORDER BY version";
+
+/// Records one applied migration.
+pub const RECORD_MIGRATION: &str =
+    "INSERT INTO {{schema}}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
+
+/// Serialises migrators (transaction-scoped).
+pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// Elects one sequencer at a time (transaction-scoped); others skip their tick.
+pub const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
+
+/// The Rust writer's single statement. `RETURNING` tells a new row from a repeated delete.
+pub const WRITE_TASK_DELETED: &str = "
+INSERT INTO {{schema}}.lifecycle_outbox
+    (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
+     payload_version, payload)
+VALUES ($1, 'task:deleted', $2, $3, $4, $5, $6, $7)
+ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
+RETURNING id";
+
+/// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
+/// touched project's head; returns each project's new head and how many it numbered.
+///
+/// Runs under the sequencer lock, in a statement started after the lock was granted, so its
+/// snapshot includes every earlier tick. Rows of uncommitted writers are invisible here and are
+/// numbered by a later tick, after everything already numbered: a reader at `sequence > n`
+/// can never miss a lower number that appears later.
+pub const NUMBER_PENDING: &str = "
+WITH pending AS (
+    SELECT id, project_id,
+           row_number() OVER (PARTITION BY project_id ORDER BY id) AS rank
+    FROM (SELECT id, project_id
+          FROM {{schema}}.lifecycle_outbox
+          WHERE sequence IS NULL
+          ORDER BY id
+          LIMIT $1) AS batch
+),
+counts AS (
+    SELECT project_id, count(*) AS numbered FROM pending GROUP BY project_id
+),
+heads AS (
+    INSERT INTO {{schema}}.lifecycle_project_heads AS h (project_id, head_sequence)
+    SELECT project_id, numbered FROM counts
+    ON CONFLICT (project_id)
+        DO UPDATE SET head_sequence = h.head_sequence + EXCLUDED.head_sequence
+    RETURNING h.project_id, h.head_sequence
+),
+numbered AS (
+    UPDATE {{schema}}.lifecycle_outbox AS o
+    SET sequence = heads.head_sequence - counts.numbered + pending.rank,
+        sequenced_at = now()
+    FROM pending
+    JOIN counts USING (project_id)
+    JOIN heads USING (project_id)
+    WHERE o.id = pending.id
+    RETURNING o.id
+)
+SELECT heads.project_id, heads.head_sequence, counts.numbered
+FROM heads JOIN counts USING (project_id)
+ORDER BY heads.project_id";
+
+/// One wake-up per touched project, delivered at commit.
+pub const NOTIFY_PROJECTS: &str =
+    "SELECT pg_notify($1, project_id) FROM unnest($2::text[]) AS project_id";

@@ -1,0 +1,97 @@
+//! The transactional writer: records `task:deleted` inside the caller's delete transaction.
+
+use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
+
+use crate::error::Error;
+use crate::event::{PAYLOAD_VERSION, TaskDeleted};
+use crate::ids::WriterProcessId;
+use crate::observed::in_observed_dispatch;
+use crate::schema::Schema;
+use crate::sql;
+
+/// What a write did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// A new event row was inserted; it commits or rolls back with the caller's transaction.
+    Recorded {
+        /// The event's identity.
+        event_id: String,
+    },
+    /// This deletion (same task, same `deleted_at`) is already recorded; nothing was written.
+    AlreadyRecorded {
+        /// The event's identity.
+        event_id: String,
+    },
+}
+
+impl WriteOutcome {
+    /// The event's identity.
+    pub fn event_id(&self) -> &str {
+        match self {
+            WriteOutcome::Recorded { event_id } | WriteOutcome::AlreadyRecorded { event_id } => {
+                event_id
+            }
+        }
+    }
+}
+
+/// Writes `task:deleted` events on behalf of one process.
+///
+/// The writer costs one round trip and one indexed insert. It never begins, commits or
+/// changes session state, never takes a shared counter row and never sends `NOTIFY`: numbering
+/// and wake-ups are the sequencer's job, after commit.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    /// Carried in every event as its origin, so observers can tell who deleted.
+    process_id: WriterProcessId,
+    /// The insert statement rendered for the configured schema.
+    insert: String,
+}
+
+impl Writer {
+    /// A writer for `schema`, identifying itself as `process_id`.
+    pub fn new(schema: &Schema, process_id: WriterProcessId) -> Self {
+        Self {
+            process_id,
+            insert: schema.render(sql::WRITE_TASK_DELETED),
+        }
+    }
+
+    /// The identity recorded as each event's origin.
+    pub fn process_id(&self) -> &WriterProcessId {
+        &self.process_id
+    }
+
+    /// Records `event` through `client`, which should be the caller's open delete transaction.
+    pub async fn record<C>(&self, client: &C, event: &TaskDeleted) -> Result<WriteOutcome, Error>
+    where
+        C: GenericClient + Sync,
+    {
+        if in_observed_dispatch() {
+            return Err(Error::WriteInsideObservedDispatch);
+        }
+        let event_id = event.event_id();
+        let deleted_at = event.deleted_at();
+        let payload = event.prior().to_payload();
+        let rows = client
+            .query_typed(
+                &self.insert,
+                &[
+                    (&event.project_id().as_str(), Type::TEXT),
+                    (&event_id.as_str(), Type::TEXT),
+                    (&event.task_id().as_str(), Type::TEXT),
+                    (&deleted_at, Type::TIMESTAMPTZ),
+                    (&self.process_id.as_str(), Type::TEXT),
+                    (&PAYLOAD_VERSION, Type::INT4),
+                    (&payload, Type::JSONB),
+                ],
+            )
+            .await?;
+        Ok(if rows.is_empty() {
+            WriteOutcome::AlreadyRecorded { event_id }
+        } else {
+            WriteOutcome::Recorded { event_id }
+        })
+    }
+}
