@@ -1,0 +1,27 @@
+# lifecycle-outbox: the two commands of the README, and a few helpers.
+.PHONY: demo test bench lint pg-up pg-down build
+
+# Starts a disposable PostgreSQL, migrates, and runs a narrated scenario.
+demo:
+	bash scripts/demo.sh
+
+# Everything the suite needs (a fresh disposable cluster), then lint and the whole suite.
+test:
+	bash scripts/test.sh
+
+# Benchmarks; figures go to stdout and bench/RESULTS*.md.
+bench:
+	bash bench/run.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+build:
+	cargo build --workspace
+
+pg-up:
+	@bash scripts/pg.sh up
+
+pg-down:
+	bash scripts/pg.sh down

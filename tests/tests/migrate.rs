@@ -1,0 +1,133 @@
+//! Migrations: idempotent, safe when concurrent, refuse tampering, honour the schema name.
+
+use outbox_core::{Error, MIGRATIONS, Migration, Schema, migrate, migrate_with};
+use outbox_tests::{empty_db, fresh_db};
+
+#[tokio::test]
+async fn migrate_twice_applies_once() {
+    let db = empty_db().await;
+    let mut client = db.connect().await;
+    let first = migrate(&mut client, &Schema::default()).await.unwrap();
+    assert_eq!(first.applied, vec![1]);
+    assert!(first.already_applied.is_empty());
+    let second = migrate(&mut client, &Schema::default()).await.unwrap();
+    assert!(second.applied.is_empty());
+    assert_eq!(second.already_applied, vec![1]);
+    let rows = client
+        .query("SELECT version, checksum FROM outbox.schema_migrations", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(1), MIGRATIONS[0].checksum());
+}
+
+#[tokio::test]
+async fn concurrent_migrations_serialise() {
+    let db = empty_db().await;
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let db = db.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = db.connect().await;
+            migrate(&mut client, &Schema::default()).await
+        }));
+    }
+    let mut applied = 0;
+    for task in tasks {
+        let report = task.await.unwrap().expect("every concurrent migrate succeeds");
+        applied += report.applied.len();
+    }
+    assert_eq!(applied, 1, "exactly one process applies the migration");
+}
+
+#[tokio::test]
+async fn tampered_checksum_is_refused() {
+    let db = fresh_db().await;
+    let mut client = db.connect().await;
+    let tampered = [Migration {
+        template: "-- edited\nSELECT 1 FROM {{schema}}.lifecycle_outbox;",
+        ..MIGRATIONS[0]
+    }];
+    let err = migrate_with(&mut client, &Schema::default(), &tampered)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ChecksumMismatch { version: 1, .. }), "{err}");
+    assert!(err.to_string().contains("migration 1 (init)"), "{err}");
+
+    client
+        .execute("UPDATE outbox.schema_migrations SET checksum = 'x'", &[])
+        .await
+        .unwrap();
+    let err = migrate(&mut client, &Schema::default()).await.unwrap_err();
+    assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn unknown_applied_migration_is_refused() {
+    let db = fresh_db().await;
+    let mut client = db.connect().await;
+    client
+        .execute(
+            "INSERT INTO outbox.schema_migrations (version, name, checksum) VALUES (99, 'future', 'x')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let err = migrate(&mut client, &Schema::default()).await.unwrap_err();
+    assert!(matches!(err, Error::UnknownMigration { version: 99, .. }), "{err}");
+}
+
+#[tokio::test]
+async fn failed_migration_leaves_nothing_behind() {
+    let db = empty_db().await;
+    let mut client = db.connect().await;
+    let broken = [
+        MIGRATIONS[0],
+        Migration {
+            version: 2,
+            name: "broken",
+            template: "CREATE TABLE {{schema}}.half (x int); SELECT no_such_function();",
+        },
+    ];
+    assert!(migrate_with(&mut client, &Schema::default(), &broken).await.is_err());
+    let exists: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'outbox')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!exists, "a failed run rolls back every migration of the run");
+}
+
+#[tokio::test]
+async fn schema_name_is_configurable() {
+    let db = empty_db().await;
+    let mut client = db.connect().await;
+    let schema = Schema::new("tenant_a").unwrap();
+    migrate(&mut client, &schema).await.unwrap();
+    let event_id: String = client
+        .query_one(
+            "SELECT tenant_a.write_task_deleted('p', 't', now(), 'w')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(event_id.starts_with("task-deleted:t:"));
+    let numbered = outbox_core::Sequencer::new(&schema)
+        .drain(&mut client)
+        .await
+        .unwrap();
+    assert_eq!(numbered, 1);
+    let outbox_exists: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'outbox')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!outbox_exists);
+}

@@ -1,0 +1,368 @@
+//! The sequencer: dense, gap-free, never n+1 before n, whatever order writers commit in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use outbox_core::{
+    Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer,
+    WriterProcessId,
+};
+use outbox_tests::{TestDb, fresh_db, sequenced};
+use rand::Rng;
+use tokio::sync::Mutex;
+
+const PROJECTS: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
+
+fn writer(n: usize) -> Writer {
+    Writer::new(
+        &Schema::default(),
+        WriterProcessId::new(format!("writer-{n}")).unwrap(),
+    )
+}
+
+fn event(project: &str, task: String) -> TaskDeleted {
+    TaskDeleted::new(
+        ProjectId::new(project).unwrap(),
+        TaskId::new(task).unwrap(),
+        Utc::now(),
+        Prior::default(),
+    )
+    .unwrap()
+}
+
+#[derive(Default)]
+struct Ledger {
+    committed: BTreeMap<String, BTreeSet<String>>,
+    rolled_back: BTreeSet<String>,
+}
+
+/// Reads every project's visible sequences and checks each is exactly 1..=k.
+async fn check_prefix(client: &tokio_postgres::Client) -> usize {
+    let rows = client
+        .query(
+            "SELECT project_id, array_agg(sequence ORDER BY sequence) \
+             FROM outbox.lifecycle_outbox WHERE sequence IS NOT NULL GROUP BY project_id",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut seen = 0;
+    for row in rows {
+        let project: String = row.get(0);
+        let sequences: Vec<i64> = row.get(1);
+        let expected: Vec<i64> = (1..=sequences.len() as i64).collect();
+        assert_eq!(
+            sequences, expected,
+            "project {project}: visible sequences are not a dense prefix"
+        );
+        seen += sequences.len();
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gap_free_under_hostile_commit_order() {
+    let db = fresh_db().await;
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // The sequencer ticks continuously while writers run.
+    let sequencer = {
+        let db = db.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut client = db.connect().await;
+            let sequencer = Sequencer::new(&Schema::default()).with_batch(7);
+            let mut ticks = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                sequencer.tick(&mut client).await.unwrap();
+                ticks += 1;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            ticks
+        })
+    };
+
+    // A sampler checks the visible prefix again and again during the run.
+    let sampler = {
+        let db = db.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let client = db.connect().await;
+            let mut samples = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                check_prefix(&client).await;
+                samples += 1;
+            }
+            samples
+        })
+    };
+
+    // One slow-committing writer: writes first, then sleeps in its transaction.
+    let slow = {
+        let db = db.clone();
+        let ledger = ledger.clone();
+        tokio::spawn(async move {
+            let mut client = db.connect().await;
+            let tx = client.transaction().await.unwrap();
+            let e = event("alpha", "slow-task".into());
+            writer(99).record(&tx, &e).await.unwrap();
+            tx.execute("SELECT pg_sleep(1.5)", &[]).await.unwrap();
+            tx.commit().await.unwrap();
+            ledger
+                .lock()
+                .await
+                .committed
+                .entry("alpha".into())
+                .or_default()
+                .insert(e.event_id());
+        })
+    };
+
+    let mut writers = Vec::new();
+    for w in 0..16 {
+        let db = db.clone();
+        let ledger = ledger.clone();
+        writers.push(tokio::spawn(async move {
+            let mut client = db.connect().await;
+            for i in 0..25 {
+                let (project, sleep_ms, roll_back) = {
+                    let mut rng = rand::rng();
+                    (
+                        PROJECTS[rng.random_range(0..PROJECTS.len())],
+                        rng.random_range(0..=50u64),
+                        rng.random_bool(0.1),
+                    )
+                };
+                let e = event(project, format!("w{w}-t{i}"));
+                let tx = client.transaction().await.unwrap();
+                let outcome = writer(w).record(&tx, &e).await.unwrap();
+                assert!(matches!(outcome, WriteOutcome::Recorded { .. }));
+                tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+                if roll_back {
+                    tx.rollback().await.unwrap();
+                    ledger.lock().await.rolled_back.insert(e.event_id());
+                } else {
+                    tx.commit().await.unwrap();
+                    ledger
+                        .lock()
+                        .await
+                        .committed
+                        .entry(project.into())
+                        .or_default()
+                        .insert(e.event_id());
+                }
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    slow.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let ticks = sequencer.await.unwrap();
+    let samples = sampler.await.unwrap();
+    assert!(ticks > 10 && samples > 10, "ticks {ticks}, samples {samples}");
+
+    let mut client = db.connect().await;
+    Sequencer::new(&Schema::default())
+        .drain(&mut client)
+        .await
+        .unwrap();
+    check_prefix(&client).await;
+    let ledger = ledger.lock().await;
+    assert!(!ledger.rolled_back.is_empty(), "the run rolled some writers back");
+    let mut total = 0;
+    for project in PROJECTS {
+        let rows = sequenced(&client, project).await;
+        let sequences: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(sequences, (1..=rows.len() as i64).collect::<Vec<_>>());
+        let ids: BTreeSet<String> = rows.into_iter().map(|r| r.1).collect();
+        let expected = ledger.committed.get(project).cloned().unwrap_or_default();
+        assert_eq!(ids, expected, "project {project}: committed set differs");
+        assert!(ids.is_disjoint(&ledger.rolled_back));
+        total += ids.len();
+    }
+    let unsequenced: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(unsequenced, 0);
+    assert_eq!(total, 16 * 25 + 1 - ledger.rolled_back.len());
+    let heads = client
+        .query(
+            "SELECT project_id, head_sequence FROM outbox.lifecycle_project_heads",
+            &[],
+        )
+        .await
+        .unwrap();
+    for row in heads {
+        let project: String = row.get(0);
+        let head: i64 = row.get(1);
+        assert_eq!(head as usize, ledger.committed[&project].len());
+    }
+}
+
+async fn write_committed(db: &TestDb, project: &str, task: &str) -> String {
+    let mut client = db.connect().await;
+    let tx = client.transaction().await.unwrap();
+    let e = event(project, task.into());
+    writer(1).record(&tx, &e).await.unwrap();
+    tx.commit().await.unwrap();
+    e.event_id()
+}
+
+#[tokio::test]
+async fn open_transactions_elsewhere_do_not_stall_sequencing() {
+    let db = fresh_db().await;
+    // An unrelated long transaction holding a snapshot and an xid.
+    let mut idle = db.connect().await;
+    let idle_tx = idle.build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .unwrap();
+    idle_tx
+        .batch_execute("SELECT txid_current(); INSERT INTO tasks (id, project_id) VALUES ('x', 'p')")
+        .await
+        .unwrap();
+    // An outbox writer that has written but not committed.
+    let mut pending = db.connect().await;
+    let pending_tx = pending.transaction().await.unwrap();
+    let early = event("p", "early".into());
+    writer(2).record(&pending_tx, &early).await.unwrap();
+
+    let later = write_committed(&db, "p", "later").await;
+    let mut client = db.connect().await;
+    let sequencer = Sequencer::new(&Schema::default());
+    let tick = sequencer.tick(&mut client).await.unwrap();
+    assert!(tick.ran);
+    assert_eq!(tick.numbered, 1, "the committed event is numbered at once");
+    assert_eq!(tick.heads, vec![("p".to_owned(), 1)]);
+    assert_eq!(sequenced(&client, "p").await, vec![(1, later.clone())]);
+
+    // The earlier-inserted event commits late: it is numbered after, never before, 1.
+    pending_tx.commit().await.unwrap();
+    sequencer.tick(&mut client).await.unwrap();
+    assert_eq!(
+        sequenced(&client, "p").await,
+        vec![(1, later), (2, early.event_id())]
+    );
+    idle_tx.rollback().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_held_lock_makes_other_sequencers_skip() {
+    let db = fresh_db().await;
+    write_committed(&db, "p", "a").await;
+    let mut holder = db.connect().await;
+    let holder_tx = holder.transaction().await.unwrap();
+    holder_tx
+        .execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&Schema::default().lock_key("sequence")],
+        )
+        .await
+        .unwrap();
+    let mut client = db.connect().await;
+    let sequencer = Sequencer::new(&Schema::default());
+    let tick = sequencer.tick(&mut client).await.unwrap();
+    assert!(!tick.ran);
+    assert_eq!(tick.numbered, 0);
+    holder_tx.commit().await.unwrap();
+    assert_eq!(sequencer.tick(&mut client).await.unwrap().numbered, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_sequencers_never_assign_a_number_twice() {
+    let db = fresh_db().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut sequencers = Vec::new();
+    for _ in 0..3 {
+        let db = db.clone();
+        let stop = stop.clone();
+        sequencers.push(tokio::spawn(async move {
+            let mut client = db.connect().await;
+            let sequencer = Sequencer::new(&Schema::default()).with_batch(5);
+            let mut numbered = 0;
+            while !stop.load(Ordering::Relaxed) {
+                numbered += sequencer.tick(&mut client).await.unwrap().numbered;
+            }
+            numbered
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let db = db.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..40 {
+                write_committed(&db, PROJECTS[i % 2], &format!("w{w}-{i}")).await;
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for s in sequencers {
+        total += s.await.unwrap();
+    }
+    let mut client = db.connect().await;
+    total += Sequencer::new(&Schema::default())
+        .drain(&mut client)
+        .await
+        .unwrap();
+    assert_eq!(total, 8 * 40, "every event numbered exactly once");
+    for project in &PROJECTS[..2] {
+        let rows = sequenced(&client, project).await;
+        assert_eq!(
+            rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            (1..=160).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[tokio::test]
+async fn sequencer_notifies_each_touched_project() {
+    use futures_util::StreamExt;
+    let db = fresh_db().await;
+    let (listener, mut connection) = db.config.connect(tokio_postgres::NoTls).await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    let sequencer = Sequencer::new(&Schema::default());
+    listener
+        .batch_execute(&format!("LISTEN \"{}\"", sequencer.channel()))
+        .await
+        .unwrap();
+    write_committed(&db, "alpha", "a").await;
+    write_committed(&db, "beta", "b").await;
+    write_committed(&db, "beta", "c").await;
+    let mut client = db.connect().await;
+    sequencer.drain(&mut client).await.unwrap();
+    let mut got = BTreeSet::new();
+    for _ in 0..2 {
+        let (channel, payload) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(channel, "outbox_lifecycle");
+        got.insert(payload);
+    }
+    assert_eq!(got, BTreeSet::from(["alpha".to_owned(), "beta".to_owned()]));
+}
