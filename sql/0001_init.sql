@@ -41,11 +41,12 @@ CREATE TABLE {{schema}}.lifecycle_project_heads (
     CONSTRAINT lifecycle_project_heads_floor_check CHECK (pruned_through <= head_sequence)
 );
 
--- One row per durable consumer of a project: its cursor and its lease.
+-- One row per durable consumer of a project: its cursor and its lease. A NULL cursor is a
+-- missing one: the consumer has not yet reconciled (or chosen to replay retained history).
 CREATE TABLE {{schema}}.lifecycle_consumer_cursors (
     project_id          text        NOT NULL,
     consumer_id         text        NOT NULL,
-    last_acked_sequence bigint      NOT NULL DEFAULT 0 CHECK (last_acked_sequence >= 0),
+    last_acked_sequence bigint      CHECK (last_acked_sequence >= 0),
     lease_owner         text,
     lease_generation    bigint      NOT NULL DEFAULT 0,
     lease_expires_at    timestamptz,

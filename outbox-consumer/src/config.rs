@@ -1,0 +1,148 @@
+//! Consumer configuration: identity, batching, timing.
+
+use std::time::Duration;
+
+use outbox_core::{ConsumerId, ProjectId, Schema};
+
+use crate::retry::RetrySchedule;
+
+/// Default live-set query: the project's tasks that are not deleted. `$1` is the project ID.
+pub const DEFAULT_LIVE_QUERY: &str =
+    "SELECT id::text FROM tasks WHERE project_id = $1 AND deleted_at IS NULL";
+
+/// Where a consumer without a cursor starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartFrom {
+    /// Full reconciliation, then events after the snapshot's head (the default).
+    #[default]
+    Reconcile,
+    /// Every retained event from sequence 1; falls back to reconciliation when history has
+    /// already been pruned (it would be incomplete).
+    Earliest,
+}
+
+/// How a consumer runs. Built with [`ConsumerConfig::new`], then adjusted field by field.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Schema of the outbox tables.
+    pub schema: Schema,
+    /// The project whose stream is consumed.
+    pub project_id: ProjectId,
+    /// The explicit, stable consumer identity (never generated).
+    pub consumer_id: ConsumerId,
+    /// Events read and dispatched per batch.
+    pub batch_size: i64,
+    /// How long a lease lasts without a heartbeat.
+    pub lease_ttl: Duration,
+    /// How often the lease is renewed, on its own timer.
+    pub heartbeat_interval: Duration,
+    /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`).
+    pub poll_interval: Duration,
+    /// How often this process runs the sequencer; `None` leaves it to other processes.
+    pub sequence_interval: Option<Duration>,
+    /// Retry schedule for failed events.
+    pub retry: RetrySchedule,
+    /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
+    pub listen: bool,
+    /// Where a consumer without a cursor starts.
+    pub start_from: StartFrom,
+    /// The live-set query for reconciliation; `$1` is the project ID; one text column.
+    pub live_query: String,
+    /// Wait for a held lease to expire (true) or fail at once (false).
+    pub wait_for_lease: bool,
+    /// Reactivate a retired consumer (it then reconciles) instead of refusing to start.
+    pub reactivate: bool,
+    /// How long shutdown waits for a running handler before abandoning its event.
+    pub shutdown_grace: Duration,
+}
+
+/// A configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid consumer configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl ConsumerConfig {
+    /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, sequencer
+    /// every 25 ms, the standard retry schedule, LISTEN on, reconcile when the cursor is
+    /// missing, wait for a held lease, 10 s shutdown grace.
+    pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
+        Self {
+            schema: Schema::default(),
+            project_id,
+            consumer_id,
+            batch_size: 500,
+            lease_ttl: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(1),
+            sequence_interval: Some(Duration::from_millis(25)),
+            retry: RetrySchedule::default(),
+            listen: true,
+            start_from: StartFrom::Reconcile,
+            live_query: DEFAULT_LIVE_QUERY.to_owned(),
+            wait_for_lease: true,
+            reactivate: false,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// Checks the relations between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=10_000).contains(&self.batch_size) {
+            return Err(ConfigError(format!(
+                "batch size {} is outside 1..=10000",
+                self.batch_size
+            )));
+        }
+        if self.lease_ttl < Duration::from_secs(1) {
+            return Err(ConfigError("lease TTL must be at least 1s".into()));
+        }
+        if self.heartbeat_interval.is_zero() || self.heartbeat_interval * 2 > self.lease_ttl {
+            return Err(ConfigError(format!(
+                "heartbeat interval {:?} must be positive and at most half the lease TTL {:?}",
+                self.heartbeat_interval, self.lease_ttl
+            )));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(ConfigError("poll interval must be positive".into()));
+        }
+        if self.sequence_interval.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError("sequence interval must be positive".into()));
+        }
+        if !self.live_query.contains("$1") {
+            return Err(ConfigError(
+                "the live-set query must filter by project with $1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ConsumerConfig {
+        ConsumerConfig::new(ProjectId::new("p").unwrap(), ConsumerId::new("c").unwrap())
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        config().validate().unwrap();
+        assert_eq!(config().lease_ttl, Duration::from_secs(60));
+        assert_eq!(config().heartbeat_interval, Duration::from_secs(10));
+        assert_eq!(config().batch_size, 500);
+    }
+
+    #[test]
+    fn refuses_inconsistent_timing() {
+        let mut c = config();
+        c.heartbeat_interval = Duration::from_secs(40);
+        assert!(c.validate().unwrap_err().0.contains("half the lease"));
+        let mut c = config();
+        c.batch_size = 0;
+        assert!(c.validate().is_err());
+        let mut c = config();
+        c.live_query = "SELECT id FROM tasks".into();
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! What a handler receives, and how it reports failure.
+
+use chrono::{DateTime, Utc};
+use outbox_core::{ConsumerId, Prior, ProjectId};
+use serde::Serialize;
+
+/// A committed event as an observer sees it: written by another process (or this one), and
+/// delivered to this consumer. Handlers must be idempotent: an event can arrive again after a
+/// crash between handling and acknowledgement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ObservedEvent {
+    /// Always true: this is an observation, never the writer's own emission. Observers must
+    /// not repeat writer-owned delete side effects.
+    pub observed: bool,
+    /// The event type (`task:deleted`).
+    pub event_type: String,
+    /// The project whose stream this is.
+    pub project_id: ProjectId,
+    /// The consumer receiving it.
+    pub consumer_id: ConsumerId,
+    /// Position in the project's stream, dense from 1.
+    pub sequence: i64,
+    /// Stable identity: deduplicate on `(consumer_id, event_id)`.
+    pub event_id: String,
+    /// The deleted task.
+    pub task_id: String,
+    /// When it was deleted: the deletion identity.
+    pub deleted_at: DateTime<Utc>,
+    /// The process that wrote the event (the origin).
+    pub origin_writer: String,
+    /// When the event was written.
+    pub occurred_at: DateTime<Utc>,
+    /// Payload layout version.
+    pub payload_version: i32,
+    /// The task's state before deletion.
+    pub prior: Prior,
+    /// True when an operator asked to replay this dead letter; it arrives outside sequence
+    /// order.
+    pub replay: bool,
+    /// Which delivery attempt this is (1 for the first).
+    pub attempt: u32,
+}
+
+/// A bounded failure code, `[a-z0-9_]{1,64}`: it is stored and shown to operators, so it never
+/// carries error text, payloads or secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct FailureClass(String);
+
+/// A failure class was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid failure class {0:?}: use 1 to 64 characters from a-z, 0-9 and _")]
+pub struct FailureClassError(pub String);
+
+impl FailureClass {
+    /// Validates a failure code.
+    pub fn new(code: impl Into<String>) -> Result<Self, FailureClassError> {
+        let code = code.into();
+        let ok = (1..=64).contains(&code.len())
+            && code
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if ok {
+            Ok(Self(code))
+        } else {
+            Err(FailureClassError(code))
+        }
+    }
+
+    /// The code.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A handler failed without saying why.
+    pub fn handler_error() -> Self {
+        Self("handler_error".into())
+    }
+
+    /// The handler did not finish before shutdown's grace period ended.
+    pub fn abandoned() -> Self {
+        Self("abandoned_at_shutdown".into())
+    }
+}
+
+impl std::fmt::Display for FailureClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A handler's failure: the event is retried on the schedule, then parked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerFailure {
+    /// Bounded code recorded in `lifecycle_deliveries.last_failure_class`.
+    pub class: FailureClass,
+}
+
+impl HandlerFailure {
+    /// A failure of the given class.
+    pub fn new(class: FailureClass) -> Self {
+        Self { class }
+    }
+}
+
+impl From<FailureClass> for HandlerFailure {
+    fn from(class: FailureClass) -> Self {
+        Self { class }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_classes_are_bounded_codes() {
+        assert!(FailureClass::new("timeout").is_ok());
+        assert!(FailureClass::new("http_503").is_ok());
+        for bad in ["", "Timeout", "has space", "x\n", &"a".repeat(65), "connection refused: 10.0.0.1"] {
+            assert!(FailureClass::new(bad).is_err(), "{bad:?}");
+        }
+    }
+}

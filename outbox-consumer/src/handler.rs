@@ -1,0 +1,82 @@
+//! The application's side: handlers that observe events and a reconciler for the fallback.
+
+use std::future::Future;
+
+use tokio_postgres::Transaction;
+
+use crate::event::{HandlerFailure, ObservedEvent};
+
+/// Receives events in sequence order, at least once.
+///
+/// The runtime acknowledges after `handle` returns `Ok`, possibly for several events at once;
+/// [`Handler::before_ack`] runs first, so a buffering handler can make its effects durable.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one event. An `Err` holds the cursor and schedules a retry.
+    fn handle(
+        &self,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+
+    /// Called before the cursor advances past events already handled (flush buffers here).
+    /// An `Err` acknowledges nothing; the unacknowledged events are delivered again.
+    fn before_ack(&self) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// Receives events with the transaction in which the cursor advance will commit: database
+/// effects made through `tx` commit exactly once with the acknowledgement, or not at all.
+pub trait TransactionalHandler: Send + Sync + 'static {
+    /// Handles one event inside `tx`. An `Err` rolls `tx` back and schedules a retry.
+    fn handle(
+        &self,
+        tx: &Transaction<'_>,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+}
+
+/// The live task set of a project, read in one snapshot together with the head sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveSet {
+    /// The project.
+    pub project_id: String,
+    /// IDs of tasks that are not deleted, in the snapshot.
+    pub task_ids: Vec<String>,
+    /// The head sequence in the same snapshot; the cursor is recorded here afterwards.
+    pub head_sequence: i64,
+    /// Why reconciliation ran.
+    pub reason: ReconcileReason,
+}
+
+/// Why a consumer fell back to full reconciliation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReconcileReason {
+    /// The consumer has no cursor yet (new, or reactivated after retirement).
+    MissingCursor,
+    /// The cursor is below the retention floor: the events it needs were pruned.
+    BelowRetentionFloor,
+    /// The cursor is above the project's head: it cannot be trusted.
+    AboveHead,
+    /// A gap appeared in the retained history after the cursor.
+    GapInHistory,
+}
+
+impl ReconcileReason {
+    /// Stable text for logs and output.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ReconcileReason::MissingCursor => "missing_cursor",
+            ReconcileReason::BelowRetentionFloor => "below_retention_floor",
+            ReconcileReason::AboveHead => "above_head",
+            ReconcileReason::GapInHistory => "gap_in_history",
+        }
+    }
+}
+
+/// Rebuilds a consumer's view from the live task set when history cannot be replayed.
+pub trait Reconciler: Send + Sync + 'static {
+    /// Receives the live set; the cursor moves to `live.head_sequence` after `Ok`.
+    fn reconcile(&self, live: &LiveSet)
+    -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+}

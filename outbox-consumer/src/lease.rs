@@ -1,0 +1,364 @@
+//! The lease: one process at a time acts as a consumer, and a stale one is fenced off.
+//!
+//! A claim takes the consumer row when it is free or expired and bumps its generation. Every
+//! later write names owner and generation and changes nothing if either moved on. Locally the
+//! holder also keeps a deadline, `last renewal sent + TTL - margin`, and stops dispatching
+//! once it passes: a paused or partitioned process cannot keep acting on an expired lease
+//! while another process has already claimed it.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use tokio_postgres::GenericClient;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ConsumerConfig;
+use crate::error::ConsumerError;
+use crate::sql;
+
+/// Identifies a lease in fenced statements: `$1`..`$4`.
+#[derive(Debug, Clone)]
+pub(crate) struct Fence {
+    /// Project of the consumer row.
+    pub project: String,
+    /// Consumer of the consumer row.
+    pub consumer: String,
+    /// This process's lease owner token (not the consumer ID: it names one process run).
+    pub owner: String,
+    /// The generation this process claimed.
+    pub generation: i64,
+}
+
+impl Fence {
+    /// The four fence parameters.
+    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 4] {
+        [&self.project, &self.consumer, &self.owner, &self.generation]
+    }
+}
+
+/// Safety margin subtracted from the lease TTL for the local deadline: a tenth of the TTL,
+/// at least 100 ms, so clock-rate differences never let two holders overlap.
+pub(crate) fn local_margin(ttl: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(100)).min(ttl / 2)
+}
+
+/// The local deadline of a lease renewed by a statement sent at `sent_at`. The database
+/// computed its expiry from a clock reading taken after `sent_at`, so this is conservative.
+pub(crate) fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl - local_margin(ttl)
+}
+
+/// The lease as this process holds it.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    /// Fence parameters.
+    pub fence: Fence,
+    /// Local deadline; dispatch stops once it passes.
+    valid_until: Mutex<Instant>,
+    /// Cancelled when a fenced write or heartbeat was rejected.
+    lost: CancellationToken,
+    /// Why it was lost, for the error.
+    lost_reason: Mutex<Option<String>>,
+    /// Lease length.
+    ttl: Duration,
+}
+
+impl Lease {
+    fn new(fence: Fence, claimed_at: Instant, ttl: Duration) -> Self {
+        Self {
+            fence,
+            valid_until: Mutex::new(local_deadline(claimed_at, ttl)),
+            lost: CancellationToken::new(),
+            lost_reason: Mutex::new(None),
+            ttl,
+        }
+    }
+
+    /// True while this process may dispatch.
+    pub fn is_valid(&self) -> bool {
+        !self.lost.is_cancelled() && Instant::now() < *self.valid_until.lock().expect("lease lock")
+    }
+
+    /// The local deadline.
+    #[cfg(test)]
+    pub fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().expect("lease lock")
+    }
+
+    /// Records a successful renewal sent at `sent_at`.
+    pub fn renewed(&self, sent_at: Instant) {
+        let mut until = self.valid_until.lock().expect("lease lock");
+        *until = (*until).max(local_deadline(sent_at, self.ttl));
+    }
+
+    /// Marks the lease lost; dispatch stops at once.
+    pub fn lose(&self, reason: String) {
+        let mut slot = self.lost_reason.lock().expect("lease lock");
+        if slot.is_none() {
+            tracing::error!(
+                project = %self.fence.project, consumer = %self.fence.consumer,
+                generation = self.fence.generation, %reason,
+                "lease lost: stopping dispatch"
+            );
+            *slot = Some(reason);
+        }
+        self.lost.cancel();
+    }
+
+    /// Resolves when the lease is lost.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    /// The error describing the loss (or an expiry nobody has claimed yet).
+    pub fn lost_error(&self) -> ConsumerError {
+        let reason = self
+            .lost_reason
+            .lock()
+            .expect("lease lock")
+            .clone()
+            .unwrap_or_else(|| "lease expired locally before it could be renewed".into());
+        ConsumerError::LeaseLost {
+            consumer: self.fence.consumer.clone(),
+            generation: self.fence.generation,
+            reason,
+        }
+    }
+}
+
+/// A successful claim.
+pub(crate) struct Claimed {
+    /// The lease.
+    pub lease: Lease,
+    /// The stored cursor; `None` when missing.
+    pub cursor: Option<i64>,
+}
+
+/// Claims the consumer's lease, waiting for a held one to expire if configured to.
+pub(crate) async fn claim(
+    pool: &Pool,
+    config: &ConsumerConfig,
+    owner: &str,
+    shutdown: &CancellationToken,
+) -> Result<Option<Claimed>, ConsumerError> {
+    let schema = &config.schema;
+    let project = config.project_id.as_str();
+    let consumer = config.consumer_id.as_str();
+    let ttl_secs = config.lease_ttl.as_secs_f64();
+    let mut announced = false;
+    loop {
+        let client = pool.get().await?;
+        let sent_at = Instant::now();
+        let row = client
+            .query_opt(
+                &schema.render(sql::CLAIM),
+                &[&project, &consumer, &owner, &ttl_secs],
+            )
+            .await?;
+        if let Some(row) = row {
+            let generation: i64 = row.get(0);
+            let cursor: Option<i64> = row.get(1);
+            tracing::info!(project, consumer, generation, ?cursor, "lease claimed");
+            let fence = Fence {
+                project: project.to_owned(),
+                consumer: consumer.to_owned(),
+                owner: owner.to_owned(),
+                generation,
+            };
+            return Ok(Some(Claimed {
+                lease: Lease::new(fence, sent_at, config.lease_ttl),
+                cursor,
+            }));
+        }
+        let row = client
+            .query_one(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
+            .await?;
+        let state: String = row.get(0);
+        if state == "retired" {
+            if config.reactivate {
+                reactivate(&**client, config).await?;
+                continue;
+            }
+            return Err(ConsumerError::Retired {
+                project: project.to_owned(),
+                consumer: consumer.to_owned(),
+                by: row.get::<_, Option<String>>(4).unwrap_or_default(),
+                reason: row.get::<_, Option<String>>(5).unwrap_or_default(),
+            });
+        }
+        let holder: String = row.get::<_, Option<String>>(1).unwrap_or_default();
+        let generation: i64 = row.get(2);
+        let expires_in: f64 = row.get(3);
+        if !config.wait_for_lease {
+            return Err(ConsumerError::LeaseHeld {
+                project: project.to_owned(),
+                consumer: consumer.to_owned(),
+                owner: holder,
+                generation,
+                expires_in,
+            });
+        }
+        if !announced {
+            tracing::info!(
+                project, consumer, holder = %holder, generation, expires_in,
+                "lease held by another process; waiting for it to be released or expire"
+            );
+            announced = true;
+        }
+        drop(client);
+        let wait = Duration::from_secs_f64(expires_in.clamp(0.05, 1.0));
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn reactivate(
+    client: &impl GenericClient,
+    config: &ConsumerConfig,
+) -> Result<(), ConsumerError> {
+    let project = config.project_id.as_str();
+    let consumer = config.consumer_id.as_str();
+    let changed = client
+        .execute(
+            &config.schema.render(sql::REACTIVATE),
+            &[&project, &consumer],
+        )
+        .await?;
+    if changed == 1 {
+        client
+            .execute(
+                &config.schema.render(sql::AUDIT),
+                &[
+                    &"lifecycle-observation:consumer-reactivated",
+                    &project,
+                    &consumer,
+                    &None::<String>,
+                    &None::<String>,
+                    &None::<i64>,
+                ],
+            )
+            .await?;
+        tracing::info!(project, consumer, "retired consumer reactivated; it will reconcile");
+    }
+    Ok(())
+}
+
+/// Renews the lease every `interval` until `stop`; marks it lost when a renewal is rejected.
+/// Runs on its own connection and timer, so a slow handler cannot starve it.
+pub(crate) async fn heartbeat(
+    pool: Pool,
+    lease: &Lease,
+    statement: String,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let ttl_secs = lease.ttl.as_secs_f64();
+    let mut next = tokio::time::Instant::now() + interval;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = lease.lost() => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let sent_at = Instant::now();
+        let result = async {
+            let client = pool.get().await?;
+            let [p, c, o, g] = lease.fence.params();
+            let changed = client.execute(&statement, &[p, c, o, g, &ttl_secs]).await?;
+            Ok::<_, ConsumerError>(changed)
+        }
+        .await;
+        match result {
+            Ok(1) => {
+                lease.renewed(sent_at);
+                next = tokio::time::Instant::now() + interval;
+            }
+            Ok(_) => {
+                lease.lose(
+                    "heartbeat rejected: another process claimed the lease or the consumer \
+                     was retired"
+                        .into(),
+                );
+                return;
+            }
+            Err(e) => {
+                // Keep trying more often than usual; the local deadline stops dispatch if the
+                // database stays unreachable.
+                tracing::warn!(error = %e, "heartbeat failed; retrying");
+                next = tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Gives the lease back (best effort: an expired lease needs no release).
+pub(crate) async fn release(pool: &Pool, lease: &Lease, statement: &str) {
+    let result = async {
+        let client = pool.get().await?;
+        client.execute(statement, &lease.fence.params()).await?;
+        Ok::<_, ConsumerError>(())
+    }
+    .await;
+    match result {
+        Ok(()) => tracing::info!(
+            project = %lease.fence.project, consumer = %lease.fence.consumer,
+            generation = lease.fence.generation, "lease released"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not release the lease; it will expire"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_deadline_keeps_a_margin() {
+        let t0 = Instant::now();
+        assert_eq!(local_deadline(t0, Duration::from_secs(60)), t0 + Duration::from_secs(54));
+        assert_eq!(
+            local_deadline(t0, Duration::from_secs(1)),
+            t0 + Duration::from_millis(900)
+        );
+        assert_eq!(
+            local_deadline(t0, Duration::from_millis(150)),
+            t0 + Duration::from_millis(75)
+        );
+    }
+
+    #[test]
+    fn renewal_never_shortens_and_loss_is_final() {
+        let fence = Fence {
+            project: "p".into(),
+            consumer: "c".into(),
+            owner: "o".into(),
+            generation: 3,
+        };
+        let t0 = Instant::now();
+        let lease = Lease::new(fence, t0, Duration::from_secs(60));
+        assert!(lease.is_valid());
+        let before = lease.valid_until();
+        lease.renewed(t0 - Duration::from_secs(10));
+        assert_eq!(lease.valid_until(), before);
+        lease.renewed(t0 + Duration::from_secs(5));
+        assert!(lease.valid_until() > before);
+        lease.lose("taken".into());
+        assert!(!lease.is_valid());
+        assert!(lease.lost_error().to_string().contains("generation 3"));
+    }
+
+    #[test]
+    fn an_expired_local_deadline_stops_dispatch() {
+        let fence = Fence {
+            project: "p".into(),
+            consumer: "c".into(),
+            owner: "o".into(),
+            generation: 1,
+        };
+        let lease = Lease::new(fence, Instant::now() - Duration::from_secs(61), Duration::from_secs(60));
+        assert!(!lease.is_valid());
+    }
+}

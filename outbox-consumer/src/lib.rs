@@ -1,0 +1,70 @@
+//! # outbox-consumer
+//!
+//! The consumer runtime of lifecycle-outbox: a durable consumer with an explicit, stable ID
+//! receives every committed event of its project at least once, in sequence order, through
+//! crashes, restarts, dropped connections and lost wake-ups.
+//!
+//! ```no_run
+//! use outbox_consumer::{Consumer, ConsumerConfig, Handler, HandlerFailure, LiveSet,
+//!                       ObservedEvent, Reconciler};
+//! use outbox_core::{ConsumerId, ProjectId};
+//!
+//! struct Cache;
+//! impl Handler for Cache {
+//!     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+//!         println!("task {} deleted (seq {})", event.task_id, event.sequence);
+//!         Ok(())
+//!     }
+//! }
+//! impl Reconciler for Cache {
+//!     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
+//!         println!("{} live tasks at head {}", live.task_ids.len(), live.head_sequence);
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn example(pool: deadpool_postgres::Pool, listen: tokio_postgres::Config)
+//! #     -> Result<(), Box<dyn std::error::Error>> {
+//! let config = ConsumerConfig::new(ProjectId::new("p1")?, ConsumerId::new("dashboard")?);
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! Consumer::new(pool, Some(listen), config, Cache, Cache).run(shutdown).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## How it works
+//! - **Lease.** The consumer row is claimed (generation + 1) when free or expired, renewed by
+//!   a heartbeat on its own timer, released at shutdown. Every cursor, delivery and dead-letter
+//!   write names owner and generation; a rejected write stops dispatch at once.
+//! - **Loop.** Shutdown, wake-ups (LISTEN on a dedicated connection) and a fallback poll
+//!   tick drive reads of `sequence > cursor` in batches. Wake-ups are hints; the scan is the
+//!   authority, and it runs after every reconnect.
+//! - **Failures.** A failed event holds the cursor and is retried on [`RetrySchedule`]; after
+//!   the last attempt it is parked as a dead letter, audited, and the cursor moves on.
+//! - **Reconciliation.** A consumer whose cursor is missing, below the retention floor or
+//!   above the head hands the live task set to its [`Reconciler`] and resumes from that
+//!   snapshot's head.
+//! - **Sequencer.** The runtime also runs the sequencer, so a deployment needs no other
+//!   process.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod dispatch;
+mod error;
+mod event;
+mod handler;
+mod lease;
+mod listener;
+mod retry;
+mod runtime;
+mod sql;
+mod store;
+
+pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
+pub use dispatch::{DispatchMode, InTransaction, Plain};
+pub use error::ConsumerError;
+pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
+pub use handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
+pub use retry::{RetrySchedule, ScheduleError};
+pub use runtime::{Consumer, RunSummary};

@@ -1,0 +1,150 @@
+//! Every SQL statement of the consumer runtime, as templates over `{{schema}}`.
+//!
+//! Fenced statements take `$1` project, `$2` consumer, `$3` lease owner, `$4` generation and
+//! change nothing unless that lease is still the current one of an active consumer.
+
+/// Claims the consumer's row when it is free or its lease has expired (generation + 1).
+/// Creates the row, with a missing (NULL) cursor, for a new consumer. `$4`: lease seconds.
+pub const CLAIM: &str = "
+INSERT INTO {{schema}}.lifecycle_consumer_cursors AS c
+    (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at, heartbeat_at)
+VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4), now())
+ON CONFLICT (project_id, consumer_id) DO UPDATE
+SET lease_owner = EXCLUDED.lease_owner,
+    lease_generation = c.lease_generation + 1,
+    lease_expires_at = EXCLUDED.lease_expires_at,
+    heartbeat_at = EXCLUDED.heartbeat_at
+WHERE c.state = 'active'
+  AND (c.lease_owner IS NULL OR c.lease_expires_at <= now())
+RETURNING c.lease_generation, c.last_acked_sequence";
+
+/// Why a claim found nothing: who holds the row, until when, and whether it is retired.
+pub const CONSUMER_ROW: &str = "
+SELECT state, lease_owner, lease_generation,
+       GREATEST(extract(epoch FROM lease_expires_at - now()), 0)::float8 AS expires_in,
+       retired_by, retired_reason
+FROM {{schema}}.lifecycle_consumer_cursors
+WHERE project_id = $1 AND consumer_id = $2";
+
+/// Makes a retired consumer active again with a missing cursor, so it reconciles.
+pub const REACTIVATE: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
+SET state = 'active', last_acked_sequence = NULL, retired_at = NULL, retired_by = NULL,
+    retired_reason = NULL
+WHERE project_id = $1 AND consumer_id = $2 AND state = 'retired'";
+
+/// Extends the lease. `$5`: lease seconds.
+pub const HEARTBEAT: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
+SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'";
+
+/// Gives the lease up at shutdown so a successor need not wait for expiry.
+pub const RELEASE: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
+SET lease_owner = NULL, lease_expires_at = NULL
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4";
+
+/// Locks the consumer row for the rest of a transaction if the lease is still ours; every
+/// multi-statement fenced write starts with it, so a takeover waits for the commit.
+pub const LOCK_FENCE: &str = "
+SELECT last_acked_sequence
+FROM {{schema}}.lifecycle_consumer_cursors
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'
+FOR NO KEY UPDATE";
+
+/// Advances the cursor. `$5`: the new last acknowledged sequence.
+pub const ACK: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
+SET last_acked_sequence = $5
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'";
+
+/// Records a reconciliation's cursor. `$5`: the snapshot's head.
+pub const RECORD_RECONCILED: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
+SET last_acked_sequence = $5, reconciled_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'";
+
+/// The project's head and retention floor (zero for a project with no events yet).
+pub const PROJECT_BOUNDS: &str = "
+SELECT COALESCE(max(head_sequence), 0), COALESCE(max(pruned_through), 0)
+FROM {{schema}}.lifecycle_project_heads
+WHERE project_id = $1";
+
+/// Up to `$3` sequenced events after cursor `$2`, in order.
+pub const READ_BATCH: &str = "
+SELECT sequence, event_type, event_id, task_id, deleted_at, writer_process_id, occurred_at,
+       payload_version, payload
+FROM {{schema}}.lifecycle_outbox
+WHERE project_id = $1 AND sequence > $2
+ORDER BY sequence
+LIMIT $3";
+
+/// The retrying delivery that holds the cursor, with the time left until its next attempt
+/// measured on the database clock (so a restarted process honours it exactly).
+pub const HELD_DELIVERY: &str = "
+SELECT sequence, event_id, attempts,
+       GREATEST(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait
+FROM {{schema}}.lifecycle_deliveries
+WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence = $3";
+
+/// Counts a failed attempt. `$3` event, `$4` sequence, `$5` attempts so far, `$6` seconds
+/// until the next attempt, `$7` failure class. Run inside a fenced transaction.
+pub const RECORD_RETRY: &str = "
+INSERT INTO {{schema}}.lifecycle_deliveries AS d
+    (project_id, consumer_id, event_id, sequence, attempts, next_attempt_at,
+     last_failure_class, state)
+VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6), $7, 'retrying')
+ON CONFLICT (project_id, consumer_id, event_id) DO UPDATE
+SET attempts = EXCLUDED.attempts, next_attempt_at = EXCLUDED.next_attempt_at,
+    last_failure_class = EXCLUDED.last_failure_class, state = 'retrying', updated_at = now()";
+
+/// Parks an event as a dead letter. Same parameters as [`RECORD_RETRY`] without `$6`.
+pub const PARK: &str = "
+INSERT INTO {{schema}}.lifecycle_deliveries AS d
+    (project_id, consumer_id, event_id, sequence, attempts, next_attempt_at,
+     last_failure_class, state, parked_at)
+VALUES ($1, $2, $3, $4, $5, NULL, $6, 'dead', now())
+ON CONFLICT (project_id, consumer_id, event_id) DO UPDATE
+SET attempts = EXCLUDED.attempts, next_attempt_at = NULL,
+    last_failure_class = EXCLUDED.last_failure_class, state = 'dead', parked_at = now(),
+    updated_at = now()";
+
+/// Forgets retry state of events the cursor has passed. `$3`: the cursor.
+pub const CLEAR_PASSED_RETRIES: &str = "
+DELETE FROM {{schema}}.lifecycle_deliveries
+WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $3";
+
+/// Dead letters an operator asked to replay, with their events.
+pub const REPLAY_REQUESTED: &str = "
+SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload, d.attempts
+FROM {{schema}}.lifecycle_deliveries AS d
+JOIN {{schema}}.lifecycle_outbox AS o
+  ON o.project_id = d.project_id AND o.event_id = d.event_id
+WHERE d.project_id = $1 AND d.consumer_id = $2 AND d.state = 'replay_requested'
+ORDER BY o.sequence
+LIMIT 100";
+
+/// Marks a replayed dead letter. `$3` event. Run inside a fenced transaction.
+pub const MARK_REPLAYED: &str = "
+UPDATE {{schema}}.lifecycle_deliveries
+SET state = 'replayed', attempts = attempts + 1, updated_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'";
+
+/// Returns a failed replay to the dead letters. `$3` event, `$4` failure class.
+pub const MARK_REPLAY_FAILED: &str = "
+UPDATE {{schema}}.lifecycle_deliveries
+SET state = 'dead', attempts = attempts + 1, last_failure_class = $4, updated_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
+RETURNING attempts";
+
+/// Appends an audit row: `$1` kind, `$2` project, `$3` consumer, `$4` event (or NULL),
+/// `$5` actor (or NULL), `$6` count (or NULL).
+pub const AUDIT: &str = "
+INSERT INTO {{schema}}.lifecycle_audit (kind, project_id, consumer_id, event_id, actor, count)
+VALUES ($1, $2, $3, $4, $5, $6)";
