@@ -1,7 +1,9 @@
 //! Command-line definitions (clap derive; doc comments are the help text).
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use outbox_core::Schema;
+use std::time::Duration;
+
+use outbox_core::{ConsumerId, ProjectId, Schema};
 
 use crate::db::DatabaseUrl;
 
@@ -57,6 +59,9 @@ pub enum Command {
     /// Number committed events (the consumer runtime does this too; use this to run the
     /// sequencer on its own or to drain a backlog).
     Sequence(SequenceArgs),
+    /// Run a durable consumer: one JSON line per delivered event on stdout (logs on stderr),
+    /// or drive a long-lived child process with --child.
+    Consume(Box<ConsumeArgs>),
 }
 
 /// `outbox migrate`.
@@ -106,10 +111,80 @@ impl Cli {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr);
         match self.global.log_format {
             LogFormat::Text => builder.init(),
             LogFormat::Json => builder.json().init(),
         }
     }
+}
+
+/// Where a consumer without a cursor starts.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StartFromArg {
+    /// Reconcile from the live task set, then follow new events.
+    Reconcile,
+    /// Replay retained history from the first event (reconciles if history was pruned).
+    Earliest,
+}
+
+/// `outbox consume`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    /// Project whose stream to consume.
+    #[arg(long)]
+    pub project: ProjectId,
+    /// The consumer's explicit, stable ID (required; never generated).
+    #[arg(long)]
+    pub consumer_id: ConsumerId,
+    /// Drive this command (run with sh -c): one event line on its stdin, one answer line
+    /// ({"ack": SEQ} or {"fail": SEQ, "class": "code"}) on its stdout per event.
+    #[arg(long, value_name = "COMMAND")]
+    pub child: Option<String>,
+    /// How long the child may take to answer one line.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub child_timeout: Duration,
+    /// Poll only; no LISTEN connection (for poolers in transaction mode).
+    #[arg(long)]
+    pub no_listen: bool,
+    /// Exit at once (code 4) if another process holds this consumer's lease.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Start a retired consumer again; it reconciles first.
+    #[arg(long)]
+    pub reactivate: bool,
+    /// Where a consumer without a cursor starts.
+    #[arg(long, value_enum, default_value_t = StartFromArg::Reconcile)]
+    pub start_from: StartFromArg,
+    /// Events per batch.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub batch_size: i64,
+    /// Lease length.
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub lease_ttl: Duration,
+    /// Lease renewal interval (at most half the lease).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub heartbeat_interval: Duration,
+    /// Fallback poll interval when no wake-up arrives.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub poll_interval: Duration,
+    /// How often this process runs the sequencer.
+    #[arg(long, value_parser = parse_duration, default_value = "25ms")]
+    pub sequence_interval: Duration,
+    /// Do not run the sequencer in this process.
+    #[arg(long)]
+    pub no_sequencer: bool,
+    /// Delays after the 1st, 2nd, ... failure; the last repeats.
+    #[arg(long, value_parser = parse_duration, value_delimiter = ',', default_value = "1s,5s,30s,5m,15m")]
+    pub retry_delays: Vec<Duration>,
+    /// Attempts before an event is parked as a dead letter.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub max_attempts: u32,
+    /// Live-set query for reconciliation ($1 = project ID; one text column of task IDs).
+    #[arg(long)]
+    pub live_query: Option<String>,
+    /// How long shutdown waits for a running handler.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub shutdown_grace: Duration,
 }

@@ -88,6 +88,21 @@ fn redact_query_password(text: &str) -> String {
 }
 
 impl DatabaseUrl {
+    /// A small pool for a consumer runtime or a command.
+    pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
+        let manager = deadpool_postgres::Manager::from_config(
+            self.config.clone(),
+            NoTls,
+            deadpool_postgres::ManagerConfig {
+                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+            },
+        );
+        deadpool_postgres::Pool::builder(manager)
+            .max_size(size)
+            .build()
+            .expect("a pool without a runtime-specific hook always builds")
+    }
+
     /// Opens one connection; its driver task ends when the client is dropped.
     pub async fn connect(&self) -> Result<Client, Failure> {
         let (client, connection) = self.config.connect(NoTls).await.map_err(|e| {

@@ -3,10 +3,12 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod consume_cmd;
 mod db;
 mod failure;
 mod migrate_cmd;
 mod sequence_cmd;
+mod sink;
 
 use clap::Parser;
 
@@ -30,6 +32,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Migrate(args) => migrate_cmd::run(&cli.global, args).await,
             Command::Sequence(args) => sequence_cmd::run(&cli.global, args).await,
+            Command::Consume(args) => consume_cmd::run(&cli.global, *args).await,
         }
     });
     match result {
