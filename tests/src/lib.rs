@@ -7,6 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod consumer_kit;
+
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
