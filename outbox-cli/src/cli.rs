@@ -88,7 +88,9 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let d = humantime::parse_duration(text)
         .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 250ms, 10s, 5m)"))?;
     if d.is_zero() {
-        return Err(format!("invalid duration {text:?}: must be greater than zero"));
+        return Err(format!(
+            "invalid duration {text:?}: must be greater than zero"
+        ));
     }
     Ok(d)
 }

@@ -10,7 +10,9 @@ use crate::sink::{ChildSink, StdoutSink};
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let database = global.database()?;
     let config = build_config(global, &args)?;
-    config.validate().map_err(|e| Failure::usage(e.to_string()))?;
+    config
+        .validate()
+        .map_err(|e| Failure::usage(e.to_string()))?;
 
     let pool = database.pool(4);
     let mut listen = database.config.clone();
@@ -22,16 +24,29 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let consumer_id = args.consumer_id.to_string();
     let result = match args.child {
         Some(command) => {
-            let sink = std::sync::Arc::new(ChildSink::new(command, consumer_id, args.child_timeout));
-            Consumer::new(pool, listen, config, SharedSink(sink.clone()), SharedSink(sink))
-                .run(shutdown)
-                .await
+            let sink =
+                std::sync::Arc::new(ChildSink::new(command, consumer_id, args.child_timeout));
+            Consumer::new(
+                pool,
+                listen,
+                config,
+                SharedSink(sink.clone()),
+                SharedSink(sink),
+            )
+            .run(shutdown)
+            .await
         }
         None => {
             let sink = std::sync::Arc::new(StdoutSink::new(consumer_id));
-            Consumer::new(pool, listen, config, SharedSink(sink.clone()), SharedSink(sink))
-                .run(shutdown)
-                .await
+            Consumer::new(
+                pool,
+                listen,
+                config,
+                SharedSink(sink.clone()),
+                SharedSink(sink),
+            )
+            .run(shutdown)
+            .await
         }
     };
     signals.abort();

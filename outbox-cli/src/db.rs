@@ -21,8 +21,8 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let redacted = redact(text);
-        let mut config = Config::from_str(text)
-            .map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
+        let mut config =
+            Config::from_str(text).map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
         if config.get_hosts().is_empty() {
             return Err(format!(
                 "invalid database URL {redacted}: it names no host or socket directory"
@@ -136,7 +136,10 @@ mod tests {
             redact("postgresql:///x?user=a&password=p&host=/tmp"),
             "postgresql:///x?user=a&password=***&host=/tmp"
         );
-        assert_eq!(redact("host=db password=p user=a"), "host=db password=*** user=a");
+        assert_eq!(
+            redact("host=db password=p user=a"),
+            "host=db password=*** user=a"
+        );
     }
 
     #[test]

@@ -4,9 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use outbox_consumer::{
-    FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
-};
+use outbox_consumer::{FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -131,7 +129,8 @@ impl ChildSink {
     async fn spawn(&self) -> Result<Running, HandlerFailure> {
         let restarts = *self.restarts.lock().await;
         if restarts > 0 {
-            let delay = Duration::from_millis(100u64 << restarts.min(6)).min(Duration::from_secs(5));
+            let delay =
+                Duration::from_millis(100u64 << restarts.min(6)).min(Duration::from_secs(5));
             tracing::warn!(restarts, ?delay, "restarting child process");
             tokio::time::sleep(delay).await;
         }
@@ -169,9 +168,12 @@ impl ChildSink {
             running.stdin.write_all(b"\n").await?;
             running.stdin.flush().await?;
             let mut answer = String::new();
-            let read = tokio::time::timeout(self.answer_timeout, running.stdout.read_line(&mut answer))
-                .await
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
+            let read =
+                tokio::time::timeout(self.answer_timeout, running.stdout.read_line(&mut answer))
+                    .await
+                    .map_err(|_| {
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer")
+                    })??;
             Ok::<_, std::io::Error>((read, answer))
         }
         .await;
@@ -192,12 +194,12 @@ impl ChildSink {
         *self.restarts.lock().await = 0;
         match serde_json::from_str::<Answer>(answer.trim()) {
             Ok(Answer::Ack { ack }) if ack == sequence => Ok(()),
-            Ok(Answer::Fail { fail, class: code }) if fail == sequence => {
-                Err(HandlerFailure::new(FailureClass::new(code).unwrap_or_else(|e| {
+            Ok(Answer::Fail { fail, class: code }) if fail == sequence => Err(HandlerFailure::new(
+                FailureClass::new(code).unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "child reported an invalid failure class");
                     FailureClass::handler_error()
-                })))
-            }
+                }),
+            )),
             _ => {
                 tracing::error!(sequence, answer = %answer.trim(), "child answered out of protocol; restarting it");
                 if let Some(mut dead) = slot.take() {

@@ -117,7 +117,14 @@ mod tests {
     fn failure_classes_are_bounded_codes() {
         assert!(FailureClass::new("timeout").is_ok());
         assert!(FailureClass::new("http_503").is_ok());
-        for bad in ["", "Timeout", "has space", "x\n", &"a".repeat(65), "connection refused: 10.0.0.1"] {
+        for bad in [
+            "",
+            "Timeout",
+            "has space",
+            "x\n",
+            &"a".repeat(65),
+            "connection refused: 10.0.0.1",
+        ] {
             assert!(FailureClass::new(bad).is_err(), "{bad:?}");
         }
     }

@@ -77,6 +77,5 @@ impl ReconcileReason {
 /// Rebuilds a consumer's view from the live task set when history cannot be replayed.
 pub trait Reconciler: Send + Sync + 'static {
     /// Receives the live set; the cursor moves to `live.head_sequence` after `Ok`.
-    fn reconcile(&self, live: &LiveSet)
-    -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+    fn reconcile(&self, live: &LiveSet) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
 }

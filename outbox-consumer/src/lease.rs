@@ -241,7 +241,11 @@ async fn reactivate(
                 ],
             )
             .await?;
-        tracing::info!(project, consumer, "retired consumer reactivated; it will reconcile");
+        tracing::info!(
+            project,
+            consumer,
+            "retired consumer reactivated; it will reconcile"
+        );
     }
     Ok(())
 }
@@ -318,7 +322,10 @@ mod tests {
     #[test]
     fn local_deadline_keeps_a_margin() {
         let t0 = Instant::now();
-        assert_eq!(local_deadline(t0, Duration::from_secs(60)), t0 + Duration::from_secs(54));
+        assert_eq!(
+            local_deadline(t0, Duration::from_secs(60)),
+            t0 + Duration::from_secs(54)
+        );
         assert_eq!(
             local_deadline(t0, Duration::from_secs(1)),
             t0 + Duration::from_millis(900)
@@ -358,7 +365,11 @@ mod tests {
             owner: "o".into(),
             generation: 1,
         };
-        let lease = Lease::new(fence, Instant::now() - Duration::from_secs(61), Duration::from_secs(60));
+        let lease = Lease::new(
+            fence,
+            Instant::now() - Duration::from_secs(61),
+            Duration::from_secs(60),
+        );
         assert!(!lease.is_valid());
     }
 }

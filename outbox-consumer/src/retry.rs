@@ -75,7 +75,9 @@ mod tests {
     #[test]
     fn default_schedule_is_exact() {
         let s = RetrySchedule::default();
-        let secs: Vec<Option<u64>> = (1..=11).map(|a| s.delay_after(a).map(|d| d.as_secs())).collect();
+        let secs: Vec<Option<u64>> = (1..=11)
+            .map(|a| s.delay_after(a).map(|d| d.as_secs()))
+            .collect();
         assert_eq!(
             secs,
             vec![

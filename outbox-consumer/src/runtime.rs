@@ -272,7 +272,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
 
         let Some(cursor) = progress.cursor else {
             drop(client);
-            self.start_without_cursor(lease, statements, progress).await?;
+            self.start_without_cursor(lease, statements, progress)
+                .await?;
             return Ok(Step::More);
         };
         if !progress.bounds_checked {
@@ -323,7 +324,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             let sequence: i64 = row.get(0);
             if sequence != cursor + 1 + index as i64 {
                 if index == 0 {
-                    tracing::error!(cursor, next = sequence, "gap after the cursor in retained history");
+                    tracing::error!(
+                        cursor,
+                        next = sequence,
+                        "gap after the cursor in retained history"
+                    );
                     self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
                         .await?;
                     return Ok(Step::More);
@@ -340,7 +345,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     // Deliver what precedes it; the undecodable event then fails on its own.
                     if events.is_empty() {
                         let event = placeholder_event(row, project, consumer, attempt);
-                        self.fail(lease, statements, progress, &event, class).await?;
+                        self.fail(lease, statements, progress, &event, class)
+                            .await?;
                         return Ok(Step::More);
                     }
                     break;
@@ -357,7 +363,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             grace: self.config.shutdown_grace,
             held_sequence: progress.held.as_ref().map(|h| h.sequence),
         };
-        let BatchOutcome::Progress { acked, failure } = self.dispatch.deliver(&ctx, &events).await?;
+        let BatchOutcome::Progress { acked, failure } =
+            self.dispatch.deliver(&ctx, &events).await?;
         if acked > 0 {
             let last = events[acked - 1].sequence;
             progress.cursor = Some(last);
@@ -400,8 +407,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let attempts = event.attempt;
         let delay = self.config.retry.delay_after(attempts);
         let mut client = self.pool.get().await?;
-        store::record_failure(&mut client, statements, lease, event, attempts, &class, delay)
-            .await?;
+        store::record_failure(
+            &mut client,
+            statements,
+            lease,
+            event,
+            attempts,
+            &class,
+            delay,
+        )
+        .await?;
         let labels = [
             ("project", self.config.project_id.to_string()),
             ("consumer", self.config.consumer_id.to_string()),
@@ -451,7 +466,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 progress.bounds_checked = false;
                 return Ok(());
             }
-            tracing::warn!(floor, "history before the retention floor is gone; reconciling instead");
+            tracing::warn!(
+                floor,
+                "history before the retention floor is gone; reconciling instead"
+            );
         }
         self.reconcile(lease, statements, progress, ReconcileReason::MissingCursor)
             .await
@@ -471,7 +489,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut client = self.pool.get().await?;
         if self.config.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
-            Sequencer::new(&self.config.schema).drain(&mut client).await?;
+            Sequencer::new(&self.config.schema)
+                .drain(&mut client)
+                .await?;
         }
         let tx = client
             .build_transaction()
@@ -503,7 +523,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut client = self.pool.get().await?;
         let live_count = live.task_ids.len() as i64;
         store::set_cursor(&mut client, statements, lease, head, Some(live_count)).await?;
-        tracing::info!(head, live = live_count, reason = reason.as_str(), "reconciled");
+        tracing::info!(
+            head,
+            live = live_count,
+            reason = reason.as_str(),
+            "reconciled"
+        );
         progress.cursor = Some(head);
         progress.held = None;
         progress.bounds_checked = false;
@@ -594,7 +619,12 @@ fn placeholder_event(
 }
 
 /// Numbers committed events every `interval` until `stop`.
-async fn run_sequencer(pool: Pool, sequencer: Sequencer, interval: Duration, stop: CancellationToken) {
+async fn run_sequencer(
+    pool: Pool,
+    sequencer: Sequencer,
+    interval: Duration,
+    stop: CancellationToken,
+) {
     let mut failures: u32 = 0;
     loop {
         let delay = if failures == 0 {
@@ -632,5 +662,9 @@ fn owner_token() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "host".into());
-    format!("{host}:{}:{:08x}", std::process::id(), rand::random::<u32>())
+    format!(
+        "{host}:{}:{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
 }

@@ -87,7 +87,10 @@ pub(crate) async fn lost(
             row.get::<_, i64>(2)
         ),
         Ok(None) => "the consumer row is gone".into(),
-        Err(e) => format!("a fenced write was rejected ({})", outbox_core::describe(&e)),
+        Err(e) => format!(
+            "a fenced write was rejected ({})",
+            outbox_core::describe(&e)
+        ),
     };
     lease.lose(reason);
     lease.lost_error()
@@ -124,7 +127,11 @@ pub(crate) async fn ack(
         return Ok(());
     }
     let [p, c, o, g] = ctx.lease.fence.params();
-    if client.execute(&ctx.statements.ack, &[p, c, o, g, &sequence]).await? != 1 {
+    if client
+        .execute(&ctx.statements.ack, &[p, c, o, g, &sequence])
+        .await?
+        != 1
+    {
         return Err(lost(&***client, ctx.statements, ctx.lease).await);
     }
     Ok(())
@@ -137,7 +144,11 @@ pub(crate) async fn ack_in(
     sequence: i64,
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = ctx.lease.fence.params();
-    if tx.execute(&ctx.statements.ack, &[p, c, o, g, &sequence]).await? != 1 {
+    if tx
+        .execute(&ctx.statements.ack, &[p, c, o, g, &sequence])
+        .await?
+        != 1
+    {
         return Err(lost(tx, ctx.statements, ctx.lease).await);
     }
     if ctx.held_sequence.is_some_and(|held| held <= sequence) {
@@ -263,7 +274,15 @@ pub(crate) async fn record_failure(
                 ],
             )
             .await?;
-            audit(&*tx, statements, AUDIT_POISONED, lease, Some(&event.event_id), Some(i64::from(attempts))).await?;
+            audit(
+                &*tx,
+                statements,
+                AUDIT_POISONED,
+                lease,
+                Some(&event.event_id),
+                Some(i64::from(attempts)),
+            )
+            .await?;
             if tx
                 .execute(&statements.ack, &[p, c, o, g, &event.sequence])
                 .await?
@@ -290,7 +309,15 @@ pub(crate) async fn record_replay(
         Ok(()) => {
             tx.execute(&statements.mark_replayed, &[p, c, &event.event_id])
                 .await?;
-            audit(tx, statements, AUDIT_REPLAYED, lease, Some(&event.event_id), None).await?;
+            audit(
+                tx,
+                statements,
+                AUDIT_REPLAYED,
+                lease,
+                Some(&event.event_id),
+                None,
+            )
+            .await?;
         }
         Err(failure) => {
             let attempts: Option<i32> = tx

@@ -189,9 +189,13 @@ mod tests {
 
     #[test]
     fn event_id_has_microseconds_in_utc() {
-        let at = Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap() + TimeDelta::nanoseconds(1_234_567);
+        let at =
+            Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap() + TimeDelta::nanoseconds(1_234_567);
         let e = event(at, Prior::default()).unwrap();
-        assert_eq!(e.event_id(), "task-deleted:FN-1:2026-01-02T03:04:05.001234Z");
+        assert_eq!(
+            e.event_id(),
+            "task-deleted:FN-1:2026-01-02T03:04:05.001234Z"
+        );
         assert_eq!(e.deleted_at().timestamp_subsec_nanos(), 1_234_000);
     }
 
@@ -201,7 +205,10 @@ mod tests {
         assert!(event(now + TimeDelta::minutes(4), Prior::default()).is_ok());
         let err = event(now + TimeDelta::days(1), Prior::default()).unwrap_err();
         assert!(matches!(err, ValidationError::DeletedAtInFuture(_)));
-        assert!(err.to_string().ends_with("is more than 5 minutes in the future"));
+        assert!(
+            err.to_string()
+                .ends_with("is more than 5 minutes in the future")
+        );
     }
 
     #[test]
@@ -215,18 +222,27 @@ mod tests {
             "invalid prior: must be a JSON object"
         );
         assert_eq!(
-            Prior::from_json(&json!({"note": "x"})).unwrap_err().to_string(),
+            Prior::from_json(&json!({"note": "x"}))
+                .unwrap_err()
+                .to_string(),
             "invalid prior: unknown key \"note\" (known keys: column, status)"
         );
         assert_eq!(
-            Prior::from_json(&json!({"status": 3})).unwrap_err().to_string(),
+            Prior::from_json(&json!({"status": 3}))
+                .unwrap_err()
+                .to_string(),
             "invalid prior.status: must be a string"
         );
         assert_eq!(
-            Prior::from_json(&json!({"column": "a".repeat(65)})).unwrap_err().to_string(),
+            Prior::from_json(&json!({"column": "a".repeat(65)}))
+                .unwrap_err()
+                .to_string(),
             "invalid prior.column: 65 characters exceeds the limit of 64"
         );
-        let bad = Prior { column: Some("two words".into()), status: None };
+        let bad = Prior {
+            column: Some("two words".into()),
+            status: None,
+        };
         assert!(event(Utc::now(), bad).is_err());
     }
 }

@@ -61,7 +61,8 @@ pub async fn migrate_with(
     migrations: &[Migration],
 ) -> Result<MigrationReport, Error> {
     let tx = client.transaction().await?;
-    tx.execute(sql::LOCK, &[&schema.lock_key("migrate")]).await?;
+    tx.execute(sql::LOCK, &[&schema.lock_key("migrate")])
+        .await?;
     tx.batch_execute(&schema.render(sql::MIGRATIONS_TABLE))
         .await?;
     let applied = tx

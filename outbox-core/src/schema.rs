@@ -115,7 +115,10 @@ mod tests {
     #[test]
     fn renders_and_keys() {
         let s = Schema::new("o2").unwrap();
-        assert_eq!(s.render("SELECT 1 FROM {{schema}}.t"), "SELECT 1 FROM \"o2\".t");
+        assert_eq!(
+            s.render("SELECT 1 FROM {{schema}}.t"),
+            "SELECT 1 FROM \"o2\".t"
+        );
         assert_ne!(s.lock_key("migrate"), s.lock_key("sequence"));
         assert_ne!(s.lock_key("migrate"), Schema::default().lock_key("migrate"));
         assert_eq!(s.lock_key("migrate"), s.lock_key("migrate"));

@@ -88,7 +88,11 @@ impl Sequencer {
         }
         tx.commit().await?;
         if tick.numbered > 0 {
-            tracing::debug!(numbered = tick.numbered, projects = tick.heads.len(), "sequenced");
+            tracing::debug!(
+                numbered = tick.numbered,
+                projects = tick.heads.len(),
+                "sequenced"
+            );
         }
         Ok(tick)
     }

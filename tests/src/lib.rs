@@ -52,7 +52,10 @@ impl TestDb {
 
 /// Opens a connection whose driver task runs on the current runtime.
 pub async fn connect(config: &Config) -> Client {
-    let (client, connection) = config.connect(NoTls).await.expect("connect to test database");
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .expect("connect to test database");
     tokio::spawn(async move {
         let _ = connection.await;
     });

@@ -14,7 +14,10 @@ async fn migrate_twice_applies_once() {
     assert!(second.applied.is_empty());
     assert_eq!(second.already_applied, vec![1]);
     let rows = client
-        .query("SELECT version, checksum FROM outbox.schema_migrations", &[])
+        .query(
+            "SELECT version, checksum FROM outbox.schema_migrations",
+            &[],
+        )
         .await
         .unwrap();
     assert_eq!(rows.len(), 1);
@@ -34,7 +37,10 @@ async fn concurrent_migrations_serialise() {
     }
     let mut applied = 0;
     for task in tasks {
-        let report = task.await.unwrap().expect("every concurrent migrate succeeds");
+        let report = task
+            .await
+            .unwrap()
+            .expect("every concurrent migrate succeeds");
         applied += report.applied.len();
     }
     assert_eq!(applied, 1, "exactly one process applies the migration");
@@ -51,7 +57,10 @@ async fn tampered_checksum_is_refused() {
     let err = migrate_with(&mut client, &Schema::default(), &tampered)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::ChecksumMismatch { version: 1, .. }), "{err}");
+    assert!(
+        matches!(err, Error::ChecksumMismatch { version: 1, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("migration 1 (init)"), "{err}");
 
     client
@@ -74,7 +83,10 @@ async fn unknown_applied_migration_is_refused() {
         .await
         .unwrap();
     let err = migrate(&mut client, &Schema::default()).await.unwrap_err();
-    assert!(matches!(err, Error::UnknownMigration { version: 99, .. }), "{err}");
+    assert!(
+        matches!(err, Error::UnknownMigration { version: 99, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -89,7 +101,11 @@ async fn failed_migration_leaves_nothing_behind() {
             template: "CREATE TABLE {{schema}}.half (x int); SELECT no_such_function();",
         },
     ];
-    assert!(migrate_with(&mut client, &Schema::default(), &broken).await.is_err());
+    assert!(
+        migrate_with(&mut client, &Schema::default(), &broken)
+            .await
+            .is_err()
+    );
     let exists: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'outbox')",
@@ -98,7 +114,10 @@ async fn failed_migration_leaves_nothing_behind() {
         .await
         .unwrap()
         .get(0);
-    assert!(!exists, "a failed run rolls back every migration of the run");
+    assert!(
+        !exists,
+        "a failed run rolls back every migration of the run"
+    );
 }
 
 #[tokio::test]

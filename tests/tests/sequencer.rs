@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_core::{
-    Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer,
-    WriterProcessId,
+    Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
@@ -165,7 +164,10 @@ async fn gap_free_under_hostile_commit_order() {
     stop.store(true, Ordering::Relaxed);
     let ticks = sequencer.await.unwrap();
     let samples = sampler.await.unwrap();
-    assert!(ticks > 10 && samples > 10, "ticks {ticks}, samples {samples}");
+    assert!(
+        ticks > 10 && samples > 10,
+        "ticks {ticks}, samples {samples}"
+    );
 
     let mut client = db.connect().await;
     Sequencer::new(&Schema::default())
@@ -174,7 +176,10 @@ async fn gap_free_under_hostile_commit_order() {
         .unwrap();
     check_prefix(&client).await;
     let ledger = ledger.lock().await;
-    assert!(!ledger.rolled_back.is_empty(), "the run rolled some writers back");
+    assert!(
+        !ledger.rolled_back.is_empty(),
+        "the run rolled some writers back"
+    );
     let mut total = 0;
     for project in PROJECTS {
         let rows = sequenced(&client, project).await;
@@ -224,13 +229,16 @@ async fn open_transactions_elsewhere_do_not_stall_sequencing() {
     let db = fresh_db().await;
     // An unrelated long transaction holding a snapshot and an xid.
     let mut idle = db.connect().await;
-    let idle_tx = idle.build_transaction()
+    let idle_tx = idle
+        .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
         .start()
         .await
         .unwrap();
     idle_tx
-        .batch_execute("SELECT txid_current(); INSERT INTO tasks (id, project_id) VALUES ('x', 'p')")
+        .batch_execute(
+            "SELECT txid_current(); INSERT INTO tasks (id, project_id) VALUES ('x', 'p')",
+        )
         .await
         .unwrap();
     // An outbox writer that has written but not committed.

@@ -42,11 +42,21 @@ async fn repeated_delete_records_once() {
     let e = event("p1", "FN-1", Utc::now());
     let tx = client.transaction().await.unwrap();
     let first = writer().record(&tx, &e).await.unwrap();
-    assert_eq!(first, WriteOutcome::Recorded { event_id: e.event_id() });
+    assert_eq!(
+        first,
+        WriteOutcome::Recorded {
+            event_id: e.event_id()
+        }
+    );
     tx.commit().await.unwrap();
     let tx = client.transaction().await.unwrap();
     let second = writer().record(&tx, &e).await.unwrap();
-    assert_eq!(second, WriteOutcome::AlreadyRecorded { event_id: e.event_id() });
+    assert_eq!(
+        second,
+        WriteOutcome::AlreadyRecorded {
+            event_id: e.event_id()
+        }
+    );
     tx.commit().await.unwrap();
     assert_eq!(count(&client).await, 1);
 }
@@ -71,7 +81,10 @@ async fn concurrent_identical_deletes_record_once() {
         outcome
     });
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    assert!(!second.is_finished(), "the second writer waits for the first");
+    assert!(
+        !second.is_finished(),
+        "the second writer waits for the first"
+    );
     tx_a.commit().await.unwrap();
     assert!(matches!(
         second.await.unwrap(),
@@ -97,7 +110,10 @@ async fn concurrent_identical_deletes_first_rolls_back() {
     });
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     tx_a.rollback().await.unwrap();
-    assert!(matches!(second.await.unwrap(), WriteOutcome::Recorded { .. }));
+    assert!(matches!(
+        second.await.unwrap(),
+        WriteOutcome::Recorded { .. }
+    ));
     assert_eq!(count(&db.connect().await).await, 1);
 }
 
@@ -184,7 +200,11 @@ async fn rust_and_sql_writers_write_identical_rows() {
     };
     assert_eq!(describe(&rows[0]), describe(&rows[1]));
     assert_eq!(rows[0].get::<_, String>(1), "task:deleted");
-    assert_eq!(rows[0].get::<_, Option<i64>>(7), None, "the writer never numbers");
+    assert_eq!(
+        rows[0].get::<_, Option<i64>>(7),
+        None,
+        "the writer never numbers"
+    );
     // The SQL face is idempotent too.
     let again: String = client
         .query_one(
@@ -240,35 +260,74 @@ async fn each_bad_input_gets_the_same_specific_error_in_rust_and_sql() {
     let db = fresh_db().await;
     let client = db.connect().await;
     let cases: Vec<(Case, &str)> = vec![
-        (Case { project: "", ..base() }, "invalid project_id: must not be empty"),
         (
-            Case { task: "x".repeat(129), ..base() },
+            Case {
+                project: "",
+                ..base()
+            },
+            "invalid project_id: must not be empty",
+        ),
+        (
+            Case {
+                task: "x".repeat(129),
+                ..base()
+            },
             "invalid task_id: 129 characters exceeds the limit of 128",
         ),
         (
-            Case { task: "FN\u{7}8".into(), ..base() },
+            Case {
+                task: "FN\u{7}8".into(),
+                ..base()
+            },
             "invalid task_id: control character at position 3",
         ),
         (
-            Case { task: "FN 8".into(), ..base() },
+            Case {
+                task: "FN 8".into(),
+                ..base()
+            },
             "invalid task_id: character \" \" at position 3 is not allowed (allowed: A-Z a-z 0-9 . _ : @ -)",
         ),
-        (Case { writer: "", ..base() }, "invalid writer_process_id: must not be empty"),
         (
-            Case { ahead: TimeDelta::days(30), ..base() },
+            Case {
+                writer: "",
+                ..base()
+            },
+            "invalid writer_process_id: must not be empty",
+        ),
+        (
+            Case {
+                ahead: TimeDelta::days(30),
+                ..base()
+            },
             "is more than 5 minutes in the future",
         ),
-        (Case { prior: json!("todo"), ..base() }, "invalid prior: must be a JSON object"),
         (
-            Case { prior: json!({"column": "todo", "note": "free text"}), ..base() },
+            Case {
+                prior: json!("todo"),
+                ..base()
+            },
+            "invalid prior: must be a JSON object",
+        ),
+        (
+            Case {
+                prior: json!({"column": "todo", "note": "free text"}),
+                ..base()
+            },
             "invalid prior: unknown key \"note\" (known keys: column, status)",
         ),
         (
-            Case { prior: json!({"status": {"nested": true}}), ..base() },
+            Case {
+                prior: json!({"status": {"nested": true}}),
+                ..base()
+            },
             "invalid prior.status: must be a string",
         ),
         (
-            Case { prior: json!({"column": "x".repeat(65)}), ..base() },
+            Case {
+                prior: json!({"column": "x".repeat(65)}),
+                ..base()
+            },
             "invalid prior.column: 65 characters exceeds the limit of 64",
         ),
     ];
