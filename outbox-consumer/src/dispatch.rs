@@ -27,16 +27,15 @@ pub struct DispatchContext<'a> {
 
 /// How far a batch got.
 #[derive(Debug, PartialEq, Eq)]
-pub enum BatchOutcome {
-    /// The first `acked` events were handled and acknowledged; then one failed (or the batch
-    /// ended, when `failure` is `None` and `acked` is the batch length), or dispatch stopped
-    /// (shutdown, lease no longer valid) when `failure` is `None` and `acked` is shorter.
-    Progress {
-        /// Events handled and acknowledged.
-        acked: usize,
-        /// The failure of event `acked`, if that is why the batch stopped.
-        failure: Option<FailureClass>,
-    },
+pub struct BatchOutcome {
+    /// Events handled successfully, from the start of the batch.
+    pub handled: usize,
+    /// Whether those events are already acknowledged (transactional dispatch acknowledges
+    /// each in its own transaction; plain dispatch leaves that to the runtime).
+    pub acked: bool,
+    /// Why event `handled` failed, if it did. With `None` and `handled` short of the batch,
+    /// dispatch stopped for shutdown or an invalid lease.
+    pub failure: Option<FailureClass>,
 }
 
 /// A dispatch mode: [`Plain`] or [`InTransaction`]. Sealed.
@@ -114,17 +113,16 @@ impl<H: Handler> DispatchMode for Plain<H> {
         if handled > 0 {
             if let Err(f) = self.0.before_ack().await {
                 // Nothing handled is durable: deliver it all again, charging the first event.
-                return Ok(BatchOutcome::Progress {
-                    acked: 0,
+                return Ok(BatchOutcome {
+                    handled: 0,
+                    acked: false,
                     failure: Some(f.class),
                 });
             }
-            let last = events[handled - 1].sequence;
-            let mut client = ctx.pool.get().await?;
-            store::ack(&mut client, ctx, last).await?;
         }
-        Ok(BatchOutcome::Progress {
-            acked: handled,
+        Ok(BatchOutcome {
+            handled,
+            acked: false,
             failure,
         })
     }
@@ -158,8 +156,9 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
         let mut client = ctx.pool.get().await?;
         for (index, event) in events.iter().enumerate() {
             if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
-                return Ok(BatchOutcome::Progress {
-                    acked: index,
+                return Ok(BatchOutcome {
+                    handled: index,
+                    acked: true,
                     failure: None,
                 });
             }
@@ -167,27 +166,37 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
             store::lock_fence(&tx, ctx.statements, ctx.lease).await?;
             match guarded(ctx, self.0.handle(&tx, event)).await {
                 Some(Ok(())) => {
-                    store::ack_in(&tx, ctx, event.sequence).await?;
+                    store::ack_in(
+                        &tx,
+                        ctx.statements,
+                        ctx.lease,
+                        ctx.held_sequence,
+                        event.sequence,
+                    )
+                    .await?;
                     tx.commit().await?;
                 }
                 Some(Err(f)) => {
                     tx.rollback().await?;
-                    return Ok(BatchOutcome::Progress {
-                        acked: index,
+                    return Ok(BatchOutcome {
+                        handled: index,
+                        acked: true,
                         failure: Some(f.class),
                     });
                 }
                 None => {
                     tx.rollback().await?;
-                    return Ok(BatchOutcome::Progress {
-                        acked: index,
+                    return Ok(BatchOutcome {
+                        handled: index,
+                        acked: true,
                         failure: None,
                     });
                 }
             }
         }
-        Ok(BatchOutcome::Progress {
-            acked: events.len(),
+        Ok(BatchOutcome {
+            handled: events.len(),
+            acked: true,
             failure: None,
         })
     }

@@ -114,6 +114,9 @@ struct Progress {
     next_replay_check: Instant,
     /// Events delivered in order.
     delivered: u64,
+    /// Last sequence (and count) handled by this run whose acknowledgement is still to be
+    /// written.
+    handled_through: Option<(i64, u64)>,
 }
 
 /// Whether to go round again at once.
@@ -144,6 +147,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             bounds_checked: false,
             next_replay_check: Instant::now(),
             delivered: 0,
+            handled_through: None,
         };
         let span = tracing::info_span!(
             "consumer",
@@ -151,10 +155,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             consumer = %self.config.consumer_id,
             generation = lease.fence.generation,
         );
-        let result = self
+        let mut result = self
             .deliver_loop(&lease, &statements, &wake, &shutdown, &mut progress)
             .instrument(span)
             .await;
+        if result.is_ok() && progress.handled_through.is_some() {
+            // One last try, so a clean stop does not leave handled events to be repeated.
+            result = self.ack_handled(&lease, &statements, &mut progress).await;
+        }
 
         stop.cancel();
         for task in tasks {
@@ -276,6 +284,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .await?;
             return Ok(Step::More);
         };
+        if progress.handled_through.is_some() {
+            drop(client);
+            self.ack_handled(lease, statements, progress).await?;
+            return Ok(Step::More);
+        }
         if !progress.bounds_checked {
             let (head, floor) = store::bounds(&**client, statements, project.as_str()).await?;
             let reason = if cursor < floor {
@@ -363,28 +376,26 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             grace: self.config.shutdown_grace,
             held_sequence: progress.held.as_ref().map(|h| h.sequence),
         };
-        let BatchOutcome::Progress { acked, failure } =
-            self.dispatch.deliver(&ctx, &events).await?;
-        if acked > 0 {
-            let last = events[acked - 1].sequence;
-            progress.cursor = Some(last);
-            progress.delivered += acked as u64;
-            if progress.held.as_ref().is_some_and(|h| h.sequence <= last) {
-                progress.held = None;
+        let BatchOutcome {
+            handled,
+            acked,
+            failure,
+        } = self.dispatch.deliver(&ctx, &events).await?;
+        if handled > 0 {
+            let last = events[handled - 1].sequence;
+            if acked {
+                self.advance(progress, last, handled as u64);
+            } else {
+                progress.handled_through = Some((last, handled as u64));
+                self.ack_handled(lease, statements, progress).await?;
             }
-            metrics::counter!("outbox_consumer_delivered_total",
-                "project" => project.to_string(), "consumer" => consumer.to_string())
-            .increment(acked as u64);
-            metrics::gauge!("outbox_consumer_cursor",
-                "project" => project.to_string(), "consumer" => consumer.to_string())
-            .set(last as f64);
         }
         if let Some(class) = failure {
-            let event = &events[acked];
+            let event = &events[handled];
             self.fail(lease, statements, progress, event, class).await?;
             return Ok(Step::More);
         }
-        if acked < events.len() {
+        if handled < events.len() {
             // Stopped by shutdown or an invalid lease: the loop decides what happens next.
             return Ok(Step::Idle);
         }
@@ -393,6 +404,40 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         } else {
             Step::Idle
         })
+    }
+
+    /// Acknowledges events this run handled but could not yet acknowledge (the write failed,
+    /// say, because the database restarted). They are not dispatched again by this process.
+    async fn ack_handled(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+    ) -> Result<(), ConsumerError> {
+        let Some((through, count)) = progress.handled_through else {
+            return Ok(());
+        };
+        let held = progress.held.as_ref().map(|h| h.sequence);
+        let mut client = self.pool.get().await?;
+        store::ack(&mut client, statements, lease, held, through).await?;
+        progress.handled_through = None;
+        self.advance(progress, through, count);
+        Ok(())
+    }
+
+    /// Records an acknowledged prefix in memory and metrics.
+    fn advance(&self, progress: &mut Progress, last: i64, count: u64) {
+        progress.cursor = Some(last);
+        progress.delivered += count;
+        if progress.held.as_ref().is_some_and(|h| h.sequence <= last) {
+            progress.held = None;
+        }
+        let labels = [
+            ("project", self.config.project_id.to_string()),
+            ("consumer", self.config.consumer_id.to_string()),
+        ];
+        metrics::counter!("outbox_consumer_delivered_total", &labels).increment(count);
+        metrics::gauge!("outbox_consumer_cursor", &labels).set(last as f64);
     }
 
     /// Saves a failed attempt of `event` (the one after the cursor).

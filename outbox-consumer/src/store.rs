@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 use outbox_core::{ConsumerId, Prior, ProjectId, Schema};
 use tokio_postgres::{GenericClient, Row, Transaction};
 
-use crate::dispatch::DispatchContext;
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
 use crate::lease::Lease;
@@ -112,27 +111,29 @@ pub(crate) async fn lock_fence(
     Ok(())
 }
 
-/// Acknowledges through `sequence` in one fenced statement (plus clearing saved retry state
-/// when the held event is among them).
+/// Acknowledges through `sequence` in one fenced statement, or in a fenced transaction that
+/// also clears saved retry state when the held event (`held`) is among them.
 pub(crate) async fn ack(
     client: &mut deadpool_postgres::Client,
-    ctx: &DispatchContext<'_>,
+    statements: &Statements,
+    lease: &Lease,
+    held: Option<i64>,
     sequence: i64,
 ) -> Result<(), ConsumerError> {
-    if ctx.held_sequence.is_some_and(|held| held <= sequence) {
+    if held.is_some_and(|held| held <= sequence) {
         let tx = client.transaction().await?;
-        lock_fence(&tx, ctx.statements, ctx.lease).await?;
-        ack_in(&tx, ctx, sequence).await?;
+        lock_fence(&tx, statements, lease).await?;
+        ack_in(&tx, statements, lease, held, sequence).await?;
         tx.commit().await?;
         return Ok(());
     }
-    let [p, c, o, g] = ctx.lease.fence.params();
+    let [p, c, o, g] = lease.fence.params();
     if client
-        .execute(&ctx.statements.ack, &[p, c, o, g, &sequence])
+        .execute(&statements.ack, &[p, c, o, g, &sequence])
         .await?
         != 1
     {
-        return Err(lost(&***client, ctx.statements, ctx.lease).await);
+        return Err(lost(&***client, statements, lease).await);
     }
     Ok(())
 }
@@ -140,19 +141,21 @@ pub(crate) async fn ack(
 /// Acknowledges through `sequence` inside a fenced transaction.
 pub(crate) async fn ack_in(
     tx: &Transaction<'_>,
-    ctx: &DispatchContext<'_>,
+    statements: &Statements,
+    lease: &Lease,
+    held: Option<i64>,
     sequence: i64,
 ) -> Result<(), ConsumerError> {
-    let [p, c, o, g] = ctx.lease.fence.params();
+    let [p, c, o, g] = lease.fence.params();
     if tx
-        .execute(&ctx.statements.ack, &[p, c, o, g, &sequence])
+        .execute(&statements.ack, &[p, c, o, g, &sequence])
         .await?
         != 1
     {
-        return Err(lost(tx, ctx.statements, ctx.lease).await);
+        return Err(lost(tx, statements, lease).await);
     }
-    if ctx.held_sequence.is_some_and(|held| held <= sequence) {
-        tx.execute(&ctx.statements.clear_passed_retries, &[p, c, &sequence])
+    if held.is_some_and(|held| held <= sequence) {
+        tx.execute(&statements.clear_passed_retries, &[p, c, &sequence])
             .await?;
     }
     Ok(())

@@ -1,0 +1,159 @@
+//! Helpers for tests that run the real `outbox` binary as a separate process.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The `outbox` binary built by `cargo build --workspace --bins` (`make test` builds it
+/// before running the suite).
+pub fn outbox_binary() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
+    let binary = target.join("debug").join("outbox");
+    assert!(
+        binary.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (make test does)",
+        binary.display()
+    );
+    binary
+}
+
+/// Runs `outbox ARGS` to completion; returns (exit code, stdout, stderr).
+pub async fn run_outbox(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(outbox_binary())
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env("OUTBOX_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run outbox");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// One line of `outbox consume` output with the moment the test read it.
+#[derive(Debug, Clone)]
+pub struct Line {
+    /// When it was read.
+    pub at: Instant,
+    /// The parsed JSON line.
+    pub value: serde_json::Value,
+}
+
+/// A running `outbox consume` process whose stdout lines are collected.
+pub struct ConsumeProcess {
+    /// The process.
+    child: Child,
+    /// Its stdout lines so far.
+    lines: Arc<Mutex<Vec<Line>>>,
+    /// Its stderr so far.
+    stderr: Arc<Mutex<String>>,
+}
+
+impl ConsumeProcess {
+    /// Starts `outbox --database-url URL consume ARGS`.
+    pub fn spawn(url: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(outbox_binary())
+            .arg("--database-url")
+            .arg(url)
+            .arg("consume")
+            .args(args)
+            .env("OUTBOX_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn outbox consume");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let sink = lines.clone();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+                sink.lock().unwrap().push(Line {
+                    at: Instant::now(),
+                    value,
+                });
+            }
+        });
+        let err = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(err).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                let mut all = sink.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        Self {
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("process is running")
+    }
+
+    /// Lines read so far.
+    pub fn lines(&self) -> Vec<Line> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Sequences of the event lines read so far, in order.
+    pub fn sequences(&self) -> Vec<i64> {
+        self.lines()
+            .iter()
+            .filter(|l| l.value["type"] == "event")
+            .map(|l| l.value["sequence"].as_i64().expect("sequence"))
+            .collect()
+    }
+
+    /// Event IDs of the event lines read so far.
+    pub fn event_ids(&self) -> Vec<String> {
+        self.lines()
+            .iter()
+            .filter(|l| l.value["type"] == "event")
+            .map(|l| l.value["event_id"].as_str().expect("event_id").to_owned())
+            .collect()
+    }
+
+    /// Stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
+    pub fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for exit (after output is drained) and returns the exit code (-1 for a signal).
+    pub async fn wait(&mut self) -> i32 {
+        let status = self.child.wait().await.expect("wait for outbox consume");
+        // Let the readers drain the pipes.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        status.code().unwrap_or(-1)
+    }
+}
