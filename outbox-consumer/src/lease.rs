@@ -75,6 +75,12 @@ impl Lease {
         }
     }
 
+    /// The longest a fenced transaction may sit idle, in milliseconds as text: one lease
+    /// length, after which the lease would have expired anyway.
+    pub fn idle_limit_ms(&self) -> String {
+        self.ttl.as_millis().to_string()
+    }
+
     /// True while this process may dispatch.
     pub fn is_valid(&self) -> bool {
         !self.lost.is_cancelled() && Instant::now() < *self.valid_until.lock().expect("lease lock")

@@ -196,7 +196,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         if let Some(interval) = self.config.sequence_interval {
             let (pool, stop) = (self.pool.clone(), stop.clone());
-            let sequencer = Sequencer::new(&self.config.schema);
+            let sequencer = Sequencer::new(&self.config.schema)
+                .with_idle_timeout(self.config.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
             tasks.push(TaskGuard(Some(tokio::spawn(async move {
                 run_sequencer(pool, sequencer, interval, stop).await
             }))));

@@ -47,9 +47,11 @@ SET lease_owner = NULL, lease_expires_at = NULL
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4";
 
 /// Locks the consumer row for the rest of a transaction if the lease is still ours; every
-/// multi-statement fenced write starts with it, so a takeover waits for the commit.
+/// multi-statement fenced write starts with it, so a takeover waits for the commit. `$5`
+/// (milliseconds, as text) bounds the transaction's idle time: a holder paused with the row
+/// locked is disconnected by the server rather than blocking its successor forever.
 pub const LOCK_FENCE: &str = "
-SELECT last_acked_sequence
+SELECT last_acked_sequence, set_config('idle_in_transaction_session_timeout', $5, true)
 FROM {{schema}}.lifecycle_consumer_cursors
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'

@@ -101,8 +101,10 @@ pub(crate) async fn lock_fence(
     statements: &Statements,
     lease: &Lease,
 ) -> Result<(), ConsumerError> {
+    let [p, c, o, g] = lease.fence.params();
+    let idle_limit = lease.idle_limit_ms();
     if tx
-        .query_opt(&statements.lock_fence, &lease.fence.params())
+        .query_opt(&statements.lock_fence, &[p, c, o, g, &idle_limit])
         .await?
         .is_none()
     {

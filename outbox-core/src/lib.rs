@@ -50,5 +50,5 @@ pub use ids::{ConsumerId, IdError, MAX_ID_LEN, ProjectId, TaskId, WriterProcessI
 pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
 pub use observed::{in_observed_dispatch, observe};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
-pub use sequencer::{DEFAULT_BATCH, Sequencer, Tick};
+pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
 pub use writer::{WriteOutcome, Writer};

@@ -5,11 +5,16 @@
 //! arrival order, advances each project's head and sends one `NOTIFY` per touched project. The
 //! whole tick commits at once, so readers see a dense prefix 1..head and never n+1 without n.
 
+use std::time::Duration;
+
 use tokio_postgres::Client;
 
 use crate::error::Error;
 use crate::schema::Schema;
 use crate::sql;
+
+/// Default bound on a tick's idle time inside its transaction.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default number of events one tick numbers.
 pub const DEFAULT_BATCH: i64 = 10_000;
@@ -36,6 +41,8 @@ pub struct Sequencer {
     number: String,
     /// Upper bound of events per tick, so one tick stays a short transaction.
     batch: i64,
+    /// The server ends a tick idle in its transaction for longer (releasing the lock).
+    idle_timeout_ms: String,
 }
 
 impl Sequencer {
@@ -46,12 +53,20 @@ impl Sequencer {
             channel: schema.channel(),
             number: schema.render(sql::NUMBER_PENDING),
             batch: DEFAULT_BATCH,
+            idle_timeout_ms: DEFAULT_IDLE_TIMEOUT.as_millis().to_string(),
         }
     }
 
     /// Sets how many events one tick numbers at most (at least 1).
     pub fn with_batch(mut self, batch: i64) -> Self {
         self.batch = batch.max(1);
+        self
+    }
+
+    /// Sets how long a tick may sit idle inside its transaction before the server ends the
+    /// session and so releases the sequencer lock (at least 100 ms).
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout_ms = timeout.as_millis().max(100).to_string();
         self
     }
 
@@ -63,7 +78,10 @@ impl Sequencer {
     /// Numbers up to one batch of committed events.
     pub async fn tick(&self, client: &mut Client) -> Result<Tick, Error> {
         let tx = client.transaction().await?;
-        let locked: bool = tx.query_one(sql::TRY_LOCK, &[&self.lock_key]).await?.get(0);
+        let locked: bool = tx
+            .query_one(sql::TRY_LOCK, &[&self.lock_key, &self.idle_timeout_ms])
+            .await?
+            .get(0);
         if !locked {
             return Ok(Tick::default());
         }

@@ -21,8 +21,12 @@ pub const RECORD_MIGRATION: &str =
 /// Serialises migrators (transaction-scoped).
 pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
-/// Elects one sequencer at a time (transaction-scoped); others skip their tick.
-pub const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
+/// Elects one sequencer at a time (transaction-scoped); others skip their tick. Also bounds
+/// how long the tick may sit idle in its transaction (`$2`, milliseconds as text): a paused
+/// or stalled process would otherwise hold the lock, and stop all numbering, indefinitely.
+pub const TRY_LOCK: &str = "
+SELECT pg_try_advisory_xact_lock($1),
+       set_config('idle_in_transaction_session_timeout', $2, true)";
 
 /// The Rust writer's single statement. `RETURNING` tells a new row from a repeated delete.
 pub const WRITE_TASK_DELETED: &str = "
