@@ -24,7 +24,9 @@ pub struct Cli {
 pub struct Global {
     /// PostgreSQL URL, e.g. postgresql://user@host:5432/db (or key=value form).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    pub database_url: Option<DatabaseUrl>,
+    /// Kept as text and parsed by [`Global::database`], so that a parse error never echoes a
+    /// password back.
+    pub database_url: Option<String>,
     /// Schema holding the outbox tables.
     #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox")]
     pub schema: Schema,
@@ -97,12 +99,13 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
 
 impl Global {
     /// The database URL, or a usage error naming both ways to give it.
-    pub fn database(&self) -> Result<&DatabaseUrl, crate::failure::Failure> {
-        self.database_url.as_ref().ok_or_else(|| {
+    pub fn database(&self) -> Result<DatabaseUrl, crate::failure::Failure> {
+        let text = self.database_url.as_deref().ok_or_else(|| {
             crate::failure::Failure::usage(
                 "no database given: pass --database-url or set DATABASE_URL",
             )
-        })
+        })?;
+        text.parse().map_err(crate::failure::Failure::usage)
     }
 }
 

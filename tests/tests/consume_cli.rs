@@ -1,0 +1,266 @@
+//! `outbox consume` as a user types it: bad input, exit codes, and the child-process sink.
+
+use std::time::Duration;
+
+use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::fresh_db;
+use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+
+#[tokio::test]
+async fn usage_errors_exit_2_with_a_clear_message() {
+    let db = fresh_db().await;
+    let url = db.url.as_str();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["consume", "--database-url", url, "--project", "p"],
+            "--consumer-id",
+        ),
+        (
+            vec!["consume", "--database-url", url, "--consumer-id", "c"],
+            "--project",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                url,
+                "--project",
+                "p",
+                "--consumer-id",
+                "bad id",
+            ],
+            "invalid consumer_id: character \" \" at position 4",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                url,
+                "--project",
+                "",
+                "--consumer-id",
+                "c",
+            ],
+            "invalid project_id: must not be empty",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                url,
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+                "--lease-ttl",
+                "5 parsecs",
+            ],
+            "invalid duration",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                url,
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+                "--poll-interval",
+                "0s",
+            ],
+            "must be greater than zero",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                url,
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+                "--lease-ttl",
+                "10s",
+                "--heartbeat-interval",
+                "9s",
+            ],
+            "half the lease TTL",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                url,
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+                "--batch-size",
+                "0",
+            ],
+            "--batch-size",
+        ),
+        (
+            vec!["consume", "--project", "p", "--consumer-id", "c"],
+            "pass --database-url or set DATABASE_URL",
+        ),
+        (
+            vec![
+                "consume",
+                "--database-url",
+                "postgresql://u:hunter2@db:notaport/x",
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+            ],
+            "invalid database URL postgresql://u:***@db:notaport/x",
+        ),
+    ];
+    for (args, expected) in cases {
+        let (code, _, stderr) = run_outbox(&args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: {stderr:?} lacks {expected:?}"
+        );
+        assert!(!stderr.contains("hunter2"), "passwords are never printed");
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_database_exits_1_naming_the_redacted_url() {
+    let (code, _, stderr) = run_outbox(&[
+        "consume",
+        "--database-url",
+        "postgresql://app:hunter2@127.0.0.1:1/db?connect_timeout=2",
+        "--project",
+        "p",
+        "--consumer-id",
+        "c",
+    ])
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("app:***@127.0.0.1:1"), "{stderr}");
+    assert!(!stderr.contains("hunter2"));
+}
+
+#[tokio::test]
+async fn no_wait_refuses_a_held_lease_with_exit_4() {
+    let db = fresh_db().await;
+    let args = [
+        "--project",
+        "p",
+        "--consumer-id",
+        "c",
+        "--start-from",
+        "earliest",
+    ];
+    let mut holder = ConsumeProcess::spawn(&db.url, &args);
+    eventually(Duration::from_secs(10), "the holder's claim", || async {
+        cursor(&db, "p", "c").await.is_some()
+    })
+    .await;
+    let (code, _, stderr) = run_outbox(&[
+        "consume",
+        "--database-url",
+        &db.url,
+        "--project",
+        "p",
+        "--consumer-id",
+        "c",
+        "--no-wait",
+    ])
+    .await;
+    assert_eq!(code, 4, "{stderr}");
+    assert!(
+        stderr.contains("consumer c of project p is held by"),
+        "{stderr}"
+    );
+    holder.signal("TERM");
+    assert_eq!(holder.wait().await, 0);
+}
+
+/// A child that acknowledges every event except those of task `poison`, and dies once on the
+/// first event of task `crash`.
+const CHILD: &str = r#"
+while IFS= read -r line; do
+  seq=$(printf '%s' "$line" | sed -n 's/.*"sequence":\([0-9]*\).*/\1/p')
+  case "$line" in
+    *'"task_id":"poison"'*) printf '{"fail": %s, "class": "poison_pill"}\n' "$seq" ;;
+    *'"task_id":"crash"'*'"attempt":1,'*|*'"attempt":1,'*'"task_id":"crash"'*) exit 3 ;;
+    *) printf '{"ack": %s}\n' "$seq" ;;
+  esac
+done
+"#;
+
+#[tokio::test]
+async fn child_sink_retries_parks_the_poison_event_and_survives_a_crashing_child() {
+    let db = fresh_db().await;
+    for task in ["a", "crash", "poison", "b"] {
+        write_event(&db, "p", task).await;
+    }
+    let mut consumer = ConsumeProcess::spawn(
+        &db.url,
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "child",
+            "--start-from",
+            "earliest",
+            "--child",
+            CHILD,
+            "--retry-delays",
+            "50ms,100ms",
+            "--max-attempts",
+            "10",
+            "--sequence-interval",
+            "10ms",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the stream to pass the poison event",
+        || async { cursor(&db, "p", "child").await == Some(4) },
+    )
+    .await;
+    consumer.signal("TERM");
+    assert_eq!(consumer.wait().await, 0, "{}", consumer.stderr());
+    assert!(
+        consumer.lines().is_empty(),
+        "with --child nothing goes to stdout"
+    );
+
+    let client = db.connect().await;
+    let rows = client
+        .query(
+            "SELECT event_id, state, attempts, last_failure_class FROM outbox.lifecycle_deliveries",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.len(),
+        1,
+        "the crash was retried and succeeded; only the poison is left"
+    );
+    assert!(rows[0].get::<_, String>(0).contains(":poison:"));
+    assert_eq!(rows[0].get::<_, String>(1), "dead");
+    assert_eq!(rows[0].get::<_, i32>(2), 10, "exactly ten attempts");
+    assert_eq!(rows[0].get::<_, String>(3), "poison_pill");
+    let audits: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_audit \
+             WHERE kind = 'lifecycle-observation:consumer-poisoned' AND count = 10",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audits, 1);
+    assert!(consumer.stderr().contains("child process started"));
+}
