@@ -24,11 +24,13 @@ pub struct ObservedEvent {
     pub event_id: String,
     /// The deleted task.
     pub task_id: String,
-    /// When it was deleted: the deletion identity.
+    /// When it was deleted: the deletion identity (RFC 3339 UTC, microseconds, as in the ID).
+    #[serde(serialize_with = "rfc3339_micros")]
     pub deleted_at: DateTime<Utc>,
     /// The process that wrote the event (the origin).
     pub origin_writer: String,
     /// When the event was written.
+    #[serde(serialize_with = "rfc3339_micros")]
     pub occurred_at: DateTime<Utc>,
     /// Payload layout version.
     pub payload_version: i32,
@@ -39,6 +41,10 @@ pub struct ObservedEvent {
     pub replay: bool,
     /// Which delivery attempt this is (1 for the first).
     pub attempt: u32,
+}
+
+fn rfc3339_micros<S: serde::Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&outbox_core::format_timestamp(*at))
 }
 
 /// A bounded failure code, `[a-z0-9_]{1,64}`: it is stored and shown to operators, so it never
