@@ -95,7 +95,7 @@ impl<H: Handler> DispatchMode for Plain<H> {
         let mut handled = 0;
         let mut failure = None;
         for event in events {
-            if !ctx.lease.is_valid() || (ctx.shutdown.is_cancelled() && handled > 0) {
+            if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
                 break;
             }
             match guarded(ctx, self.0.handle(event)).await {

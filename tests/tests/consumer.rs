@@ -403,7 +403,7 @@ async fn a_second_process_waits_or_refuses_then_takes_over_with_a_higher_generat
     let mut refusing = fast_config("p", "c1");
     refusing.wait_for_lease = false;
     let refused = Consumer::new(
-        db.pool(2),
+        db.pool(3),
         None,
         refusing,
         Recorder::default(),
