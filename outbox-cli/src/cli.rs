@@ -64,6 +64,17 @@ pub enum Command {
     /// Run a durable consumer: one JSON line per delivered event on stdout (logs on stderr),
     /// or drive a long-lived child process with --child.
     Consume(Box<ConsumeArgs>),
+    /// Per project: head, unsequenced backlog, retention floor; per consumer: cursor, lag,
+    /// lease, retrying event, dead letters; each with health codes.
+    Status(crate::status_cmd::StatusArgs),
+    /// List or retire consumers.
+    #[command(subcommand)]
+    Consumers(crate::consumers_cmd::ConsumersCommand),
+    /// List, show, replay or resolve dead letters.
+    #[command(subcommand)]
+    DeadLetters(crate::dead_letters_cmd::DeadLettersCommand),
+    /// The audit trail: who parked, replayed, resolved or retired what, and when.
+    Audit(crate::audit_cmd::AuditArgs),
 }
 
 /// `outbox migrate`.

@@ -62,3 +62,19 @@ impl From<tokio_postgres::Error> for Failure {
         Failure::runtime(format!("database error: {}", outbox_core::describe(&e)))
     }
 }
+
+impl From<outbox_core::AdminError> for Failure {
+    fn from(e: outbox_core::AdminError) -> Self {
+        use outbox_core::AdminError;
+        let code = match &e {
+            AdminError::Invalid(_) => ExitCode::Usage,
+            AdminError::NotFound { .. } => ExitCode::NotFound,
+            AdminError::Conflict { .. } => ExitCode::Conflict,
+            _ => ExitCode::Runtime,
+        };
+        Failure {
+            code,
+            message: e.to_string(),
+        }
+    }
+}

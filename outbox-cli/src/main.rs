@@ -2,13 +2,18 @@
 
 #![forbid(unsafe_code)]
 
+mod audit_cmd;
 mod cli;
 mod consume_cmd;
+mod consumers_cmd;
 mod db;
+mod dead_letters_cmd;
 mod failure;
 mod migrate_cmd;
+mod output;
 mod sequence_cmd;
 mod sink;
+mod status_cmd;
 
 use clap::Parser;
 
@@ -33,6 +38,10 @@ fn main() -> std::process::ExitCode {
             Command::Migrate(args) => migrate_cmd::run(&cli.global, args).await,
             Command::Sequence(args) => sequence_cmd::run(&cli.global, args).await,
             Command::Consume(args) => consume_cmd::run(&cli.global, *args).await,
+            Command::Status(args) => status_cmd::run(&cli.global, args).await,
+            Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
+            Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
+            Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
         }
     });
     match result {

@@ -991,7 +991,6 @@ struct Statements {
     consumers: String,
     dead_letters: String,
     dead_letter: String,
-    project_exists: String,
     consumer_for_share: String,
     consumer_for_update: String,
     delivery_for_update: String,
@@ -1044,7 +1043,6 @@ impl Admin {
                 consumers: schema.render(sql::CONSUMERS),
                 dead_letters: schema.render(sql::DEAD_LETTERS),
                 dead_letter: schema.render(sql::DEAD_LETTER),
-                project_exists: schema.render(sql::PROJECT_EXISTS),
                 consumer_for_share: schema.render(sql::CONSUMER_FOR_SHARE),
                 consumer_for_update: schema.render(sql::CONSUMER_FOR_UPDATE),
                 delivery_for_update: schema.render(sql::DELIVERY_FOR_UPDATE),
@@ -1342,7 +1340,9 @@ impl Admin {
                     .map_err(AdminError::on(Target::consumer(project, consumer)))?;
                 let (retained, pruned): (Vec<&Row>, Vec<&Row>) =
                     rows.iter().partition(|row| row.get::<_, bool>(1));
-                let ids = |rows: Vec<&Row>| rows.iter().map(|row| row.get(0)).collect();
+                let ids = |rows: Vec<&Row>| -> Vec<String> {
+                    rows.iter().map(|row| row.get(0)).collect()
+                };
                 (ids(retained), ids(pruned))
             }
         };
@@ -1516,7 +1516,7 @@ impl Admin {
             lease_generation: retired.get(2),
             unresolved_dead_letters: unresolved,
         };
-        tracing::info!(project = p, consumer = c, by = %by, "consumer retired");
+        tracing::info!(project = %project, consumer = %consumer, by = %by, "consumer retired");
         Ok(retirement)
     }
 
@@ -1565,18 +1565,6 @@ impl Admin {
         let truncated = items.len() as i64 > filter.limit;
         items.truncate(filter.limit as usize);
         Ok(Listing { items, truncated })
-    }
-
-    /// Whether `project` has a head, a consumer or any event.
-    pub async fn project_exists(
-        &self,
-        client: &mut Client,
-        project: &ProjectId,
-    ) -> Result<bool, AdminError> {
-        Ok(client
-            .query_one(&self.sql.project_exists, &[&project.as_str()])
-            .await?
-            .get(0))
     }
 }
 

@@ -97,12 +97,6 @@ LEFT JOIN {{schema}}.lifecycle_outbox AS o
   ON o.project_id = d.project_id AND o.event_id = d.event_id
 WHERE d.project_id = $1 AND d.consumer_id = $2 AND d.event_id = $3";
 
-/// Whether a project is known at all: `$1` project.
-pub const PROJECT_EXISTS: &str = "
-SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_project_heads WHERE project_id = $1)
-    OR EXISTS (SELECT 1 FROM {{schema}}.lifecycle_consumer_cursors WHERE project_id = $1)
-    OR EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE project_id = $1)";
-
 /// The consumer row's state, locked against retirement (and reactivation) for the rest of
 /// the transaction but not against the runtime's cursor and lease writes (`FOR KEY SHARE`
 /// does not conflict with `FOR NO KEY UPDATE`): `$1` project, `$2` consumer.

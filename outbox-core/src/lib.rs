@@ -31,6 +31,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod admin;
+mod admin_sql;
 mod error;
 mod event;
 mod ids;
@@ -41,6 +43,14 @@ mod sequencer;
 mod sql;
 mod writer;
 
+pub use admin::{
+    Admin, AdminError, AuditEntry, AuditFilter, AuditKind, ConsumerInfo, ConsumerState,
+    ConsumerStatus, DeadLetter, DeadLetterDetail, DeadLetterFilter, DeliveryState, EventFields,
+    EventId, Health, HealthThresholds, InputError, Listing, MAX_EVENT_ID_LEN, MAX_LIMIT,
+    MAX_OPERATOR_LEN, MAX_REASON_LEN, OperatorName, ProjectStatus, Reason, ReasonError,
+    ReplayRequest, ReplayTarget, Resolution, Retirement, RetryingEvent, Status, Target,
+    UnknownValue, consumer_health, project_health,
+};
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{
     MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, PAYLOAD_VERSION, Prior, TASK_DELETED, TaskDeleted,

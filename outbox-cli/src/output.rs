@@ -1,0 +1,190 @@
+//! Rendering shared by the operator commands: aligned tables, key/value blocks, one JSON
+//! document, and the small formatting rules they share (times, ages, missing values).
+
+use std::fmt::Display;
+use std::io::Write;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::failure::Failure;
+
+/// An aligned, plain-text table: a header row, then one row per item, columns separated by
+/// two spaces. Cells are escaped so that stored text can never break the layout or send
+/// terminal control sequences.
+#[derive(Debug)]
+pub struct Table {
+    /// Column names.
+    headers: Vec<&'static str>,
+    /// Rows of escaped cells, each as long as `headers`.
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// An empty table with these columns.
+    pub fn new(headers: &[&'static str]) -> Self {
+        Self {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row; missing cells are blank, extra cells are a bug.
+    pub fn row(&mut self, cells: Vec<String>) {
+        debug_assert!(cells.len() <= self.headers.len(), "more cells than columns");
+        let mut cells: Vec<String> = cells.iter().map(|c| escape(c)).collect();
+        cells.resize(self.headers.len(), String::new());
+        self.rows.push(cells);
+    }
+
+    /// The table as text, one line per row, ending in a newline.
+    pub fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let header: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
+        for cells in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::new();
+            for (index, (cell, width)) in cells.iter().zip(&widths).enumerate() {
+                if index > 0 {
+                    line.push_str("  ");
+                }
+                line.push_str(cell);
+                let pad = width - cell.chars().count();
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Aligned `key  value` lines, for one object.
+pub fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for (key, value) in pairs {
+        out.push_str(&format!("{key:<width$}  {}", escape(value)));
+        out.push('\n');
+    }
+    out
+}
+
+/// Replaces control characters with visible escapes (`\n`, `\u{1b}`).
+pub fn escape(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// The value, or `-` when there is none.
+pub fn opt<T: Display>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// A timestamp to the second, in UTC; `-` when missing.
+pub fn time(at: Option<DateTime<Utc>>) -> String {
+    opt(at.map(|at| at.format("%Y-%m-%dT%H:%M:%SZ")))
+}
+
+/// A duration in seconds as its two largest units (`850ms`, `42s`, `3m05s`, `2h10m`,
+/// `4d03h`); `-` when missing.
+pub fn age(secs: Option<f64>) -> String {
+    let Some(secs) = secs else {
+        return "-".to_owned();
+    };
+    let negative = secs < 0.0;
+    let secs = secs.abs();
+    let text = if secs < 1.0 {
+        format!("{}ms", (secs * 1000.0).round() as u64)
+    } else {
+        let s = secs.floor() as u64;
+        match s {
+            0..60 => format!("{s}s"),
+            60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+            3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+            _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+        }
+    };
+    if negative { format!("-{text}") } else { text }
+}
+
+/// Writes `text` to stdout. A closed pipe (`outbox status | head`) is not an error.
+pub fn emit(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure::runtime(format!("cannot write to stdout: {e}"))),
+    }
+}
+
+/// Writes `value` as one JSON document on one line.
+pub fn json<T: Serialize>(value: &T) -> Result<(), Failure> {
+    let mut text = serde_json::to_string(value)
+        .map_err(|e| Failure::runtime(format!("cannot encode the output as JSON: {e}")))?;
+    text.push('\n');
+    emit(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_and_escape() {
+        let mut table = Table::new(&["ID", "NAME", "NOTE"]);
+        table.row(vec!["1".into(), "alpha".into(), "-".into()]);
+        table.row(vec!["22".into(), "b\nc".into()]);
+        assert_eq!(
+            table.render(),
+            "ID  NAME   NOTE\n\
+             1   alpha  -\n\
+             22  b\\nc\n"
+        );
+        assert_eq!(Table::new(&["A", "B"]).render(), "A  B\n");
+    }
+
+    #[test]
+    fn fields_align() {
+        assert_eq!(
+            fields(&[("state", "dead".into()), ("attempts", "10".into())]),
+            "state     dead\nattempts  10\n"
+        );
+    }
+
+    #[test]
+    fn ages_use_two_units() {
+        assert_eq!(age(None), "-");
+        assert_eq!(age(Some(0.25)), "250ms");
+        assert_eq!(age(Some(42.9)), "42s");
+        assert_eq!(age(Some(185.0)), "3m05s");
+        assert_eq!(age(Some(7800.0)), "2h10m");
+        assert_eq!(age(Some(4.0 * 86_400.0 + 3.0 * 3600.0)), "4d03h");
+        assert_eq!(age(Some(-5.0)), "-5s");
+    }
+
+    #[test]
+    fn escapes_controls_only() {
+        assert_eq!(escape("plain ✓"), "plain ✓");
+        assert_eq!(escape("a\u{1b}[31m"), "a\\u{1b}[31m");
+    }
+}

@@ -1,0 +1,129 @@
+//! `outbox status`: every project's stream and every consumer's position, with health codes.
+
+use std::time::Duration;
+
+use clap::Args;
+use outbox_core::{Admin, HealthThresholds, ProjectId, Status};
+
+use crate::cli::{Global, Output, parse_duration};
+use crate::failure::Failure;
+use crate::output::{Table, age, emit, json, opt, time};
+
+/// `outbox status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only this project (exit 3 if it has no events and no consumers).
+    #[arg(long)]
+    pub project: Option<ProjectId>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// A consumer more than this many events behind the head is `lagging`.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..))]
+    pub max_lag: i64,
+    /// An event failing (and holding its consumer's cursor) for longer is `stuck_retrying`.
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub max_retrying_age: Duration,
+    /// A held lease whose last heartbeat is older is `stale_heartbeat` (default: twice the
+    /// default heartbeat interval).
+    #[arg(long, value_parser = parse_duration, default_value = "20s")]
+    pub max_heartbeat_age: Duration,
+    /// Committed events unsequenced for longer mean `sequencer_stalled` (no consumer or
+    /// `outbox sequence` is numbering events).
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    pub max_unsequenced_age: Duration,
+}
+
+pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
+    let mut client = global.database()?.connect().await?;
+    let thresholds = HealthThresholds {
+        max_lag: args.max_lag,
+        max_retrying_age: args.max_retrying_age,
+        max_heartbeat_age: args.max_heartbeat_age,
+        max_unsequenced_age: args.max_unsequenced_age,
+    };
+    let status = Admin::new(&global.schema)
+        .status(&mut client, args.project.as_ref(), &thresholds)
+        .await?;
+    match args.output {
+        Output::Json => json(&status),
+        Output::Table => emit(&render(&status)),
+    }
+}
+
+fn codes(health: &[outbox_core::Health]) -> String {
+    health
+        .iter()
+        .map(|h| h.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn render(status: &Status) -> String {
+    let mut projects = Table::new(&[
+        "PROJECT",
+        "HEAD",
+        "UNSEQUENCED",
+        "OLDEST_UNSEQUENCED",
+        "PRUNED_THROUGH",
+        "HEALTH",
+    ]);
+    for p in &status.projects {
+        projects.row(vec![
+            p.project_id.clone(),
+            p.head_sequence.to_string(),
+            p.unsequenced.to_string(),
+            age(p.oldest_unsequenced_age_secs),
+            p.pruned_through.to_string(),
+            codes(&p.health),
+        ]);
+    }
+    let mut consumers = Table::new(&[
+        "PROJECT",
+        "CONSUMER",
+        "STATE",
+        "CURSOR",
+        "LAG",
+        "LEASE_OWNER",
+        "GEN",
+        "LEASE_LEFT",
+        "HEARTBEAT_AGE",
+        "RETRYING",
+        "ATTEMPTS",
+        "NEXT_ATTEMPT",
+        "DEAD",
+        "HEALTH",
+    ]);
+    for s in &status.consumers {
+        let c = &s.consumer;
+        let lease_left = match (&c.lease_owner, c.lease_expires_at) {
+            (None, _) => "-".to_owned(),
+            (Some(_), Some(expires)) if c.lease_live => age(Some(
+                (expires - status.as_of).num_milliseconds() as f64 / 1000.0,
+            )),
+            (Some(_), _) => "expired".to_owned(),
+        };
+        let retrying = c.retrying.as_ref();
+        consumers.row(vec![
+            c.project_id.clone(),
+            c.consumer_id.clone(),
+            c.state.to_string(),
+            opt(c.cursor),
+            opt(c.lag),
+            opt(c.lease_owner.as_deref()),
+            c.lease_generation.to_string(),
+            lease_left,
+            age(c.heartbeat_age_secs),
+            opt(retrying.map(|r| format!("{} (seq {})", r.event_id, r.sequence))),
+            opt(retrying.map(|r| r.attempts)),
+            time(retrying.and_then(|r| r.next_attempt_at)),
+            if c.replay_requested > 0 {
+                format!("{} (+{} replaying)", c.dead_letters, c.replay_requested)
+            } else {
+                c.dead_letters.to_string()
+            },
+            codes(&s.health),
+        ]);
+    }
+    format!("{}\n{}", projects.render(), consumers.render())
+}
