@@ -16,8 +16,9 @@ pub enum StartFrom {
     /// Full reconciliation, then events after the snapshot's head (the default).
     #[default]
     Reconcile,
-    /// Every retained event from sequence 1; falls back to reconciliation when history has
-    /// already been pruned (it would be incomplete).
+    /// Every retained event from sequence 1, for a brand-new consumer; falls back to
+    /// reconciliation when history has already been pruned (it would be incomplete), and never
+    /// applies to a reactivated consumer.
     Earliest,
 }
 

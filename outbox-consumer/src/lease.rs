@@ -37,6 +37,29 @@ impl Fence {
     }
 }
 
+/// Why a lease was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// An operator retired the consumer.
+    Retired {
+        /// Who retired it.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// Anything else: another process claimed it, the row is gone, a write was refused.
+    Other(String),
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loss::Retired { by, reason } => write!(f, "the consumer was retired by {by}: {reason}"),
+            Loss::Other(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// Safety margin subtracted from the lease TTL for the local deadline: a tenth of the TTL,
 /// at least 100 ms, so clock-rate differences never let two holders overlap.
 pub(crate) fn local_margin(ttl: Duration) -> Duration {
@@ -59,14 +82,17 @@ pub(crate) struct Lease {
     /// Cancelled when a fenced write or heartbeat was rejected.
     lost: CancellationToken,
     /// Why it was lost, for the error.
-    lost_reason: Mutex<Option<String>>,
+    lost_reason: Mutex<Option<Loss>>,
+    /// Reads the consumer row to explain a rejected write.
+    explain: String,
     /// Lease length.
     ttl: Duration,
 }
 
 impl Lease {
-    fn new(fence: Fence, claimed_at: Instant, ttl: Duration) -> Self {
+    fn new(fence: Fence, claimed_at: Instant, ttl: Duration, explain: String) -> Self {
         Self {
+            explain,
             fence,
             valid_until: Mutex::new(local_deadline(claimed_at, ttl)),
             lost: CancellationToken::new(),
@@ -99,17 +125,43 @@ impl Lease {
     }
 
     /// Marks the lease lost; dispatch stops at once.
-    pub fn lose(&self, reason: String) {
+    pub fn lose(&self, loss: Loss) {
         let mut slot = self.lost_reason.lock().expect("lease lock");
         if slot.is_none() {
             tracing::error!(
                 project = %self.fence.project, consumer = %self.fence.consumer,
-                generation = self.fence.generation, %reason,
+                generation = self.fence.generation, reason = %loss,
                 "lease lost: stopping dispatch"
             );
-            *slot = Some(reason);
+            *slot = Some(loss);
         }
         self.lost.cancel();
+    }
+
+    /// After a rejected write: reads the consumer row to say why, and marks the lease lost.
+    pub async fn lose_after_rejection(&self, client: &impl GenericClient) -> ConsumerError {
+        let loss = match client
+            .query_opt(&self.explain, &[&self.fence.project, &self.fence.consumer])
+            .await
+        {
+            Ok(Some(row)) if row.get::<_, String>(0) == "retired" => Loss::Retired {
+                by: row.get::<_, Option<String>>(4).unwrap_or_default(),
+                reason: row.get::<_, Option<String>>(5).unwrap_or_default(),
+            },
+            Ok(Some(row)) => Loss::Other(format!(
+                "claimed by {} (generation {})",
+                row.get::<_, Option<String>>(1)
+                    .unwrap_or_else(|| "nobody".into()),
+                row.get::<_, i64>(2)
+            )),
+            Ok(None) => Loss::Other("the consumer row is gone".into()),
+            Err(e) => Loss::Other(format!(
+                "a fenced write was rejected ({})",
+                outbox_core::describe(&e)
+            )),
+        };
+        self.lose(loss);
+        self.lost_error()
     }
 
     /// Resolves when the lease is lost.
@@ -119,16 +171,24 @@ impl Lease {
 
     /// The error describing the loss (or an expiry nobody has claimed yet).
     pub fn lost_error(&self) -> ConsumerError {
-        let reason = self
-            .lost_reason
-            .lock()
-            .expect("lease lock")
-            .clone()
-            .unwrap_or_else(|| "lease expired locally before it could be renewed".into());
-        ConsumerError::LeaseLost {
-            consumer: self.fence.consumer.clone(),
-            generation: self.fence.generation,
-            reason,
+        let loss = self.lost_reason.lock().expect("lease lock").clone();
+        match loss {
+            Some(Loss::Retired { by, reason }) => ConsumerError::Retired {
+                project: self.fence.project.clone(),
+                consumer: self.fence.consumer.clone(),
+                by,
+                reason,
+            },
+            Some(Loss::Other(reason)) => ConsumerError::LeaseLost {
+                consumer: self.fence.consumer.clone(),
+                generation: self.fence.generation,
+                reason,
+            },
+            None => ConsumerError::LeaseLost {
+                consumer: self.fence.consumer.clone(),
+                generation: self.fence.generation,
+                reason: "lease expired locally before it could be renewed".into(),
+            },
         }
     }
 }
@@ -139,6 +199,8 @@ pub(crate) struct Claimed {
     pub lease: Lease,
     /// The stored cursor; `None` when missing.
     pub cursor: Option<i64>,
+    /// Whether this claim created the consumer row (a brand-new consumer).
+    pub created: bool,
 }
 
 /// Claims the consumer's lease, waiting for a held one to expire if configured to.
@@ -165,6 +227,7 @@ pub(crate) async fn claim(
         if let Some(row) = row {
             let generation: i64 = row.get(0);
             let cursor: Option<i64> = row.get(1);
+            let created: bool = row.get(2);
             tracing::info!(project, consumer, generation, ?cursor, "lease claimed");
             let fence = Fence {
                 project: project.to_owned(),
@@ -173,8 +236,14 @@ pub(crate) async fn claim(
                 generation,
             };
             return Ok(Some(Claimed {
-                lease: Lease::new(fence, sent_at, config.lease_ttl),
+                lease: Lease::new(
+                    fence,
+                    sent_at,
+                    config.lease_ttl,
+                    schema.render(sql::CONSUMER_ROW),
+                ),
                 cursor,
+                created,
             }));
         }
         let row = client
@@ -183,7 +252,8 @@ pub(crate) async fn claim(
         let state: String = row.get(0);
         if state == "retired" {
             if config.reactivate {
-                reactivate(&**client, config).await?;
+                let mut client = client;
+                reactivate(&mut client, config).await?;
                 continue;
             }
             return Err(ConsumerError::Retired {
@@ -222,31 +292,34 @@ pub(crate) async fn claim(
 }
 
 async fn reactivate(
-    client: &impl GenericClient,
+    client: &mut deadpool_postgres::Client,
     config: &ConsumerConfig,
 ) -> Result<(), ConsumerError> {
     let project = config.project_id.as_str();
     let consumer = config.consumer_id.as_str();
-    let changed = client
+    let tx = client.transaction().await?;
+    let changed = tx
         .execute(
             &config.schema.render(sql::REACTIVATE),
             &[&project, &consumer],
         )
         .await?;
     if changed == 1 {
-        client
-            .execute(
-                &config.schema.render(sql::AUDIT),
-                &[
-                    &"lifecycle-observation:consumer-reactivated",
-                    &project,
-                    &consumer,
-                    &None::<String>,
-                    &None::<String>,
-                    &None::<i64>,
-                ],
-            )
-            .await?;
+        tx.execute(
+            &config.schema.render(sql::AUDIT),
+            &[
+                &"lifecycle-observation:consumer-reactivated",
+                &project,
+                &consumer,
+                &None::<String>,
+                &None::<String>,
+                &None::<i64>,
+            ],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    if changed == 1 {
         tracing::info!(
             project,
             consumer,
@@ -277,23 +350,19 @@ pub(crate) async fn heartbeat(
         let result = async {
             let client = pool.get().await?;
             let [p, c, o, g] = lease.fence.params();
-            let changed = client.execute(&statement, &[p, c, o, g, &ttl_secs]).await?;
-            Ok::<_, ConsumerError>(changed)
+            if client.execute(&statement, &[p, c, o, g, &ttl_secs]).await? == 1 {
+                Ok(())
+            } else {
+                Err(lease.lose_after_rejection(&**client).await)
+            }
         }
         .await;
         match result {
-            Ok(1) => {
+            Ok(()) => {
                 lease.renewed(sent_at);
                 next = tokio::time::Instant::now() + interval;
             }
-            Ok(_) => {
-                lease.lose(
-                    "heartbeat rejected: another process claimed the lease or the consumer \
-                     was retired"
-                        .into(),
-                );
-                return;
-            }
+            Err(ConsumerError::LeaseLost { .. } | ConsumerError::Retired { .. }) => return,
             Err(e) => {
                 // Keep trying more often than usual; the local deadline stops dispatch if the
                 // database stays unreachable.
@@ -351,14 +420,14 @@ mod tests {
             generation: 3,
         };
         let t0 = Instant::now();
-        let lease = Lease::new(fence, t0, Duration::from_secs(60));
+        let lease = Lease::new(fence, t0, Duration::from_secs(60), String::new());
         assert!(lease.is_valid());
         let before = lease.valid_until();
         lease.renewed(t0 - Duration::from_secs(10));
         assert_eq!(lease.valid_until(), before);
         lease.renewed(t0 + Duration::from_secs(5));
         assert!(lease.valid_until() > before);
-        lease.lose("taken".into());
+        lease.lose(Loss::Other("taken".into()));
         assert!(!lease.is_valid());
         assert!(lease.lost_error().to_string().contains("generation 3"));
     }
@@ -375,6 +444,7 @@ mod tests {
             fence,
             Instant::now() - Duration::from_secs(61),
             Duration::from_secs(60),
+            String::new(),
         );
         assert!(!lease.is_valid());
     }

@@ -67,4 +67,4 @@ pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
 pub use handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 pub use retry::{RetrySchedule, ScheduleError};
-pub use runtime::{Consumer, RunSummary};
+pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

@@ -12,13 +12,17 @@ use tokio_postgres::{Config, IsolationLevel};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::config::{ConsumerConfig, StartFrom};
+use crate::config::{ConfigError, ConsumerConfig, StartFrom};
 use crate::dispatch::{BatchOutcome, DispatchContext, DispatchMode, InTransaction, Plain};
 use crate::error::ConsumerError;
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
 use crate::listener;
 use crate::store::{self, Held, Statements};
+
+/// Connections a consumer uses at once: the delivery loop, the heartbeat and the sequencer.
+/// (The listener has its own, unpooled connection.)
+pub const MIN_POOL_SIZE: usize = 3;
 
 /// What a run did, returned when it ends.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,6 +118,10 @@ struct Progress {
     next_replay_check: Instant,
     /// Events delivered in order.
     delivered: u64,
+    /// Whether a missing cursor may start from the earliest event: only for a consumer row
+    /// this run created. A reactivated consumer, or one that crashed before its first
+    /// reconciliation finished, always reconciles.
+    new_consumer: bool,
     /// Last sequence (and count) handled by this run whose acknowledgement is still to be
     /// written.
     handled_through: Option<(i64, u64)>,
@@ -131,6 +139,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// lease is lost or a non-transient error occurs.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RunSummary, ConsumerError> {
         self.config.validate()?;
+        let pool_size = self.pool.status().max_size;
+        if pool_size < MIN_POOL_SIZE {
+            return Err(ConfigError(format!(
+                "the pool allows {pool_size} connection(s); a consumer needs at least \
+                 {MIN_POOL_SIZE} (delivery, heartbeat, sequencer)"
+            ))
+            .into());
+        }
         let statements = Arc::new(Statements::new(&self.config.schema));
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
@@ -147,6 +163,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             bounds_checked: false,
             next_replay_check: Instant::now(),
             delivered: 0,
+            new_consumer: claimed.created,
             handled_through: None,
         };
         let span = tracing::info_span!(
@@ -501,7 +518,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         statements: &Statements,
         progress: &mut Progress,
     ) -> Result<(), ConsumerError> {
-        if self.config.start_from == StartFrom::Earliest {
+        if self.config.start_from == StartFrom::Earliest && progress.new_consumer {
             let mut client = self.pool.get().await?;
             let (_, floor) =
                 store::bounds(&**client, statements, self.config.project_id.as_str()).await?;

@@ -4,7 +4,8 @@
 //! change nothing unless that lease is still the current one of an active consumer.
 
 /// Claims the consumer's row when it is free or its lease has expired (generation + 1).
-/// Creates the row, with a missing (NULL) cursor, for a new consumer. `$4`: lease seconds.
+/// Creates the row, with a missing (NULL) cursor, for a new consumer, and says whether it did
+/// (`xmax = 0` holds only for a freshly inserted row). `$4`: lease seconds.
 pub const CLAIM: &str = "
 INSERT INTO {{schema}}.lifecycle_consumer_cursors AS c
     (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at, heartbeat_at)
@@ -16,7 +17,7 @@ SET lease_owner = EXCLUDED.lease_owner,
     heartbeat_at = EXCLUDED.heartbeat_at
 WHERE c.state = 'active'
   AND (c.lease_owner IS NULL OR c.lease_expires_at <= now())
-RETURNING c.lease_generation, c.last_acked_sequence";
+RETURNING c.lease_generation, c.last_acked_sequence, (c.xmax = 0) AS created";
 
 /// Why a claim found nothing: who holds the row, until when, and whether it is retired.
 pub const CONSUMER_ROW: &str = "
@@ -26,11 +27,14 @@ SELECT state, lease_owner, lease_generation,
 FROM {{schema}}.lifecycle_consumer_cursors
 WHERE project_id = $1 AND consumer_id = $2";
 
-/// Makes a retired consumer active again with a missing cursor, so it reconciles.
+/// Makes a retired consumer active again with a missing cursor, so it reconciles. The
+/// generation is bumped so that a runtime that held the lease before retirement never finds its
+/// fence valid again; an unexpired lease is kept, so the new claim waits for it to run out
+/// rather than overlap with a holder that has not noticed yet.
 pub const REACTIVATE: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
 SET state = 'active', last_acked_sequence = NULL, retired_at = NULL, retired_by = NULL,
-    retired_reason = NULL
+    retired_reason = NULL, lease_generation = lease_generation + 1
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retired'";
 
 /// Extends the lease. `$5`: lease seconds.
@@ -94,7 +98,9 @@ SELECT sequence, event_id, attempts,
 FROM {{schema}}.lifecycle_deliveries
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence = $3";
 
-/// Counts a failed attempt. `$3` event, `$4` sequence, `$5` attempts so far, `$6` seconds
+/// Counts a failed attempt. An existing row of an earlier pass over the same event (parked,
+/// resolved or replayed before a reactivated consumer went through history again) starts a
+/// new delivery history; the audit trail keeps the old one. `$3` event, `$4` sequence, `$5` attempts so far, `$6` seconds
 /// until the next attempt, `$7` failure class. Run inside a fenced transaction.
 pub const RECORD_RETRY: &str = "
 INSERT INTO {{schema}}.lifecycle_deliveries AS d
@@ -103,7 +109,9 @@ INSERT INTO {{schema}}.lifecycle_deliveries AS d
 VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6), $7, 'retrying')
 ON CONFLICT (project_id, consumer_id, event_id) DO UPDATE
 SET attempts = EXCLUDED.attempts, next_attempt_at = EXCLUDED.next_attempt_at,
-    last_failure_class = EXCLUDED.last_failure_class, state = 'retrying', updated_at = now()";
+    last_failure_class = EXCLUDED.last_failure_class, state = 'retrying', updated_at = now(),
+    first_failed_at = CASE WHEN d.state = 'retrying' THEN d.first_failed_at ELSE now() END,
+    parked_at = NULL, resolved_at = NULL, resolved_by = NULL, resolved_reason = NULL";
 
 /// Parks an event as a dead letter. Same parameters as [`RECORD_RETRY`] without `$6`.
 pub const PARK: &str = "
@@ -114,7 +122,7 @@ VALUES ($1, $2, $3, $4, $5, NULL, $6, 'dead', now())
 ON CONFLICT (project_id, consumer_id, event_id) DO UPDATE
 SET attempts = EXCLUDED.attempts, next_attempt_at = NULL,
     last_failure_class = EXCLUDED.last_failure_class, state = 'dead', parked_at = now(),
-    updated_at = now()";
+    updated_at = now(), resolved_at = NULL, resolved_by = NULL, resolved_reason = NULL";
 
 /// Forgets retry state of events the cursor has passed. `$3`: the cursor.
 pub const CLEAR_PASSED_RETRIES: &str = "
@@ -136,7 +144,8 @@ LIMIT 100";
 pub const MARK_REPLAYED: &str = "
 UPDATE {{schema}}.lifecycle_deliveries
 SET state = 'replayed', attempts = attempts + 1, updated_at = now()
-WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'";
+WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
+RETURNING attempts";
 
 /// Returns a failed replay to the dead letters. `$3` event, `$4` failure class.
 pub const MARK_REPLAY_FAILED: &str = "

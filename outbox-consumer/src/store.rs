@@ -15,7 +15,6 @@ use crate::sql;
 /// The runtime's statements, rendered once for the schema.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    pub consumer_row: String,
     pub heartbeat: String,
     pub release: String,
     pub lock_fence: String,
@@ -36,7 +35,6 @@ pub(crate) struct Statements {
 impl Statements {
     pub fn new(schema: &Schema) -> Self {
         Self {
-            consumer_row: schema.render(sql::CONSUMER_ROW),
             heartbeat: schema.render(sql::HEARTBEAT),
             release: schema.render(sql::RELEASE),
             lock_fence: schema.render(sql::LOCK_FENCE),
@@ -61,40 +59,6 @@ pub(crate) const AUDIT_POISONED: &str = "lifecycle-observation:consumer-poisoned
 pub(crate) const AUDIT_REPLAYED: &str = "lifecycle-observation:consumer-replayed";
 pub(crate) const AUDIT_RECONCILED: &str = "lifecycle-observation:reconciled";
 
-/// Marks the lease lost with what the consumer row says now, and returns the error.
-pub(crate) async fn lost(
-    client: &impl GenericClient,
-    statements: &Statements,
-    lease: &Lease,
-) -> ConsumerError {
-    let reason = match client
-        .query_opt(
-            &statements.consumer_row,
-            &[&lease.fence.project, &lease.fence.consumer],
-        )
-        .await
-    {
-        Ok(Some(row)) if row.get::<_, String>(0) == "retired" => format!(
-            "the consumer was retired by {}: {}",
-            row.get::<_, Option<String>>(4).unwrap_or_default(),
-            row.get::<_, Option<String>>(5).unwrap_or_default()
-        ),
-        Ok(Some(row)) => format!(
-            "claimed by {} (generation {})",
-            row.get::<_, Option<String>>(1)
-                .unwrap_or_else(|| "nobody".into()),
-            row.get::<_, i64>(2)
-        ),
-        Ok(None) => "the consumer row is gone".into(),
-        Err(e) => format!(
-            "a fenced write was rejected ({})",
-            outbox_core::describe(&e)
-        ),
-    };
-    lease.lose(reason);
-    lease.lost_error()
-}
-
 /// Locks the consumer row for the transaction if the lease is still ours.
 pub(crate) async fn lock_fence(
     tx: &Transaction<'_>,
@@ -108,7 +72,7 @@ pub(crate) async fn lock_fence(
         .await?
         .is_none()
     {
-        return Err(lost(tx, statements, lease).await);
+        return Err(lease.lose_after_rejection(tx).await);
     }
     Ok(())
 }
@@ -135,7 +99,7 @@ pub(crate) async fn ack(
         .await?
         != 1
     {
-        return Err(lost(&***client, statements, lease).await);
+        return Err(lease.lose_after_rejection(&***client).await);
     }
     Ok(())
 }
@@ -154,7 +118,7 @@ pub(crate) async fn ack_in(
         .await?
         != 1
     {
-        return Err(lost(tx, statements, lease).await);
+        return Err(lease.lose_after_rejection(tx).await);
     }
     if held.is_some_and(|held| held <= sequence) {
         tx.execute(&statements.clear_passed_retries, &[p, c, &sequence])
@@ -293,7 +257,7 @@ pub(crate) async fn record_failure(
                 .await?
                 != 1
             {
-                return Err(lost(&*tx, statements, lease).await);
+                return Err(lease.lose_after_rejection(&*tx).await);
             }
         }
     }
@@ -310,40 +274,41 @@ pub(crate) async fn record_replay(
     result: &Result<(), HandlerFailure>,
 ) -> Result<(), ConsumerError> {
     let [p, c, _, _] = lease.fence.params();
-    match result {
-        Ok(()) => {
-            tx.execute(&statements.mark_replayed, &[p, c, &event.event_id])
-                .await?;
-            audit(
-                tx,
-                statements,
-                AUDIT_REPLAYED,
-                lease,
-                Some(&event.event_id),
-                None,
+    // The operator may have resolved the letter meanwhile: then nothing is recorded.
+    let attempts: Option<i32> = match result {
+        Ok(()) => tx
+            .query_opt(&statements.mark_replayed, &[p, c, &event.event_id])
+            .await?
+            .map(|row| row.get(0)),
+        Err(failure) => tx
+            .query_opt(
+                &statements.mark_replay_failed,
+                &[p, c, &event.event_id, &failure.class.as_str()],
             )
-            .await?;
-        }
-        Err(failure) => {
-            let attempts: Option<i32> = tx
-                .query_opt(
-                    &statements.mark_replay_failed,
-                    &[p, c, &event.event_id, &failure.class.as_str()],
-                )
-                .await?
-                .map(|row| row.get(0));
-            audit(
-                tx,
-                statements,
-                AUDIT_POISONED,
-                lease,
-                Some(&event.event_id),
-                attempts.map(i64::from),
-            )
-            .await?;
-        }
-    }
-    Ok(())
+            .await?
+            .map(|row| row.get(0)),
+    };
+    let Some(attempts) = attempts else {
+        tracing::warn!(
+            event_id = %event.event_id,
+            "dead letter left the replay_requested state during its replay; outcome not recorded"
+        );
+        return Ok(());
+    };
+    let kind = if result.is_ok() {
+        AUDIT_REPLAYED
+    } else {
+        AUDIT_POISONED
+    };
+    audit(
+        tx,
+        statements,
+        kind,
+        lease,
+        Some(&event.event_id),
+        Some(i64::from(attempts)),
+    )
+    .await
 }
 
 /// Appends an audit row for this consumer.

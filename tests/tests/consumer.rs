@@ -707,3 +707,135 @@ async fn poll_only_delivers_without_a_listener() {
     .await;
     assert_eq!(listeners, 0);
 }
+
+async fn retire(db: &TestDb) {
+    db.connect()
+        .await
+        .batch_execute(
+            "UPDATE outbox.lifecycle_consumer_cursors
+             SET state = 'retired', retired_by = 'alice', retired_reason = 'moved', retired_at = now()",
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_retired_holder_stops_releases_and_a_reactivated_consumer_reconciles() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    let first = Recorder::default();
+    let (_shutdown, run) = start(&db, fast_config("p", "c1"), &first);
+    eventually(WAIT, "the first delivery", || async {
+        first.events().len() == 1
+    })
+    .await;
+    retire(&db).await;
+    match tokio::time::timeout(WAIT, run).await.unwrap().unwrap() {
+        Err(ConsumerError::Retired { by, reason, .. }) => {
+            assert_eq!((by.as_str(), reason.as_str()), ("alice", "moved"));
+        }
+        other => panic!("expected the retirement to stop the holder, got {other:?}"),
+    }
+    let row = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT lease_owner, lease_generation FROM outbox.lifecycle_consumer_cursors",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, Option<String>>(0),
+        None,
+        "the retired holder released its lease"
+    );
+    assert_eq!(row.get::<_, i64>(1), 1);
+
+    let refused = Consumer::new(
+        db.pool(3),
+        None,
+        fast_config("p", "c1"),
+        Recorder::default(),
+        Recorder::default(),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, ConsumerError::Retired { .. }),
+        "{refused}"
+    );
+
+    let second = Recorder::default();
+    let mut config = fast_config("p", "c1");
+    config.reactivate = true;
+    config.wait_for_lease = false;
+    let (shutdown, run) = start(&db, config, &second);
+    eventually(WAIT, "the reconciliation", || async {
+        !second.reconciliations().is_empty()
+    })
+    .await;
+    assert_eq!(
+        second.reconciliations()[0].reason,
+        ReconcileReason::MissingCursor
+    );
+    shutdown.cancel();
+    assert_eq!(
+        run.await.unwrap().unwrap().generation,
+        3,
+        "reactivation and the claim each bump the generation"
+    );
+    assert_eq!(
+        query_i64(
+            &db,
+            "SELECT count(*) FROM outbox.lifecycle_audit \
+             WHERE kind = 'lifecycle-observation:consumer-reactivated'"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn reactivation_never_overlaps_a_holder_that_has_not_noticed_its_retirement() {
+    let db = fresh_db().await;
+    let first = Recorder::default();
+    let mut slow = fast_config("p", "c1");
+    slow.lease_ttl = Duration::from_secs(60);
+    slow.heartbeat_interval = Duration::from_secs(20);
+    let (_shutdown, run) = start(&db, slow, &first);
+    eventually(WAIT, "the claim", || async {
+        cursor(&db, "p", "c1").await.is_some()
+    })
+    .await;
+    retire(&db).await;
+    let mut config = fast_config("p", "c1");
+    config.reactivate = true;
+    config.wait_for_lease = false;
+    let refused = Consumer::new(
+        db.pool(3),
+        None,
+        config,
+        Recorder::default(),
+        Recorder::default(),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, ConsumerError::LeaseHeld { .. }),
+        "the old holder's lease is still running: {refused}"
+    );
+    // The reactivation bumped the generation: the old holder's next write is refused.
+    write_event(&db, "p", "t1").await;
+    match tokio::time::timeout(WAIT, run).await.unwrap().unwrap() {
+        Err(ConsumerError::LeaseLost { generation: 1, .. }) => {}
+        other => panic!("expected the old holder to be fenced off, got {other:?}"),
+    }
+    assert_eq!(
+        cursor(&db, "p", "c1").await,
+        None,
+        "the old holder acknowledged nothing"
+    );
+}

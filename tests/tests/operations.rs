@@ -906,16 +906,18 @@ async fn retire_stops_the_running_consumer_refuses_a_restart_and_reactivation_re
         "{out}"
     );
 
-    // The runtime finds out at its next fenced write (here its heartbeat) and stops.
+    // The runtime finds out at its next fenced write (here its heartbeat) and stops, naming
+    // who retired it and why.
     let stopped = tokio::time::timeout(WAIT, run)
         .await
         .expect("the retired consumer stops")
         .unwrap();
     match stopped {
-        Err(e @ ConsumerError::LeaseLost { .. }) => {
-            assert!(e.to_string().contains("retired"), "{e}")
+        Err(ConsumerError::Retired { by, reason, .. }) => {
+            assert_eq!(by, "alice");
+            assert_eq!(reason, "dashboard decommissioned");
         }
-        other => panic!("expected a lost lease, got {other:?}"),
+        other => panic!("expected the retirement to stop it, got {other:?}"),
     }
 
     // Retiring twice, or replaying for a retired consumer, conflicts.
