@@ -72,7 +72,7 @@ numbered AS (
     JOIN counts USING (project_id)
     JOIN heads USING (project_id)
     WHERE o.id = pending.id
-    RETURNING o.id
+    RETURNING 1
 )
 SELECT heads.project_id, heads.head_sequence, counts.numbered
 FROM heads JOIN counts USING (project_id)
