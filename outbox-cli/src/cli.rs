@@ -64,6 +64,9 @@ pub enum Command {
     /// Run a durable consumer: one JSON line per delivered event on stdout (logs on stderr),
     /// or drive a long-lived child process with --child.
     Consume(Box<ConsumeArgs>),
+    /// Remove events older than the retention period that every non-retired consumer has
+    /// acknowledged, and settled dead letters, in short batches; prints what went.
+    Prune(crate::prune_cmd::PruneArgs),
     /// Per project: head, unsequenced backlog, retention floor; per consumer: cursor, lag,
     /// lease, retrying event, dead letters; each with health codes.
     Status(crate::status_cmd::StatusArgs),
@@ -203,4 +206,13 @@ pub struct ConsumeArgs {
     /// How long shutdown waits for a running handler.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     pub shutdown_grace: Duration,
+    /// How often this process runs the retention sweep of its project (also once at start).
+    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    pub prune_interval: Duration,
+    /// Do not run the retention sweep in this process.
+    #[arg(long, conflicts_with = "prune_interval")]
+    pub no_prune: bool,
+    /// Retention period of the sweep (see `outbox prune --help`).
+    #[arg(long, value_parser = crate::prune_cmd::parse_retention, default_value = "30d")]
+    pub retention: Duration,
 }

@@ -91,6 +91,8 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
     config.shutdown_grace = args.shutdown_grace;
+    config.prune_interval = (!args.no_prune).then_some(args.prune_interval);
+    config.retention = args.retention;
     config.start_from = match args.start_from {
         StartFromArg::Reconcile => StartFrom::Reconcile,
         StartFromArg::Earliest => StartFrom::Earliest,

@@ -11,6 +11,7 @@ mod dead_letters_cmd;
 mod failure;
 mod migrate_cmd;
 mod output;
+mod prune_cmd;
 mod sequence_cmd;
 mod sink;
 mod status_cmd;
@@ -38,6 +39,7 @@ fn main() -> std::process::ExitCode {
             Command::Migrate(args) => migrate_cmd::run(&cli.global, args).await,
             Command::Sequence(args) => sequence_cmd::run(&cli.global, args).await,
             Command::Consume(args) => consume_cmd::run(&cli.global, *args).await,
+            Command::Prune(args) => prune_cmd::run(&cli.global, args).await,
             Command::Status(args) => status_cmd::run(&cli.global, args).await,
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,

@@ -55,6 +55,12 @@ pub struct ConsumerConfig {
     pub reactivate: bool,
     /// How long shutdown waits for a running handler before abandoning its event.
     pub shutdown_grace: Duration,
+    /// How often this process runs the retention sweep of its project (also once at start);
+    /// `None` leaves pruning to other processes or `outbox prune`.
+    pub prune_interval: Option<Duration>,
+    /// Retention period of the sweep: events older than this that every non-retired consumer
+    /// acknowledged are pruned, settled dead letters this long after they were settled.
+    pub retention: Duration,
 }
 
 /// A configuration was refused.
@@ -65,7 +71,8 @@ pub struct ConfigError(pub String);
 impl ConsumerConfig {
     /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, sequencer
     /// every 25 ms, the standard retry schedule, LISTEN on, reconcile when the cursor is
-    /// missing, wait for a held lease, 10 s shutdown grace.
+    /// missing, wait for a held lease, 10 s shutdown grace, a retention sweep at start and
+    /// hourly with 30 days' retention.
     pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
         Self {
             schema: Schema::default(),
@@ -83,6 +90,8 @@ impl ConsumerConfig {
             wait_for_lease: true,
             reactivate: false,
             shutdown_grace: Duration::from_secs(10),
+            prune_interval: Some(Duration::from_secs(3600)),
+            retention: outbox_core::DEFAULT_RETENTION,
         }
     }
 
@@ -108,6 +117,15 @@ impl ConsumerConfig {
         }
         if self.sequence_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("sequence interval must be positive".into()));
+        }
+        if self.prune_interval.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError("prune interval must be positive".into()));
+        }
+        if self.retention > outbox_core::MAX_RETENTION {
+            return Err(ConfigError(format!(
+                "retention {:?} exceeds the limit of 36500 days",
+                self.retention
+            )));
         }
         if !self.live_query.contains("$1") {
             return Err(ConfigError(
@@ -145,5 +163,11 @@ mod tests {
         let mut c = config();
         c.live_query = "SELECT id FROM tasks".into();
         assert!(c.validate().is_err());
+        let mut c = config();
+        c.prune_interval = Some(Duration::ZERO);
+        assert!(c.validate().unwrap_err().0.contains("prune interval"));
+        let mut c = config();
+        c.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
+        assert!(c.validate().unwrap_err().0.contains("retention"));
     }
 }

@@ -45,6 +45,9 @@
 //!   snapshot's head.
 //! - **Sequencer.** The runtime also runs the sequencer, so a deployment needs no other
 //!   process.
+//! - **Retention.** The runtime also runs the retention sweep of its project
+//!   ([`outbox_core::Pruner`]) at start and every [`ConsumerConfig::prune_interval`]; a failed
+//!   sweep is logged and retried at the next interval.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::Sequencer;
+use outbox_core::{PruneOptions, PruneReport, Pruner, Sequencer};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::{Config, IsolationLevel};
@@ -218,6 +218,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             tasks.push(TaskGuard(Some(tokio::spawn(async move {
                 run_sequencer(pool, sequencer, interval, stop).await
             }))));
+        }
+        if let Some(interval) = self.config.prune_interval {
+            let options = PruneOptions {
+                retention: self.config.retention,
+                project: Some(self.config.project_id.clone()),
+                actor: format!("consumer:{}", self.config.consumer_id),
+                ..PruneOptions::default()
+            };
+            match Pruner::new(&self.config.schema, options) {
+                Ok(pruner) => {
+                    let (pool, stop) = (self.pool.clone(), stop.clone());
+                    tasks.push(TaskGuard(Some(tokio::spawn(async move {
+                        run_pruner(pool, pruner, interval, stop).await
+                    }))));
+                }
+                Err(e) => tracing::error!(error = %e, "retention sweep disabled"),
+            }
         }
         if let (true, Some(config)) = (self.config.listen, self.listen_config.clone()) {
             let channel = self.config.schema.channel();
@@ -715,6 +732,58 @@ async fn run_sequencer(
             }
         }
     }
+}
+
+/// Runs the retention sweep of the consumer's project at once and then every `interval` until
+/// `stop`. A failed sweep is logged and tried again at the next interval, never fatal. Each
+/// batch takes a pooled connection of its own, so a long sweep never starves the heartbeat.
+async fn run_pruner(pool: Pool, pruner: Pruner, interval: Duration, stop: CancellationToken) {
+    loop {
+        match sweep_once(&pool, &pruner, &stop).await {
+            Ok(report) => {
+                for project in &report.projects {
+                    let labels = [("project", project.project_id.clone())];
+                    metrics::counter!("outbox_pruned_events_total", &labels)
+                        .increment(project.events_pruned);
+                    metrics::counter!("outbox_pruned_dead_letters_total", &labels)
+                        .increment(project.dead_letters_pruned);
+                    metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
+                }
+            }
+            Err(e) => tracing::warn!(
+                error = %e, retry_in = ?interval,
+                "retention sweep failed; will try again at the next interval"
+            ),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// One sweep, batch by batch; stops between (or abandons a running) batch on `stop`. An
+/// abandoned batch's transaction rolls back.
+async fn sweep_once(
+    pool: &Pool,
+    pruner: &Pruner,
+    stop: &CancellationToken,
+) -> Result<PruneReport, ConsumerError> {
+    let mut sweep = pruner.sweep();
+    loop {
+        let mut client = tokio::select! {
+            _ = stop.cancelled() => break,
+            client = pool.get() => client?,
+        };
+        let more = tokio::select! {
+            _ = stop.cancelled() => break,
+            more = sweep.step(&mut client) => more?,
+        };
+        if !more {
+            break;
+        }
+    }
+    Ok(sweep.into_report())
 }
 
 /// Names this process run in `lease_owner`: host, PID and a random suffix. It identifies a

@@ -38,6 +38,8 @@ mod event;
 mod ids;
 mod migrate;
 mod observed;
+mod retention;
+mod retention_sql;
 mod schema;
 mod sequencer;
 mod sql;
@@ -59,6 +61,11 @@ pub use event::{
 pub use ids::{ConsumerId, IdError, MAX_ID_LEN, ProjectId, TaskId, WriterProcessId};
 pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
 pub use observed::{in_observed_dispatch, observe};
+pub use retention::{
+    DEFAULT_PRUNE_ACTOR, DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH,
+    MAX_RETENTION, ProjectPrune, PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep,
+    SweepProgress,
+};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
 pub use writer::{WriteOutcome, Writer};

@@ -1,0 +1,203 @@
+//! `outbox prune`: one retention sweep, batch by batch, with what it removed (or would remove).
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
+
+use crate::cli::{Global, Output};
+use crate::failure::Failure;
+use crate::output::{Table, emit, json};
+
+/// `outbox prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Report what would be removed without removing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Events (or dead letters) removed per transaction.
+    #[arg(long, default_value_t = outbox_core::DEFAULT_PRUNE_BATCH,
+          value_parser = clap::value_parser!(i64).range(1..=outbox_core::MAX_PRUNE_BATCH))]
+    pub batch_size: i64,
+    /// Only this project (default: every project).
+    #[arg(long)]
+    pub project: Option<ProjectId>,
+    /// Retention period: events older than this that every non-retired consumer acknowledged
+    /// go, and dead letters resolved (or replayed) longer ago than this.
+    #[arg(long, value_parser = parse_retention, default_value = "30d")]
+    pub retention: Duration,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// Parses a retention period ("30d", "12h", "0s"); zero is allowed, more than 36500 days not.
+pub fn parse_retention(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 30d, 12h, 0s)"))?;
+    if d > outbox_core::MAX_RETENTION {
+        return Err(format!("invalid duration {text:?}: at most 36500 days"));
+    }
+    Ok(d)
+}
+
+pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
+    let options = PruneOptions {
+        retention: args.retention,
+        batch_size: args.batch_size,
+        project: args.project.clone(),
+        dry_run: args.dry_run,
+        actor: "outbox-prune".to_owned(),
+    };
+    let pruner = Pruner::new(&global.schema, options).map_err(|e| Failure::usage(e.to_string()))?;
+    let mut client = global.database()?.connect().await?;
+    let mut progress = Progress::new();
+    let mut sweep = pruner.sweep();
+    let result = loop {
+        match sweep.step(&mut client).await {
+            Ok(true) => progress.show(&sweep.progress(), args.dry_run),
+            Ok(false) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    progress.clear();
+    let report = sweep.into_report();
+    if let Err(e) = result {
+        // Say what was done before the failure: those batches are committed.
+        if report.events_pruned > 0 || report.dead_letters_pruned > 0 {
+            eprintln!(
+                "pruned {} event(s) and {} dead letter(s) before the failure",
+                report.events_pruned, report.dead_letters_pruned
+            );
+        }
+        return Err(e.into());
+    }
+    match args.output {
+        Output::Json => json(&report),
+        Output::Table => emit(&render(&report, args.project.as_ref())),
+    }
+}
+
+/// The report as an aligned table and a summary line.
+fn render(report: &PruneReport, project: Option<&ProjectId>) -> String {
+    let verb = if report.dry_run {
+        "would prune"
+    } else {
+        "pruned"
+    };
+    let mut out = String::new();
+    if report.projects.is_empty() {
+        match project {
+            Some(p) => out.push_str(&format!(
+                "project {p} has no sequenced events: nothing to prune\n"
+            )),
+            None => out.push_str("no project has sequenced events: nothing to prune\n"),
+        }
+        return out;
+    }
+    let mut table = Table::new(if report.dry_run {
+        &[
+            "PROJECT",
+            "HEAD",
+            "FLOOR",
+            "NEW FLOOR (DRY RUN)",
+            "EVENTS",
+            "DEAD LETTERS",
+            "HELD BY",
+        ]
+    } else {
+        &[
+            "PROJECT",
+            "HEAD",
+            "FLOOR",
+            "NEW FLOOR",
+            "EVENTS",
+            "DEAD LETTERS",
+            "HELD BY",
+        ]
+    });
+    for p in &report.projects {
+        table.row(vec![
+            p.project_id.clone(),
+            p.head.to_string(),
+            p.floor_before.to_string(),
+            p.floor.to_string(),
+            p.events_pruned.to_string(),
+            p.dead_letters_pruned.to_string(),
+            p.held_by
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string),
+        ]);
+    }
+    out.push_str(&table.render());
+    out.push_str(&format!(
+        "{}{verb} {} event(s) and {} dead letter(s) in {} project(s) (retention {}, batches of {})\n",
+        if report.dry_run { "dry run: " } else { "" },
+        report.events_pruned,
+        report.dead_letters_pruned,
+        report.projects.len(),
+        humantime::format_duration(Duration::from_secs(report.retention_secs)),
+        report.batch_size,
+    ));
+    out
+}
+
+/// A one-line progress display on stderr, only when stderr is a terminal.
+struct Progress {
+    /// Whether to draw at all.
+    enabled: bool,
+    /// When the line was last drawn (redrawn at most every 100 ms).
+    last: Option<Instant>,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Self {
+            enabled: std::io::stderr().is_terminal(),
+            last: None,
+        }
+    }
+
+    fn show(&mut self, progress: &SweepProgress, dry_run: bool) {
+        if !self.enabled
+            || self
+                .last
+                .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.last = Some(Instant::now());
+        let place = match &progress.current {
+            Some((project, floor, head)) => format!(" {project}: floor {floor} of head {head};"),
+            None => String::new(),
+        };
+        eprint!(
+            "\r\x1b[2K{}project {}/{}{place} {} event(s), {} dead letter(s)",
+            if dry_run { "dry run: " } else { "pruning: " },
+            (progress.projects_done + 1).min(progress.projects_total.max(1)),
+            progress.projects_total,
+            progress.events_pruned,
+            progress.dead_letters_pruned,
+        );
+    }
+
+    fn clear(&self) {
+        if self.enabled && self.last.is_some() {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_accepts_zero_and_refuses_garbage() {
+        assert_eq!(parse_retention("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_retention("30d"), Ok(Duration::from_secs(30 * 86_400)));
+        assert!(parse_retention("soon").is_err());
+        assert!(parse_retention("36501days").is_err());
+    }
+}

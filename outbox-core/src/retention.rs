@@ -1,0 +1,930 @@
+//! The retention sweep: prunes old, acknowledged events and settled dead letters in bounded
+//! batches, keeping the retention floor exact.
+//!
+//! ## The rule
+//! An event of a project is pruned only when all of these hold:
+//! - it is older than the retention period (`occurred_at < now() - retention`, default 30 days);
+//! - every non-retired consumer of the project has acknowledged it
+//!   (`last_acked_sequence >= sequence`). A non-retired consumer with a missing (NULL) cursor
+//!   holds back everything: it has not reconciled yet. A retired consumer holds back nothing.
+//!   A project with no consumers at all is pruned by age alone: a consumer that appears later
+//!   has no cursor and reconciles from the live task set, which needs no history (one started
+//!   with `StartFrom::Earliest` falls back to reconciliation once the floor is above 0);
+//! - no unresolved dead letter (`dead` or `replay_requested`) of a non-retired consumer refers
+//!   to it: a replay needs the event row.
+//!
+//! Pruning is contiguous per project: a sweep removes sequences `pruned_through + 1 ..= N`
+//! where N is the highest sequence such that it and every retained sequence below it satisfy
+//! the rule. So an event held back (too young, not acknowledged, or a dead letter's) stops the
+//! floor below it, and `lifecycle_project_heads.pruned_through` stays exact: every event at or
+//! below it is gone, every event above it is retained.
+//!
+//! Delivery rows go as well: a `resolved` dead letter once `resolved_at` is older than the
+//! retention period, a `replayed` one once its replay (`updated_at`) is (a replay settles a
+//! dead letter as a resolution does), and every delivery row of a retired consumer at the
+//! next sweep (retirement is the explicit, audited decision to stop caring about them; a
+//! reactivated consumer reconciles anyway). Unresolved dead letters of non-retired consumers
+//! are kept until they are resolved or their consumer is retired.
+//!
+//! ## Bounded and safe
+//! Every batch (default 500 events, or delivery rows) is its own short transaction: it takes
+//! the schema's transaction-level `prune` advisory lock, reads the project's floor, head and
+//! cursors, deletes the batch and advances `pruned_through` in the same transaction, and adds
+//! to this sweep's `lifecycle-observation:pruned` audit row. So two batches never run at the
+//! same time. A second sweep *waits* for the lock (at most 5 s, `lock_timeout`) rather than
+//! skipping: sweeps running side by side (the runtimes of a project's consumers, `outbox
+//! prune`) interleave batch by batch and split the work, each batch deciding afresh from the
+//! floor and cursors it reads under the lock, and every sweep finishes the projects it was
+//! asked to sweep (a sweep that skipped on contention could be kept from other projects
+//! indefinitely by sweeps of one project). A project (or its delivery rows) with nothing to
+//! prune is passed over without taking the lock, so sweeps only meet where there is work.
+//! Writers only insert unsequenced rows and the sequencer only numbers them, so neither ever
+//! waits on a deleted row; the project-heads row the sequencer also updates is locked by the
+//! batch only from its last statement to its commit.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_postgres::{Client, IsolationLevel, Transaction};
+
+use crate::error::Error;
+use crate::ids::ProjectId;
+use crate::retention_sql as sql;
+use crate::schema::Schema;
+
+/// Default retention period of events and settled dead letters: 30 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 86_400);
+
+/// Longest retention period accepted: 100 years (365-day years).
+pub const MAX_RETENTION: Duration = Duration::from_secs(36_500 * 86_400);
+
+/// Default number of events (or delivery rows) one batch removes.
+pub const DEFAULT_PRUNE_BATCH: i64 = 500;
+
+/// Largest batch accepted.
+pub const MAX_PRUNE_BATCH: i64 = 100_000;
+
+/// Default actor recorded on the sweep's audit rows.
+pub const DEFAULT_PRUNE_ACTOR: &str = "retention-sweep";
+
+/// The server ends a batch idle inside its transaction for longer (releasing its locks).
+const BATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A batch waiting longer than this for a row lock fails (and the sweep with it) rather than
+/// queueing writers or the sequencer behind it.
+const BATCH_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a sweep runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PruneOptions {
+    /// Events older than this (and acknowledged, and not a dead letter's) are pruned; settled
+    /// dead letters are pruned this long after they were settled. Zero is allowed (tests,
+    /// benchmarks).
+    pub retention: Duration,
+    /// Events (or delivery rows) per batch transaction, 1..=[`MAX_PRUNE_BATCH`].
+    pub batch_size: i64,
+    /// Only this project; `None` sweeps every project with sequenced events.
+    pub project: Option<ProjectId>,
+    /// Report what would go without deleting anything.
+    pub dry_run: bool,
+    /// Recorded as `actor` on the audit rows (same characters as an ID, 1..=200).
+    pub actor: String,
+}
+
+impl Default for PruneOptions {
+    /// 30 days, batches of 500, every project, for real, actor `retention-sweep`.
+    fn default() -> Self {
+        Self {
+            retention: DEFAULT_RETENTION,
+            batch_size: DEFAULT_PRUNE_BATCH,
+            project: None,
+            dry_run: false,
+            actor: DEFAULT_PRUNE_ACTOR.to_owned(),
+        }
+    }
+}
+
+/// Sweep options were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PruneOptionsError {
+    /// The batch size is out of range.
+    #[error("invalid prune batch size {0}: use 1 to {MAX_PRUNE_BATCH}")]
+    BatchSize(i64),
+    /// The retention period is too long.
+    #[error("invalid retention period {0:?}: at most 36500 days")]
+    Retention(Duration),
+    /// The audit actor is empty, too long or has characters outside `A-Za-z0-9._:@-`.
+    #[error("invalid prune actor {0:?}: use 1 to 200 characters from A-Z a-z 0-9 . _ : @ -")]
+    Actor(String),
+}
+
+impl PruneOptions {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), PruneOptionsError> {
+        if !(1..=MAX_PRUNE_BATCH).contains(&self.batch_size) {
+            return Err(PruneOptionsError::BatchSize(self.batch_size));
+        }
+        if self.retention > MAX_RETENTION {
+            return Err(PruneOptionsError::Retention(self.retention));
+        }
+        let actor_ok = (1..=200).contains(&self.actor.len())
+            && self
+                .actor
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._:@-".contains(c));
+        if !actor_ok {
+            return Err(PruneOptionsError::Actor(self.actor.clone()));
+        }
+        Ok(())
+    }
+}
+
+/// Why a project's floor stops where it does (below its head).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum HoldBack {
+    /// A non-retired consumer has no cursor yet (it has not reconciled): nothing is pruned.
+    MissingCursor {
+        /// The consumer (the first by ID, if several).
+        consumer_id: String,
+    },
+    /// The slowest non-retired consumer has acknowledged only up to `cursor`.
+    Cursor {
+        /// The consumer.
+        consumer_id: String,
+        /// Its last acknowledged sequence.
+        cursor: i64,
+    },
+    /// The next event is younger than the retention period.
+    Retention {
+        /// The first retained event's sequence.
+        sequence: i64,
+    },
+    /// The next event is an unresolved dead letter of a non-retired consumer.
+    DeadLetter {
+        /// The consumer.
+        consumer_id: String,
+        /// The dead letter's event.
+        event_id: String,
+        /// Its sequence.
+        sequence: i64,
+    },
+}
+
+impl fmt::Display for HoldBack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HoldBack::MissingCursor { consumer_id } => {
+                write!(
+                    f,
+                    "consumer {consumer_id} has no cursor (not reconciled yet)"
+                )
+            }
+            HoldBack::Cursor {
+                consumer_id,
+                cursor,
+            } => write!(f, "consumer {consumer_id} acknowledged up to {cursor}"),
+            HoldBack::Retention { sequence } => {
+                write!(f, "event {sequence} is within the retention period")
+            }
+            HoldBack::DeadLetter {
+                consumer_id,
+                sequence,
+                ..
+            } => write!(
+                f,
+                "event {sequence} is an unresolved dead letter of {consumer_id}"
+            ),
+        }
+    }
+}
+
+/// What a sweep did (or, in a dry run, would do) to one project.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProjectPrune {
+    /// The project.
+    pub project_id: String,
+    /// Its head when last looked at.
+    pub head: i64,
+    /// The retention floor before the sweep.
+    pub floor_before: i64,
+    /// The retention floor after the sweep (would-be floor in a dry run).
+    pub floor: i64,
+    /// Events removed (would be removed).
+    pub events_pruned: u64,
+    /// Delivery rows removed (would be removed): settled dead letters past retention and the
+    /// rows of retired consumers.
+    pub dead_letters_pruned: u64,
+    /// Why the floor stops below the head; `None` when it reached the head (or the sweep
+    /// stopped before deciding).
+    pub held_by: Option<HoldBack>,
+}
+
+/// What a sweep did. See [`Pruner`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// Nothing was deleted; the figures say what would have been.
+    pub dry_run: bool,
+    /// The retention period, in seconds.
+    pub retention_secs: u64,
+    /// Events (or delivery rows) per batch.
+    pub batch_size: i64,
+    /// Every selected project was swept to the end (false when the sweep was stopped early).
+    pub complete: bool,
+    /// Events removed in all projects.
+    pub events_pruned: u64,
+    /// Delivery rows removed in all projects.
+    pub dead_letters_pruned: u64,
+    /// Per project, in project order; a project the sweep stopped inside is included.
+    pub projects: Vec<ProjectPrune>,
+}
+
+/// Where a running sweep is, for progress displays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepProgress {
+    /// Projects finished.
+    pub projects_done: usize,
+    /// Projects selected (0 until listed).
+    pub projects_total: usize,
+    /// The project being swept, with its current floor and head.
+    pub current: Option<(String, i64, i64)>,
+    /// Events removed so far.
+    pub events_pruned: u64,
+    /// Delivery rows removed so far.
+    pub dead_letters_pruned: u64,
+}
+
+/// Rendered statements of one schema.
+#[derive(Debug, Clone)]
+struct Statements {
+    bound_batch: String,
+    lock: String,
+    projects: String,
+    project_state: String,
+    first_held: String,
+    delete_events: String,
+    count_events: String,
+    advance_floor: String,
+    delete_deliveries: String,
+    count_deliveries: String,
+    any_deliveries: String,
+    audit_open: String,
+    audit_add: String,
+}
+
+/// Runs retention sweeps of one schema. Cheap to clone.
+///
+/// ```no_run
+/// use outbox_core::{PruneOptions, Pruner, Schema};
+///
+/// # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let pruner = Pruner::new(&Schema::default(), PruneOptions::default())?;
+/// let report = pruner.run(client).await?;
+/// println!("pruned {} events", report.events_pruned);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Pruner {
+    /// The validated options.
+    options: PruneOptions,
+    /// The `prune` advisory lock of the schema.
+    lock_key: i64,
+    /// The retention period in seconds, as bound to `make_interval`.
+    retention_secs: f64,
+    /// The statements for the schema.
+    sql: Statements,
+}
+
+impl Pruner {
+    /// A pruner for `schema`; refuses out-of-range options.
+    pub fn new(schema: &Schema, options: PruneOptions) -> Result<Self, PruneOptionsError> {
+        options.validate()?;
+        let r = |template: &str| schema.render(template);
+        Ok(Self {
+            retention_secs: options.retention.as_secs_f64(),
+            options,
+            lock_key: schema.lock_key("prune"),
+            sql: Statements {
+                bound_batch: sql::BOUND_BATCH.to_owned(),
+                lock: sql::LOCK.to_owned(),
+                projects: r(sql::PROJECTS),
+                project_state: r(sql::PROJECT_STATE),
+                first_held: r(sql::FIRST_HELD),
+                delete_events: r(sql::DELETE_EVENTS),
+                count_events: r(sql::COUNT_EVENTS),
+                advance_floor: r(sql::ADVANCE_FLOOR),
+                delete_deliveries: r(sql::DELETE_DELIVERIES),
+                count_deliveries: r(sql::COUNT_DELIVERIES),
+                any_deliveries: r(sql::ANY_DELIVERIES),
+                audit_open: r(sql::AUDIT_OPEN),
+                audit_add: r(sql::AUDIT_ADD),
+            },
+        })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &PruneOptions {
+        &self.options
+    }
+
+    /// A sweep to drive batch by batch with [`Sweep::step`] (to show progress, to stop between
+    /// batches, or to take a pooled connection per batch).
+    pub fn sweep(&self) -> Sweep<'_> {
+        Sweep {
+            pruner: self,
+            pending: None,
+            projects_total: 0,
+            current: None,
+            done: Vec::new(),
+            finished: false,
+        }
+    }
+
+    /// Runs a whole sweep on `client`.
+    pub async fn run(&self, client: &mut Client) -> Result<PruneReport, Error> {
+        let mut sweep = self.sweep();
+        while sweep.step(client).await? {}
+        Ok(sweep.into_report())
+    }
+
+    /// Opens a batch transaction with its idle and lock timeouts set.
+    async fn begin<'c>(&self, client: &'c mut Client) -> Result<Transaction<'c>, Error> {
+        let tx = client.transaction().await?;
+        let idle = BATCH_IDLE_TIMEOUT.as_millis().to_string();
+        let wait = BATCH_LOCK_TIMEOUT.as_millis().to_string();
+        tx.query_one(&self.sql.bound_batch, &[&idle, &wait]).await?;
+        Ok(tx)
+    }
+
+    /// Takes the sweep lock for the rest of `tx`, waiting for another sweep's batch.
+    async fn lock(&self, tx: &Transaction<'_>) -> Result<(), Error> {
+        tx.query_one(&self.sql.lock, &[&self.lock_key]).await?;
+        Ok(())
+    }
+
+    async fn project_state(
+        &self,
+        tx: &Transaction<'_>,
+        project: &str,
+    ) -> Result<Option<ProjectState>, Error> {
+        let row = tx.query_opt(&self.sql.project_state, &[&project]).await?;
+        Ok(row.map(|row| ProjectState {
+            head: row.get(0),
+            floor: row.get(1),
+            missing: row.get(2),
+            slowest: row
+                .get::<_, Option<String>>(3)
+                .zip(row.get::<_, Option<i64>>(4)),
+        }))
+    }
+
+    /// Decides the next batch of `project` from `floor`: how far it may go and why not further.
+    async fn plan(
+        &self,
+        tx: &Transaction<'_>,
+        project: &str,
+        state: &ProjectState,
+        floor: i64,
+    ) -> Result<Plan, Error> {
+        let (upper, mut hold) = bound(floor, state, self.options.batch_size);
+        let mut target = upper;
+        if upper > floor {
+            let held = tx
+                .query_opt(
+                    &self.sql.first_held,
+                    &[&project, &floor, &upper, &self.retention_secs],
+                )
+                .await?;
+            if let Some(row) = held {
+                let kind: &str = row.get(0);
+                let sequence: i64 = row.get(1);
+                target = sequence - 1;
+                hold = Some(if kind == "dead_letter" {
+                    HoldBack::DeadLetter {
+                        consumer_id: row.get(2),
+                        event_id: row.get(3),
+                        sequence,
+                    }
+                } else {
+                    HoldBack::Retention { sequence }
+                });
+            }
+        }
+        // No rule stopped this batch and the head is further: only the batch size did.
+        let more = hold.is_none() && target < state.head;
+        if target >= state.head {
+            hold = None;
+        }
+        Ok(Plan { target, hold, more })
+    }
+}
+
+/// A project's bounds as read at the start of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ProjectState {
+    /// Last assigned sequence.
+    head: i64,
+    /// Current retention floor.
+    floor: i64,
+    /// A non-retired consumer with a missing cursor.
+    missing: Option<String>,
+    /// The slowest non-retired consumer with a cursor, and that cursor.
+    slowest: Option<(String, i64)>,
+}
+
+/// One batch's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Plan {
+    /// The new floor (equal to the old one when nothing may go).
+    target: i64,
+    /// What stopped the floor below the head, if anything did.
+    hold: Option<HoldBack>,
+    /// Only the batch size stopped it: run another batch.
+    more: bool,
+}
+
+/// The highest sequence a batch starting at `floor` may reach judging by head, batch size and
+/// cursors alone, and the consumer that limits it (if one does). Never below `floor`.
+fn bound(floor: i64, state: &ProjectState, batch: i64) -> (i64, Option<HoldBack>) {
+    let upper = state.head.min(floor.saturating_add(batch)).max(floor);
+    if let Some(consumer_id) = &state.missing {
+        let hold = HoldBack::MissingCursor {
+            consumer_id: consumer_id.clone(),
+        };
+        return (floor, Some(hold));
+    }
+    match &state.slowest {
+        Some((consumer_id, cursor)) if *cursor < upper => {
+            let hold = HoldBack::Cursor {
+                consumer_id: consumer_id.clone(),
+                cursor: *cursor,
+            };
+            ((*cursor).max(floor), Some(hold))
+        }
+        _ => (upper, None),
+    }
+}
+
+/// The project a sweep is inside.
+#[derive(Debug)]
+struct Current {
+    /// The report entry being filled.
+    entry: ProjectPrune,
+    /// Whether the floor and head were read yet.
+    started: bool,
+    /// Events done; delivery rows next.
+    events_done: bool,
+    /// This sweep's audit row of the project's events.
+    events_audit: Option<i64>,
+    /// This sweep's audit rows of delivery rows, per consumer.
+    delivery_audits: BTreeMap<String, i64>,
+}
+
+impl Current {
+    fn new(project_id: String) -> Self {
+        Self {
+            entry: ProjectPrune {
+                project_id,
+                head: 0,
+                floor_before: 0,
+                floor: 0,
+                events_pruned: 0,
+                dead_letters_pruned: 0,
+                held_by: None,
+            },
+            started: false,
+            events_done: false,
+            events_audit: None,
+            delivery_audits: BTreeMap::new(),
+        }
+    }
+}
+
+/// How a batch ended.
+enum Batch {
+    /// Run another batch of the same kind.
+    Continue,
+    /// This kind of work is done for the project.
+    Done,
+}
+
+/// One sweep in progress, driven by [`Sweep::step`]. Each step is one short transaction.
+/// After a failed step (a database error) the sweep can be stepped again: the failed batch
+/// was rolled back and is simply retried.
+#[derive(Debug)]
+pub struct Sweep<'a> {
+    /// Rules and statements.
+    pruner: &'a Pruner,
+    /// Projects not yet started; `None` until listed.
+    pending: Option<VecDeque<String>>,
+    /// How many projects were selected.
+    projects_total: usize,
+    /// The project in progress.
+    current: Option<Current>,
+    /// Finished projects.
+    done: Vec<ProjectPrune>,
+    /// Nothing left to do.
+    finished: bool,
+}
+
+impl Sweep<'_> {
+    /// Runs the next batch; true while work remains.
+    pub async fn step(&mut self, client: &mut Client) -> Result<bool, Error> {
+        if self.finished {
+            return Ok(false);
+        }
+        let Some(pending) = &mut self.pending else {
+            let only = self.pruner.options.project.as_ref().map(ProjectId::as_str);
+            let rows = client.query(&self.pruner.sql.projects, &[&only]).await?;
+            let projects: VecDeque<String> = rows.iter().map(|row| row.get(0)).collect();
+            self.projects_total = projects.len();
+            self.pending = Some(projects);
+            return Ok(true);
+        };
+        if self.current.is_none() {
+            match pending.pop_front() {
+                Some(project) => self.current = Some(Current::new(project)),
+                None => {
+                    self.finished = true;
+                    return Ok(false);
+                }
+            }
+        }
+        let pruner = self.pruner;
+        let current = self.current.as_mut().expect("a current project");
+        let outcome = if pruner.options.dry_run {
+            dry_run_project(pruner, client, current).await?;
+            Batch::Done
+        } else if !current.events_done {
+            match events_batch(pruner, client, current).await? {
+                Batch::Done => {
+                    current.events_done = true;
+                    Batch::Continue
+                }
+                other => other,
+            }
+        } else {
+            deliveries_batch(pruner, client, current).await?
+        };
+        match outcome {
+            Batch::Continue => {}
+            Batch::Done => {
+                let current = self.current.take().expect("a current project");
+                log_project(&current.entry, pruner.options.dry_run);
+                self.done.push(current.entry);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Where the sweep is.
+    pub fn progress(&self) -> SweepProgress {
+        let current = self.current.as_ref().map(|c| &c.entry);
+        let all = || self.done.iter().chain(current);
+        SweepProgress {
+            projects_done: self.done.len(),
+            projects_total: self.projects_total,
+            current: current.map(|e| (e.project_id.clone(), e.floor, e.head)),
+            events_pruned: all().map(|e| e.events_pruned).sum(),
+            dead_letters_pruned: all().map(|e| e.dead_letters_pruned).sum(),
+        }
+    }
+
+    /// The report: complete when every step has run (`step` returned false), partial when
+    /// the sweep is stopped earlier.
+    pub fn into_report(self) -> PruneReport {
+        let complete = self.finished;
+        let mut projects = self.done;
+        if let Some(current) = self.current.filter(|c| c.started) {
+            projects.push(current.entry);
+        }
+        let options = &self.pruner.options;
+        PruneReport {
+            dry_run: options.dry_run,
+            retention_secs: options.retention.as_secs(),
+            batch_size: options.batch_size,
+            complete,
+            events_pruned: projects.iter().map(|p| p.events_pruned).sum(),
+            dead_letters_pruned: projects.iter().map(|p| p.dead_letters_pruned).sum(),
+            projects,
+        }
+    }
+}
+
+fn log_project(entry: &ProjectPrune, dry_run: bool) {
+    if entry.events_pruned > 0 || entry.dead_letters_pruned > 0 {
+        tracing::info!(
+            project = %entry.project_id,
+            events = entry.events_pruned,
+            dead_letters = entry.dead_letters_pruned,
+            floor = entry.floor,
+            dry_run,
+            "pruned"
+        );
+    } else if let Some(hold) = &entry.held_by {
+        tracing::debug!(project = %entry.project_id, floor = entry.floor, held_by = %hold,
+                        "nothing to prune");
+    }
+}
+
+/// One batch of events: delete `(floor, target]` and advance the floor, in one transaction.
+async fn events_batch(
+    pruner: &Pruner,
+    client: &mut Client,
+    current: &mut Current,
+) -> Result<Batch, Error> {
+    let project = current.entry.project_id.clone();
+    let tx = pruner.begin(client).await?;
+    if !current.started {
+        // Look before taking the lock: a project with nothing to prune never contends, so
+        // sweeps running side by side only meet where there is work (and then one does it).
+        let Some(state) = pruner.project_state(&tx, &project).await? else {
+            tx.rollback().await?;
+            return Ok(Batch::Done);
+        };
+        current.started = true;
+        current.entry.floor_before = state.floor;
+        current.entry.floor = state.floor;
+        current.entry.head = state.head;
+        let plan = pruner.plan(&tx, &project, &state, state.floor).await?;
+        if plan.target <= state.floor {
+            tx.commit().await?;
+            current.entry.held_by = plan.hold;
+            return Ok(Batch::Done);
+        }
+    }
+    pruner.lock(&tx).await?;
+    // Read again under the lock (a new statement, so a fresh snapshot): another sweep may
+    // have moved the floor since.
+    let Some(state) = pruner.project_state(&tx, &project).await? else {
+        tx.rollback().await?;
+        return Ok(Batch::Done);
+    };
+    current.entry.head = state.head;
+    let floor = state.floor;
+    let plan = pruner.plan(&tx, &project, &state, floor).await?;
+    let mut deleted = 0;
+    let mut audit = current.events_audit;
+    if plan.target > floor {
+        deleted = tx
+            .execute(&pruner.sql.delete_events, &[&project, &floor, &plan.target])
+            .await?;
+        let advanced = tx
+            .execute(&pruner.sql.advance_floor, &[&project, &floor, &plan.target])
+            .await?;
+        if advanced != 1 {
+            // The floor moved although this batch holds the lock: someone changed it by hand.
+            // Undo; the next batch starts from wherever it is now.
+            tx.rollback().await?;
+            tracing::warn!(project = %project, floor, "the retention floor moved outside a sweep");
+            return Ok(Batch::Continue);
+        }
+        if deleted != (plan.target - floor) as u64 {
+            tracing::warn!(
+                project = %project, floor, target = plan.target, deleted,
+                "pruned fewer events than the range holds: rows were missing"
+            );
+        }
+        audit = Some(add_audit(pruner, &tx, &project, None, audit, deleted as i64).await?);
+    }
+    tx.commit().await?;
+    current.events_audit = audit;
+    current.entry.events_pruned += deleted;
+    current.entry.floor = plan.target;
+    current.entry.held_by = plan.hold;
+    Ok(if plan.more {
+        Batch::Continue
+    } else {
+        Batch::Done
+    })
+}
+
+/// One batch of delivery rows.
+async fn deliveries_batch(
+    pruner: &Pruner,
+    client: &mut Client,
+    current: &mut Current,
+) -> Result<Batch, Error> {
+    let project = current.entry.project_id.clone();
+    let tx = pruner.begin(client).await?;
+    let any: bool = tx
+        .query_one(
+            &pruner.sql.any_deliveries,
+            &[&project, &pruner.retention_secs],
+        )
+        .await?
+        .get(0);
+    if !any {
+        tx.commit().await?;
+        return Ok(Batch::Done);
+    }
+    pruner.lock(&tx).await?;
+    let rows = tx
+        .query(
+            &pruner.sql.delete_deliveries,
+            &[&project, &pruner.retention_secs, &pruner.options.batch_size],
+        )
+        .await?;
+    let mut per_consumer: BTreeMap<String, i64> = BTreeMap::new();
+    for row in &rows {
+        *per_consumer.entry(row.get(0)).or_default() += 1;
+    }
+    let mut audits = Vec::with_capacity(per_consumer.len());
+    for (consumer, count) in per_consumer {
+        let existing = current.delivery_audits.get(&consumer).copied();
+        let id = add_audit(pruner, &tx, &project, Some(&consumer), existing, count).await?;
+        audits.push((consumer, id));
+    }
+    tx.commit().await?;
+    current.delivery_audits.extend(audits);
+    current.entry.dead_letters_pruned += rows.len() as u64;
+    Ok(if rows.len() as i64 >= pruner.options.batch_size {
+        Batch::Continue
+    } else {
+        Batch::Done
+    })
+}
+
+/// Opens this sweep's audit row (or adds to it); returns its ID.
+async fn add_audit(
+    pruner: &Pruner,
+    tx: &Transaction<'_>,
+    project: &str,
+    consumer: Option<&str>,
+    existing: Option<i64>,
+    count: i64,
+) -> Result<i64, Error> {
+    match existing {
+        Some(id) => {
+            tx.execute(&pruner.sql.audit_add, &[&id, &count]).await?;
+            Ok(id)
+        }
+        None => Ok(tx
+            .query_one(
+                &pruner.sql.audit_open,
+                &[&project, &consumer, &pruner.options.actor, &count],
+            )
+            .await?
+            .get(0)),
+    }
+}
+
+/// A dry run of one project, in one read-only snapshot: the same decisions batch by batch,
+/// with the floor moved in memory only.
+async fn dry_run_project(
+    pruner: &Pruner,
+    client: &mut Client,
+    current: &mut Current,
+) -> Result<(), Error> {
+    let project = current.entry.project_id.clone();
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    let Some(state) = pruner.project_state(&tx, &project).await? else {
+        tx.rollback().await?;
+        return Ok(());
+    };
+    current.started = true;
+    current.entry.head = state.head;
+    current.entry.floor_before = state.floor;
+    let mut floor = state.floor;
+    let mut hold;
+    loop {
+        let plan = pruner.plan(&tx, &project, &state, floor).await?;
+        floor = plan.target;
+        hold = plan.hold;
+        if !plan.more {
+            break;
+        }
+    }
+    let events: i64 = tx
+        .query_one(&pruner.sql.count_events, &[&project, &state.floor, &floor])
+        .await?
+        .get(0);
+    let deliveries: i64 = tx
+        .query(
+            &pruner.sql.count_deliveries,
+            &[&project, &pruner.retention_secs],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get::<_, i64>(1))
+        .sum();
+    tx.commit().await?;
+    current.entry.floor = floor;
+    current.entry.held_by = hold;
+    current.entry.events_pruned = events as u64;
+    current.entry.dead_letters_pruned = deliveries as u64;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(head: i64, floor: i64) -> ProjectState {
+        ProjectState {
+            head,
+            floor,
+            missing: None,
+            slowest: None,
+        }
+    }
+
+    #[test]
+    fn options_are_checked() {
+        PruneOptions::default().validate().unwrap();
+        let mut o = PruneOptions {
+            batch_size: 0,
+            ..PruneOptions::default()
+        };
+        assert_eq!(o.validate(), Err(PruneOptionsError::BatchSize(0)));
+        o.batch_size = MAX_PRUNE_BATCH + 1;
+        assert!(o.validate().is_err());
+        o.batch_size = MAX_PRUNE_BATCH;
+        o.validate().unwrap();
+        o.retention = Duration::ZERO;
+        o.validate().unwrap();
+        o.retention = MAX_RETENTION + Duration::from_secs(1);
+        assert!(matches!(o.validate(), Err(PruneOptionsError::Retention(_))));
+        for bad in ["", "a b", "x\n", &"a".repeat(201)] {
+            let o = PruneOptions {
+                actor: bad.to_owned(),
+                ..PruneOptions::default()
+            };
+            assert!(
+                matches!(o.validate(), Err(PruneOptionsError::Actor(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_consumers_bounds_by_head_and_batch() {
+        assert_eq!(bound(0, &state(1000, 0), 500), (500, None));
+        assert_eq!(bound(800, &state(1000, 800), 500), (1000, None));
+        assert_eq!(bound(1000, &state(1000, 1000), 500), (1000, None));
+    }
+
+    #[test]
+    fn a_missing_cursor_holds_everything() {
+        let mut s = state(1000, 10);
+        s.missing = Some("new".into());
+        s.slowest = Some(("fast".into(), 900));
+        let (upper, hold) = bound(10, &s, 500);
+        assert_eq!(upper, 10);
+        assert_eq!(
+            hold,
+            Some(HoldBack::MissingCursor {
+                consumer_id: "new".into()
+            })
+        );
+    }
+
+    #[test]
+    fn the_slowest_cursor_bounds_when_below_the_batch_end() {
+        let mut s = state(1000, 0);
+        s.slowest = Some(("slow".into(), 120));
+        assert_eq!(
+            bound(0, &s, 500),
+            (
+                120,
+                Some(HoldBack::Cursor {
+                    consumer_id: "slow".into(),
+                    cursor: 120
+                })
+            )
+        );
+        // A cursor at or past the batch end does not limit this batch.
+        s.slowest = Some(("slow".into(), 500));
+        assert_eq!(bound(0, &s, 500), (500, None));
+        // A cursor below the floor (the consumer will reconcile) never moves it back.
+        s.slowest = Some(("slow".into(), 3));
+        assert_eq!(bound(10, &s, 500).0, 10);
+        // A cursor above the head (restored database) does not lift the bound past the head.
+        s.slowest = Some(("slow".into(), 5000));
+        assert_eq!(bound(900, &s, 500), (1000, None));
+    }
+
+    #[test]
+    fn hold_back_reads_well() {
+        let hold = HoldBack::DeadLetter {
+            consumer_id: "c".into(),
+            event_id: "e".into(),
+            sequence: 7,
+        };
+        assert_eq!(
+            hold.to_string(),
+            "event 7 is an unresolved dead letter of c"
+        );
+        let json = serde_json::to_value(&hold).unwrap();
+        assert_eq!(json["reason"], "dead_letter");
+        assert_eq!(json["sequence"], 7);
+    }
+}
