@@ -217,6 +217,13 @@ BEGIN
     END IF;
     IF prior IS NULL THEN
         v_payload := '{}'::jsonb;
+    ELSIF jsonb_typeof(prior) = 'object'
+          AND prior - 'column' - 'status' = '{}'::jsonb
+          AND (NOT prior ? 'column' OR (jsonb_typeof(prior -> 'column') = 'string'
+               AND prior ->> 'column' ~ '^[A-Za-z0-9._:@-]{1,64}$'))
+          AND (NOT prior ? 'status' OR (jsonb_typeof(prior -> 'status') = 'string'
+               AND prior ->> 'status' ~ '^[A-Za-z0-9._:@-]{1,64}$')) THEN
+        v_payload := prior;
     ELSE
         v_payload := {{schema}}.check_prior(prior);
     END IF;
