@@ -20,8 +20,9 @@ use crate::lease::{self, Lease};
 use crate::listener;
 use crate::store::{self, Held, Statements};
 
-/// Connections a consumer uses at once: the delivery loop, the heartbeat and the sequencer.
-/// (The listener has its own, unpooled connection.)
+/// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
+/// The retention sweep borrows one more for a moment per batch; it waits for a free one
+/// rather than holding one. (The listener has its own, unpooled connection.)
 pub const MIN_POOL_SIZE: usize = 3;
 
 /// What a run did, returned when it ends.
