@@ -189,7 +189,7 @@ pub struct ConsumeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
     /// How often this process runs the sequencer.
-    #[arg(long, value_parser = parse_duration, default_value = "25ms")]
+    #[arg(long, value_parser = parse_duration, default_value = "10ms")]
     pub sequence_interval: Duration,
     /// Do not run the sequencer in this process.
     #[arg(long)]

@@ -70,7 +70,7 @@ pub struct ConfigError(pub String);
 
 impl ConsumerConfig {
     /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, sequencer
-    /// every 25 ms, the standard retry schedule, LISTEN on, reconcile when the cursor is
+    /// every 10 ms, the standard retry schedule, LISTEN on, reconcile when the cursor is
     /// missing, wait for a held lease, 10 s shutdown grace, a retention sweep at start and
     /// hourly with 30 days' retention.
     pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
@@ -82,7 +82,7 @@ impl ConsumerConfig {
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
-            sequence_interval: Some(Duration::from_millis(25)),
+            sequence_interval: Some(Duration::from_millis(10)),
             retry: RetrySchedule::default(),
             listen: true,
             start_from: StartFrom::Reconcile,

@@ -39,6 +39,8 @@ pub struct Sequencer {
     channel: String,
     /// The numbering statement for the schema.
     number: String,
+    /// The idle probe for the schema.
+    pending: String,
     /// Upper bound of events per tick, so one tick stays a short transaction.
     batch: i64,
     /// The server ends a tick idle in its transaction for longer (releasing the lock).
@@ -52,6 +54,7 @@ impl Sequencer {
             lock_key: schema.lock_key("sequence"),
             channel: schema.channel(),
             number: schema.render(sql::NUMBER_PENDING),
+            pending: schema.render(sql::PENDING_EXISTS),
             batch: DEFAULT_BATCH,
             idle_timeout_ms: DEFAULT_IDLE_TIMEOUT.as_millis().to_string(),
         }
@@ -77,6 +80,13 @@ impl Sequencer {
 
     /// Numbers up to one batch of committed events.
     pub async fn tick(&self, client: &mut Client) -> Result<Tick, Error> {
+        let pending: bool = client.query_one(&self.pending, &[]).await?.get(0);
+        if !pending {
+            return Ok(Tick {
+                ran: true,
+                ..Tick::default()
+            });
+        }
         let tx = client.transaction().await?;
         let locked: bool = tx
             .query_one(sql::TRY_LOCK, &[&self.lock_key, &self.idle_timeout_ms])

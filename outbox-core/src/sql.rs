@@ -37,6 +37,11 @@ VALUES ($1, 'task:deleted', $2, $3, $4, $5, $6, $7)
 ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
 RETURNING id";
 
+/// Whether any committed event waits for a number: one cheap probe of the (tiny) work-list
+/// index, so an idle tick costs one round trip and no transaction.
+pub const PENDING_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL)";
+
 /// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
 /// touched project's head; returns each project's new head and how many it numbered.
 ///
