@@ -67,8 +67,8 @@ pub enum Command {
     /// Remove events older than the retention period that every non-retired consumer has
     /// acknowledged, and settled dead letters, in short batches; prints what went.
     Prune(crate::prune_cmd::PruneArgs),
-    /// Per project: head, unsequenced backlog, retention floor; per consumer: cursor, lag,
-    /// lease, retrying event, dead letters; each with health codes.
+    /// Per project: head, unsequenced backlog, retention floor, pruning backlog; per consumer:
+    /// cursor, lag, lease, retrying event, dead letters; each with health codes.
     Status(crate::status_cmd::StatusArgs),
     /// List or retire consumers.
     #[command(subcommand)]

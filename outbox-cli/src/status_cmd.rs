@@ -8,6 +8,7 @@ use outbox_core::{Admin, HealthThresholds, ProjectId, Status};
 use crate::cli::{Global, Output, parse_duration};
 use crate::failure::Failure;
 use crate::output::{Table, age, emit, json, opt, time};
+use crate::prune_cmd::parse_retention;
 
 /// `outbox status`.
 #[derive(Debug, Args)]
@@ -32,6 +33,22 @@ pub struct StatusArgs {
     /// `outbox sequence` is numbering events).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub max_unsequenced_age: Duration,
+    /// More events than this that a retention sweep would prune now mean `pruning_backlog`
+    /// (no consumer runs the sweep for the project and no `outbox prune` is scheduled).
+    /// Prunable events are counted up to this number + 1 only (shown as `N+`), so status
+    /// stays cheap on a large table; a larger value makes it read more.
+    #[arg(long, default_value_t = 100_000,
+          value_parser = clap::value_parser!(i64).range(0..=100_000_000))]
+    pub max_prunable: i64,
+    /// Retention period the prunable count and `retention_held` are judged by: use the one
+    /// the sweeps run with (`outbox prune --retention`, `outbox consume --retention`).
+    #[arg(long, value_parser = parse_retention, default_value = "30d")]
+    pub retention: Duration,
+    /// The oldest event a sweep would keep being older than the retention period plus this
+    /// means `retention_held` (a lagging consumer, a missing cursor or an unresolved dead
+    /// letter holds the floor back; HELD_BY names it).
+    #[arg(long, value_parser = parse_retention, default_value = "1d")]
+    pub max_retention_overrun: Duration,
 }
 
 pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
@@ -41,6 +58,9 @@ pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
         max_retrying_age: args.max_retrying_age,
         max_heartbeat_age: args.max_heartbeat_age,
         max_unsequenced_age: args.max_unsequenced_age,
+        max_prunable: args.max_prunable,
+        retention: args.retention,
+        max_retention_overrun: args.max_retention_overrun,
     };
     let status = Admin::new(&global.schema)
         .status(&mut client, args.project.as_ref(), &thresholds)
@@ -66,6 +86,9 @@ fn render(status: &Status) -> String {
         "UNSEQUENCED",
         "OLDEST_UNSEQUENCED",
         "PRUNED_THROUGH",
+        "PRUNABLE",
+        "OLDEST_RETAINED",
+        "HELD_BY",
         "HEALTH",
     ]);
     for p in &status.projects {
@@ -75,6 +98,13 @@ fn render(status: &Status) -> String {
             p.unsequenced.to_string(),
             age(p.oldest_unsequenced_age_secs),
             p.pruned_through.to_string(),
+            if p.prunable_capped {
+                format!("{}+", p.prunable)
+            } else {
+                p.prunable.to_string()
+            },
+            age(p.oldest_retained_age_secs),
+            opt(p.held_by.as_ref()),
             codes(&p.health),
         ]);
     }

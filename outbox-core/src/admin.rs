@@ -36,6 +36,9 @@ use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
 
 use crate::admin_sql as sql;
 use crate::ids::{ConsumerId, IdError, ProjectId, validate_identifier};
+use crate::retention::{
+    DEFAULT_RETENTION, HoldBack, MAX_RETENTION, PruneOptions, PruneOptionsError, Pruner,
+};
 use crate::schema::Schema;
 
 /// Longest accepted operator name (`--by`), in characters.
@@ -368,6 +371,10 @@ pub enum InputError {
     /// A listing limit outside `1..=MAX_LIMIT`.
     #[error("invalid limit: {0} is outside 1..={MAX_LIMIT}")]
     Limit(i64),
+    /// A status threshold out of range (retention above [`MAX_RETENTION`], a negative
+    /// `max_prunable`).
+    #[error("invalid threshold: {0}")]
+    Threshold(String),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,6 +550,14 @@ pub enum Health {
     /// Committed events have waited for a number longer than `max_unsequenced_age`: no
     /// sequencer is running.
     SequencerStalled,
+    /// More than `max_prunable` events of the project are prunable now: no retention sweep
+    /// is running for it (no consumer process with the sweep enabled, no scheduled `outbox
+    /// prune`).
+    PruningBacklog,
+    /// The oldest event a sweep would keep is older than `retention + max_retention_overrun`:
+    /// a consumer's cursor (lagging, or missing) or an unresolved dead letter holds the
+    /// retention floor back.
+    RetentionHeld,
 }
 
 impl Health {
@@ -555,6 +570,8 @@ impl Health {
             Health::StaleHeartbeat => "stale_heartbeat",
             Health::DeadLetters => "dead_letters",
             Health::SequencerStalled => "sequencer_stalled",
+            Health::PruningBacklog => "pruning_backlog",
+            Health::RetentionHeld => "retention_held",
         }
     }
 }
@@ -577,16 +594,28 @@ pub struct HealthThresholds {
     pub max_heartbeat_age: Duration,
     /// A committed event unsequenced for longer than this means `sequencer_stalled`.
     pub max_unsequenced_age: Duration,
+    /// More prunable events than this in a project mean `pruning_backlog`. Prunable events
+    /// are counted up to `max_prunable + 1` only, so the cost of `status` is bounded by it.
+    pub max_prunable: i64,
+    /// The retention period the prunable count and `retention_held` are judged by (that of
+    /// the sweeps: `outbox prune --retention`, `outbox consume --retention`).
+    pub retention: Duration,
+    /// An event the sweep would keep that is older than `retention` plus this means
+    /// `retention_held`.
+    pub max_retention_overrun: Duration,
 }
 
 impl Default for HealthThresholds {
-    /// 10 000 events, 15 min, 20 s, 60 s.
+    /// 10 000 events, 15 min, 20 s, 60 s, 100 000 events, retention 30 days, 1 day.
     fn default() -> Self {
         Self {
             max_lag: 10_000,
             max_retrying_age: Duration::from_secs(15 * 60),
             max_heartbeat_age: Duration::from_secs(20),
             max_unsequenced_age: Duration::from_secs(60),
+            max_prunable: 100_000,
+            retention: DEFAULT_RETENTION,
+            max_retention_overrun: Duration::from_secs(86_400),
         }
     }
 }
@@ -594,7 +623,7 @@ impl Default for HealthThresholds {
 impl Serialize for HealthThresholds {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("HealthThresholds", 4)?;
+        let mut st = s.serialize_struct("HealthThresholds", 7)?;
         st.serialize_field("max_lag", &self.max_lag)?;
         st.serialize_field(
             "max_retrying_age_secs",
@@ -607,6 +636,12 @@ impl Serialize for HealthThresholds {
         st.serialize_field(
             "max_unsequenced_age_secs",
             &self.max_unsequenced_age.as_secs_f64(),
+        )?;
+        st.serialize_field("max_prunable", &self.max_prunable)?;
+        st.serialize_field("retention_secs", &self.retention.as_secs_f64())?;
+        st.serialize_field(
+            "max_retention_overrun_secs",
+            &self.max_retention_overrun.as_secs_f64(),
         )?;
         st.end()
     }
@@ -627,6 +662,21 @@ pub struct ProjectStatus {
     pub oldest_unsequenced_at: Option<DateTime<Utc>>,
     /// How long ago that was, in seconds (database clock).
     pub oldest_unsequenced_age_secs: Option<f64>,
+    /// Events a retention sweep would prune now (the sweep's own rule, judged with
+    /// `thresholds.retention`), counted up to `max_prunable + 1`.
+    pub prunable: i64,
+    /// The count stopped at `max_prunable + 1`: at least that many are prunable.
+    pub prunable_capped: bool,
+    /// When the oldest retained event (the lowest sequence above the floor) was written.
+    pub oldest_retained_at: Option<DateTime<Utc>>,
+    /// How long ago that was, in seconds.
+    pub oldest_retained_age_secs: Option<f64>,
+    /// What stops the floor below the head once the prunable events are gone (as `outbox
+    /// prune --dry-run` names it); `None` when nothing does, or when the count was capped.
+    pub held_by: Option<HoldBack>,
+    /// Age in seconds of the oldest event a sweep would keep (the one `held_by` names);
+    /// `None` when the sweep would reach the head, or when the count was capped.
+    pub oldest_held_age_secs: Option<f64>,
     /// Health codes; `[ok]` when there is nothing to report.
     pub health: Vec<Health>,
 }
@@ -939,16 +989,31 @@ fn codes(mut problems: Vec<Health>) -> Vec<Health> {
     problems
 }
 
-/// Judges a project: `sequencer_stalled` when its oldest unsequenced event is too old.
+/// Judges a project: `sequencer_stalled` when its oldest unsequenced event is too old,
+/// `pruning_backlog` when more than `max_prunable` events are prunable, `retention_held` when
+/// the oldest event a sweep would keep is older than retention plus `max_retention_overrun`.
 pub fn project_health(project: &ProjectStatus, thresholds: &HealthThresholds) -> Vec<Health> {
-    let stalled = project
+    let mut problems = Vec::new();
+    if project
         .oldest_unsequenced_age_secs
-        .is_some_and(|age| age > thresholds.max_unsequenced_age.as_secs_f64());
-    codes(if stalled {
-        vec![Health::SequencerStalled]
-    } else {
-        Vec::new()
-    })
+        .is_some_and(|age| age > thresholds.max_unsequenced_age.as_secs_f64())
+    {
+        problems.push(Health::SequencerStalled);
+    }
+    if project.prunable > thresholds.max_prunable {
+        problems.push(Health::PruningBacklog);
+    }
+    let held_past = thresholds
+        .retention
+        .saturating_add(thresholds.max_retention_overrun)
+        .as_secs_f64();
+    if project
+        .oldest_held_age_secs
+        .is_some_and(|age| age > held_past)
+    {
+        problems.push(Health::RetentionHeld);
+    }
+    codes(problems)
 }
 
 /// Judges a consumer. A retired consumer holds nothing back and is always `ok`.
@@ -1001,6 +1066,7 @@ struct Statements {
     unresolved_count: String,
     audit: String,
     audit_trail: String,
+    retained_after: String,
 }
 
 /// Operator operations on one schema. Cheap to clone; holds only rendered statements.
@@ -1008,6 +1074,8 @@ struct Statements {
 pub struct Admin {
     /// The statements for the schema.
     sql: Statements,
+    /// The schema, for the retention rule's statements (`status`).
+    schema: Schema,
 }
 
 /// The consumer row as a write sees it.
@@ -1053,7 +1121,9 @@ impl Admin {
                 unresolved_count: schema.render(sql::UNRESOLVED_COUNT),
                 audit: schema.render(sql::AUDIT),
                 audit_trail: schema.render(sql::AUDIT_TRAIL),
+                retained_after: schema.render(sql::RETAINED_AFTER),
             },
+            schema: schema.clone(),
         }
     }
 
@@ -1077,9 +1147,13 @@ impl Admin {
         Ok(tx)
     }
 
-    /// Per project: head, unsequenced backlog and retention floor; per consumer: cursor, lag,
-    /// lease, the retrying event holding it and dead-letter counts; each with health codes.
-    /// With `project`, only that project, which must exist.
+    /// Per project: head, unsequenced backlog, retention floor and pruning backlog; per
+    /// consumer: cursor, lag, lease, the retrying event holding it and dead-letter counts;
+    /// each with health codes. With `project`, only that project, which must exist.
+    ///
+    /// The prunable count applies the retention sweep's own rule ([`Pruner`]) with
+    /// `thresholds.retention`, looking at most `max_prunable + 1` events past each floor, so
+    /// a large backlog costs no more than that many index entries per project.
     pub async fn status(
         &self,
         client: &mut Client,
@@ -1087,26 +1161,33 @@ impl Admin {
         thresholds: &HealthThresholds,
     ) -> Result<Status, AdminError> {
         let filter = project.map(ProjectId::as_str);
+        let pruner = self.status_pruner(thresholds)?;
+        let limit = thresholds.max_prunable.saturating_add(1);
         let tx = Self::snapshot(client).await?;
         let as_of: DateTime<Utc> = tx.query_one("SELECT now()", &[]).await?.get(0);
-        let projects: Vec<ProjectStatus> = tx
-            .query(&self.sql.projects, &[&filter])
-            .await?
-            .iter()
-            .map(|row| {
-                let mut status = ProjectStatus {
-                    project_id: row.get(0),
-                    head_sequence: row.get(1),
-                    pruned_through: row.get(2),
-                    unsequenced: row.get(3),
-                    oldest_unsequenced_at: row.get(4),
-                    oldest_unsequenced_age_secs: row.get(5),
-                    health: Vec::new(),
-                };
-                status.health = project_health(&status, thresholds);
-                status
-            })
-            .collect();
+        let rows = tx.query(&self.sql.projects, &[&filter]).await?;
+        let mut projects = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let mut status = ProjectStatus {
+                project_id: row.get(0),
+                head_sequence: row.get(1),
+                pruned_through: row.get(2),
+                unsequenced: row.get(3),
+                oldest_unsequenced_at: row.get(4),
+                oldest_unsequenced_age_secs: row.get(5),
+                prunable: 0,
+                prunable_capped: false,
+                oldest_retained_at: None,
+                oldest_retained_age_secs: None,
+                held_by: None,
+                oldest_held_age_secs: None,
+                health: Vec::new(),
+            };
+            self.retention_status(&tx, &pruner, limit, &mut status)
+                .await?;
+            status.health = project_health(&status, thresholds);
+            projects.push(status);
+        }
         let consumers = self
             .consumer_rows(&tx, filter, None)
             .await?
@@ -1130,6 +1211,69 @@ impl Admin {
             projects,
             consumers,
         })
+    }
+
+    /// The retention rule as `status` applies it: a dry-run pruner with the thresholds'
+    /// retention period.
+    fn status_pruner(&self, thresholds: &HealthThresholds) -> Result<Pruner, AdminError> {
+        if thresholds.max_prunable < 0 {
+            return Err(InputError::Threshold(format!(
+                "max_prunable {} is negative",
+                thresholds.max_prunable
+            ))
+            .into());
+        }
+        let options = PruneOptions {
+            retention: thresholds.retention,
+            dry_run: true,
+            ..PruneOptions::default()
+        };
+        Pruner::new(&self.schema, options).map_err(|e| match e {
+            PruneOptionsError::Retention(_) => InputError::Threshold(format!(
+                "retention {:?} is longer than {} days",
+                thresholds.retention,
+                MAX_RETENTION.as_secs() / 86_400
+            ))
+            .into(),
+            other => InputError::Threshold(other.to_string()).into(),
+        })
+    }
+
+    /// Fills a project's retention fields: what a sweep would prune now (bounded by `limit`),
+    /// the oldest retained event, and the oldest one a sweep would keep.
+    async fn retention_status(
+        &self,
+        tx: &Transaction<'_>,
+        pruner: &Pruner,
+        limit: i64,
+        status: &mut ProjectStatus,
+    ) -> Result<(), AdminError> {
+        let project = status.project_id.as_str();
+        let Some(prunable) = pruner.prunable(tx, project, limit).await? else {
+            return Ok(());
+        };
+        let retained_after = |sequence: i64| async move {
+            tx.query_opt(&self.sql.retained_after, &[&project, &sequence])
+                .await
+                .map(|row| row.map(|row| (row.get(0), row.get(1))))
+        };
+        if prunable.floor < prunable.head {
+            if let Some((at, age)) = retained_after(prunable.floor).await? {
+                status.oldest_retained_at = Some(at);
+                status.oldest_retained_age_secs = Some(age);
+            }
+        }
+        status.prunable = prunable.events;
+        status.prunable_capped = prunable.capped;
+        if !prunable.capped && prunable.target < prunable.head {
+            status.held_by = prunable.hold;
+            status.oldest_held_age_secs = if prunable.target == prunable.floor {
+                status.oldest_retained_age_secs
+            } else {
+                retained_after(prunable.target).await?.map(|(_, age)| age)
+            };
+        }
+        Ok(())
     }
 
     /// Every consumer (of `project`, if given), by project and ID.
@@ -1829,6 +1973,12 @@ mod tests {
             unsequenced: 0,
             oldest_unsequenced_at: None,
             oldest_unsequenced_age_secs: None,
+            prunable: 0,
+            prunable_capped: false,
+            oldest_retained_at: None,
+            oldest_retained_age_secs: None,
+            held_by: None,
+            oldest_held_age_secs: None,
             health: Vec::new(),
         };
         assert_eq!(project_health(&project, &t), vec![Health::Ok]);
@@ -1837,6 +1987,55 @@ mod tests {
         assert_eq!(project_health(&project, &t), vec![Health::Ok]);
         project.oldest_unsequenced_age_secs = Some(61.0);
         assert_eq!(project_health(&project, &t), vec![Health::SequencerStalled]);
+
+        // A backlog is judged by count; an old retained event alone is not `retention_held`
+        // (it may just be prunable): only the oldest event a sweep would keep counts.
+        let day = 86_400.0;
+        project.oldest_unsequenced_age_secs = None;
+        project.prunable = 100_000;
+        project.oldest_retained_age_secs = Some(90.0 * day);
+        assert_eq!(project_health(&project, &t), vec![Health::Ok]);
+        project.prunable = 100_001;
+        project.prunable_capped = true;
+        assert_eq!(project_health(&project, &t), vec![Health::PruningBacklog]);
+        project.oldest_held_age_secs = Some(31.0 * day);
+        assert_eq!(project_health(&project, &t), vec![Health::PruningBacklog]);
+        project.oldest_held_age_secs = Some(31.0 * day + 1.0);
+        assert_eq!(
+            project_health(&project, &t),
+            vec![Health::PruningBacklog, Health::RetentionHeld]
+        );
+        let tight = HealthThresholds {
+            max_retention_overrun: Duration::ZERO,
+            retention: Duration::from_secs(86_400),
+            ..HealthThresholds::default()
+        };
+        project.prunable = 0;
+        project.oldest_held_age_secs = Some(day + 1.0);
+        assert_eq!(
+            project_health(&project, &tight),
+            vec![Health::RetentionHeld]
+        );
+        assert_eq!(Health::RetentionHeld.as_str(), "retention_held");
+        let admin = Admin::new(&Schema::default());
+        admin.status_pruner(&t).unwrap();
+        let too_long = HealthThresholds {
+            retention: MAX_RETENTION + Duration::from_secs(1),
+            ..HealthThresholds::default()
+        };
+        assert!(matches!(
+            admin.status_pruner(&too_long),
+            Err(AdminError::Invalid(InputError::Threshold(_)))
+        ));
+        let negative = HealthThresholds {
+            max_prunable: -1,
+            ..HealthThresholds::default()
+        };
+        assert!(admin.status_pruner(&negative).is_err());
+        assert_eq!(
+            serde_json::to_value(Health::PruningBacklog).unwrap(),
+            "pruning_backlog"
+        );
     }
 
     proptest! {

@@ -36,6 +36,17 @@ LEFT JOIN {{schema}}.lifecycle_project_heads AS h USING (project_id)
 LEFT JOIN unsequenced AS u USING (project_id)
 ORDER BY p.project_id";
 
+/// The first retained event of project `$1` above sequence `$2`, with its age (database
+/// clock): one probe of `lifecycle_outbox_sequence_idx`. Above the floor it is the oldest
+/// retained event by sequence; `occurred_at` follows sequence closely but not exactly, and
+/// the true `min(occurred_at)` would read every retained row of the project.
+pub const RETAINED_AFTER: &str = "
+SELECT o.occurred_at, extract(epoch FROM now() - o.occurred_at)::float8 AS age
+FROM {{schema}}.lifecycle_outbox AS o
+WHERE o.project_id = $1 AND o.sequence > $2
+ORDER BY o.sequence
+LIMIT 1";
+
 /// Consumers with cursor, head, lease, the retrying delivery holding the cursor and their
 /// dead-letter counts; `$1` project or NULL, `$2` consumer or NULL.
 pub const CONSUMERS: &str = "

@@ -369,7 +369,7 @@ impl Pruner {
         &self,
         tx: &Transaction<'_>,
         project: &str,
-    ) -> Result<Option<ProjectState>, Error> {
+    ) -> Result<Option<ProjectState>, tokio_postgres::Error> {
         let row = tx.query_opt(&self.sql.project_state, &[&project]).await?;
         Ok(row.map(|row| ProjectState {
             head: row.get(0),
@@ -388,8 +388,22 @@ impl Pruner {
         project: &str,
         state: &ProjectState,
         floor: i64,
-    ) -> Result<Plan, Error> {
-        let (upper, mut hold) = bound(floor, state, self.options.batch_size);
+    ) -> Result<Plan, tokio_postgres::Error> {
+        self.plan_within(tx, project, state, floor, self.options.batch_size)
+            .await
+    }
+
+    /// [`Pruner::plan`] with the batch size given: the rule looks no further than `batch`
+    /// events past `floor`.
+    async fn plan_within(
+        &self,
+        tx: &Transaction<'_>,
+        project: &str,
+        state: &ProjectState,
+        floor: i64,
+        batch: i64,
+    ) -> Result<Plan, tokio_postgres::Error> {
+        let (upper, mut hold) = bound(floor, state, batch);
         let mut target = upper;
         if upper > floor {
             let held = tx
@@ -419,6 +433,63 @@ impl Pruner {
             hold = None;
         }
         Ok(Plan { target, hold, more })
+    }
+}
+
+/// What a sweep would prune from one project now, as [`Pruner::prunable`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Prunable {
+    /// The project's head.
+    pub(crate) head: i64,
+    /// Its retention floor.
+    pub(crate) floor: i64,
+    /// The floor a sweep would reach (at most `floor + limit`).
+    pub(crate) target: i64,
+    /// Events in `(floor, target]`: what the sweep would delete.
+    pub(crate) events: i64,
+    /// The limit stopped the look-ahead, not the rule: the sweep would go further.
+    pub(crate) capped: bool,
+    /// What stops the sweep at `target` below the head; `None` when it reaches the head or
+    /// when `capped`.
+    pub(crate) hold: Option<HoldBack>,
+}
+
+impl Pruner {
+    /// What a sweep would prune from `project` now, read in the caller's transaction (no lock,
+    /// nothing deleted): the same rule as a sweep, applied to at most `limit` events past the
+    /// floor, so the cost is bounded by `limit` index entries whatever the backlog. `None` when
+    /// the project has no sequenced events (no heads row).
+    pub(crate) async fn prunable(
+        &self,
+        tx: &Transaction<'_>,
+        project: &str,
+        limit: i64,
+    ) -> Result<Option<Prunable>, tokio_postgres::Error> {
+        let Some(state) = self.project_state(tx, project).await? else {
+            return Ok(None);
+        };
+        let plan = self
+            .plan_within(tx, project, &state, state.floor, limit.max(1))
+            .await?;
+        let events: i64 = if plan.target > state.floor {
+            // At most `limit` rows: the range is bounded by the look-ahead.
+            tx.query_one(
+                &self.sql.count_events,
+                &[&project, &state.floor, &plan.target],
+            )
+            .await?
+            .get(0)
+        } else {
+            0
+        };
+        Ok(Some(Prunable {
+            head: state.head,
+            floor: state.floor,
+            target: plan.target,
+            events,
+            capped: plan.more,
+            hold: plan.hold,
+        }))
     }
 }
 

@@ -259,6 +259,9 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
             "UNSEQUENCED",
             "OLDEST_UNSEQUENCED",
             "PRUNED_THROUGH",
+            "PRUNABLE",
+            "OLDEST_RETAINED",
+            "HELD_BY",
             "HEALTH"
         ]
     );
@@ -291,7 +294,8 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
             "HEALTH"
         ]
     );
-    let behind_line = lines
+    // In the consumers table: the projects table's HELD_BY names c-behind too.
+    let behind_line = lines[consumers_header..]
         .iter()
         .find(|l| l.contains("c-behind"))
         .expect("c-behind row");

@@ -1429,3 +1429,206 @@ async fn outbox_prune_refuses_bad_input_with_exit_2() {
     assert_eq!(code, 2, "no database: {err}");
     assert!(err.contains("DATABASE_URL"), "{err}");
 }
+
+// ------------------------------------------------------------------------------------------
+// outbox status: pruning backlog and held retention
+// ------------------------------------------------------------------------------------------
+
+/// `outbox status ARGS --output json` of project `project`, and the thresholds.
+async fn status_of(db: &TestDb, project: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let mut all = vec!["--database-url", db.url.as_str(), "status"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--output", "json"]);
+    let (code, out, err) = run_outbox(&all).await;
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = status["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["project_id"] == project)
+        .unwrap_or_else(|| panic!("no project {project}: {out}"))
+        .clone();
+    (entry, status["thresholds"].to_string())
+}
+
+fn codes(project: &serde_json::Value) -> Vec<&str> {
+    project["health"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect()
+}
+
+const DAY: f64 = 86_400.0;
+
+#[tokio::test]
+async fn outbox_status_flags_the_pruning_backlog_and_a_held_floor_until_pruned() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 10).await;
+    write_sequenced(&db, "q", 3).await;
+    age(&db, "p", 1, 10, 40).await;
+    add_consumer(&db, "p", "fast", Some(10), false).await;
+    add_consumer(&db, "p", "slow", Some(4), false).await;
+    let url = db.url.as_str();
+
+    // 1..=4 are prunable (no sweep ran); 5..=10 are 40 days old and held by `slow`.
+    let (p, thresholds) = status_of(&db, "p", &[]).await;
+    assert_eq!(p["prunable"], 4, "{p}");
+    assert_eq!(p["prunable_capped"], false);
+    assert!(p["oldest_retained_age_secs"].as_f64().unwrap() > 40.0 * DAY - 60.0);
+    assert_eq!(p["held_by"]["reason"], "cursor");
+    assert_eq!(p["held_by"]["consumer_id"], "slow");
+    assert!(p["oldest_held_age_secs"].as_f64().unwrap() > 40.0 * DAY - 60.0);
+    assert_eq!(codes(&p), ["retention_held"], "{p}");
+    assert!(
+        thresholds.contains(r#""max_prunable":100000"#),
+        "{thresholds}"
+    );
+    assert!(
+        thresholds.contains(r#""retention_secs":2592000.0"#),
+        "{thresholds}"
+    );
+    assert!(
+        thresholds.contains(r#""max_retention_overrun_secs":86400.0"#),
+        "{thresholds}"
+    );
+    let (q, _) = status_of(&db, "q", &[]).await;
+    assert_eq!(q["prunable"], 0);
+    assert_eq!(q["held_by"]["reason"], "retention");
+    assert!(q["oldest_held_age_secs"].as_f64().unwrap() < 3600.0);
+    assert_eq!(codes(&q), ["ok"]);
+
+    // The count stops at max_prunable + 1; the held floor is judged only within that bound.
+    let (p, thresholds) = status_of(&db, "p", &["--max-prunable", "2"]).await;
+    assert_eq!(p["prunable"], 3, "{p}");
+    assert_eq!(p["prunable_capped"], true);
+    assert_eq!(p["held_by"], serde_json::Value::Null);
+    assert_eq!(codes(&p), ["pruning_backlog"], "{p}");
+    assert!(thresholds.contains(r#""max_prunable":2"#), "{thresholds}");
+    let (p, _) = status_of(&db, "p", &["--max-prunable", "4"]).await;
+    assert_eq!(
+        (p["prunable"].clone(), codes(&p)),
+        (4.into(), vec!["retention_held"])
+    );
+    let (p, _) = status_of(&db, "p", &["--max-prunable", "3"]).await;
+    assert_eq!(
+        codes(&p),
+        ["pruning_backlog"],
+        "4 prunable, counted as 4+: {p}"
+    );
+    // A longer overrun tolerates the held events; a shorter retention makes q prunable.
+    let (p, _) = status_of(&db, "p", &["--max-retention-overrun", "11d"]).await;
+    assert_eq!(codes(&p), ["ok"], "{p}");
+    let (q, _) = status_of(&db, "q", &["--retention", "0s", "--max-prunable", "2"]).await;
+    assert_eq!(q["prunable"], 3, "{q}");
+    assert_eq!(codes(&q), ["pruning_backlog"], "{q}");
+
+    // The table shows the same.
+    let (code, table, err) =
+        run_outbox(&["--database-url", url, "status", "--max-prunable", "2"]).await;
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "PROJECT",
+            "HEAD",
+            "UNSEQUENCED",
+            "OLDEST_UNSEQUENCED",
+            "PRUNED_THROUGH",
+            "PRUNABLE",
+            "OLDEST_RETAINED",
+            "HELD_BY",
+            "HEALTH"
+        ]
+    );
+    let cells: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(cells[0], "p", "{table}");
+    assert_eq!(cells[5..7], ["3+", "40d00h"], "{table}");
+    assert_eq!(cells.last(), Some(&"pruning_backlog"), "{table}");
+    let (code, table, _) = run_outbox(&["--database-url", url, "status"]).await;
+    assert_eq!(code, 0);
+    let p_line = table.lines().find(|l| l.starts_with("p ")).unwrap();
+    assert!(
+        p_line.contains(" 4 ")
+            && p_line.contains("consumer slow acknowledged up to 4")
+            && p_line.ends_with("retention_held"),
+        "{table}"
+    );
+
+    // The sweep clears the backlog; `slow` still holds the rest.
+    let (code, _, err) = run_outbox(&["--database-url", url, "prune"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(floor(&db, "p").await, 4);
+    let (p, _) = status_of(&db, "p", &["--max-prunable", "2"]).await;
+    assert_eq!(p["prunable"], 0);
+    assert_eq!(codes(&p), ["retention_held"], "{p}");
+
+    // `slow` catches up, but an unresolved dead letter of `fast` at 7 holds the floor.
+    set_cursor(&db, "p", "slow", 10).await;
+    add_delivery(&db, "p", "fast", 7, "dead", 0).await;
+    let (p, _) = status_of(&db, "p", &[]).await;
+    assert_eq!(p["prunable"], 2, "{p}");
+    assert_eq!(p["held_by"]["reason"], "dead_letter");
+    assert_eq!(p["held_by"]["sequence"], 7);
+    assert_eq!(codes(&p), ["retention_held"], "{p}");
+
+    // Resolved, nothing holds the floor: a backlog (at least 3 of 6), not a held floor.
+    let event = event_id_at(&db, "p", 7).await;
+    let (code, _, err) = run_outbox(&[
+        "--database-url",
+        url,
+        "dead-letters",
+        "resolve",
+        "--project",
+        "p",
+        "--consumer-id",
+        "fast",
+        "--event-id",
+        &event,
+        "--by",
+        "test",
+        "--reason",
+        "not needed",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (p, _) = status_of(&db, "p", &["--max-prunable", "2"]).await;
+    assert_eq!(
+        (p["prunable"].clone(), p["prunable_capped"].clone()),
+        (3.into(), true.into())
+    );
+    assert_eq!(codes(&p), ["pruning_backlog"], "{p}");
+    let (p, _) = status_of(&db, "p", &[]).await;
+    assert_eq!(p["prunable"], 6, "{p}");
+    assert_eq!(p["held_by"], serde_json::Value::Null);
+    assert_eq!(codes(&p), ["ok"], "{p}");
+
+    // The sweep empties the project: both codes clear.
+    let (code, _, err) = run_outbox(&["--database-url", url, "prune"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(floor(&db, "p").await, 10);
+    let (p, _) = status_of(
+        &db,
+        "p",
+        &["--max-prunable", "0", "--max-retention-overrun", "0s"],
+    )
+    .await;
+    assert_eq!(p["prunable"], 0, "{p}");
+    assert_eq!(p["oldest_retained_age_secs"], serde_json::Value::Null);
+    assert_eq!(p["oldest_held_age_secs"], serde_json::Value::Null);
+    assert_eq!(codes(&p), ["ok"], "{p}");
+    let (q, _) = status_of(
+        &db,
+        "q",
+        &["--max-prunable", "0", "--max-retention-overrun", "0s"],
+    )
+    .await;
+    assert_eq!(
+        codes(&q),
+        ["ok"],
+        "young events are neither a backlog nor held: {q}"
+    );
+}
