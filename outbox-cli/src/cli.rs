@@ -22,10 +22,10 @@ pub struct Cli {
 /// Options shared by every command.
 #[derive(Debug, Args)]
 pub struct Global {
+    // Kept as text and parsed by `Global::database`, so that a parse error never echoes a
+    // password back.
     /// PostgreSQL URL, e.g. postgresql://user@host:5432/db (or key=value form).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
-    /// Kept as text and parsed by [`Global::database`], so that a parse error never echoes a
-    /// password back.
     pub database_url: Option<String>,
     /// Schema holding the outbox tables.
     #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox")]
