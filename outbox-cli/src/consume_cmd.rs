@@ -27,30 +27,10 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let consumer_id = args.consumer_id.to_string();
     let result = match args.child {
         Some(command) => {
-            let sink =
-                std::sync::Arc::new(ChildSink::new(command, consumer_id, args.child_timeout));
-            Consumer::new(
-                pool,
-                listen,
-                config,
-                SharedSink(sink.clone()),
-                SharedSink(sink),
-            )
-            .run(shutdown)
-            .await
+            let sink = ChildSink::new(command, consumer_id, args.child_timeout);
+            run_with(pool, listen, config, sink, shutdown).await
         }
-        None => {
-            let sink = std::sync::Arc::new(StdoutSink::new(consumer_id));
-            Consumer::new(
-                pool,
-                listen,
-                config,
-                SharedSink(sink.clone()),
-                SharedSink(sink),
-            )
-            .run(shutdown)
-            .await
-        }
+        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), shutdown).await,
     };
     signals.abort();
     match result {
@@ -121,6 +101,29 @@ async fn forward_signals(shutdown: CancellationToken) {
     }
     tracing::info!("shutdown requested");
     shutdown.cancel();
+}
+
+/// Runs the consumer with `sink` as both its handler and its reconciler.
+async fn run_with<S>(
+    pool: deadpool_postgres::Pool,
+    listen: Option<tokio_postgres::Config>,
+    config: ConsumerConfig,
+    sink: S,
+    shutdown: CancellationToken,
+) -> Result<outbox_consumer::RunSummary, ConsumerError>
+where
+    S: outbox_consumer::Handler + outbox_consumer::Reconciler,
+{
+    let sink = std::sync::Arc::new(sink);
+    Consumer::new(
+        pool,
+        listen,
+        config,
+        SharedSink(sink.clone()),
+        SharedSink(sink),
+    )
+    .run(shutdown)
+    .await
 }
 
 /// One sink serving as both handler and reconciler.

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Consumer benchmark: catch-up throughput and peak RSS (with and without failures), and
+# end-to-end latency from writer commit to handler, with LISTEN and poll-only.
+#
+#   bench/consumer.sh                   full run: 1M-event backlog, 3 repetitions, 10 s per
+#                                       latency scenario
+#   BENCH_QUICK=1 bench/consumer.sh     smoke run: 1 repetition, 3 s per latency scenario
+#
+# Environment (each also a flag of outbox-bench; see `outbox-bench --help`):
+#   BENCH_EVENTS           events in the catch-up backlog (default 1000000)
+#   BENCH_REPS             repetitions of each catch-up run (default 3; 1 with BENCH_QUICK=1)
+#   BENCH_LATENCY_SECONDS  seconds of writing per latency scenario (default 10; 3 quick)
+#   OUTBOX_BENCH_PG_DIR    cluster directory (default <project>/.pg-bench-consumer)
+#   OUTBOX_BENCH_PG_PORT   cluster port (default 54332)
+# Extra arguments are passed to outbox-bench (e.g. --batch-sizes 100,2000,10000).
+#
+# It resets its own disposable cluster (never the shared .pg one) and stops it on exit. The
+# markdown report goes to stdout and to bench/RESULTS-consumer.md; progress to stderr.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+pg_dir=${OUTBOX_BENCH_PG_DIR:-$root/.pg-bench-consumer}
+pg_port=${OUTBOX_BENCH_PG_PORT:-54332}
+
+log() { echo "consumer.sh: $*" >&2; }
+
+pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
+
+cleanup() {
+    local status=$?
+    pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log "building outbox-bench (release)"
+cargo build --release -p outbox-bench >&2
+
+log "resetting the bench cluster in $pg_dir (port $pg_port)"
+url=$(pg reset)
+
+# Names the code measured in the report (with -dirty when the working tree has changes).
+BENCH_REVISION=${BENCH_REVISION:-$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)}
+export BENCH_REVISION
+
+"$root/target/release/outbox-bench" --database-url "$url" "$@"

@@ -1,0 +1,491 @@
+//! Catch-up: one consumer drains a sequenced backlog from sequence 1.
+//!
+//! The consumer runs in a child process (`outbox-bench catch-up-worker`) so that its peak RSS
+//! is its own, not the benchmark driver's: the child drains the backlog, prints one JSON line
+//! with its own timings, then waits for its stdin to close. Meanwhile the parent reads the
+//! child's `VmHWM` and CPU time from `/proc`, and the CPU time of the child's database
+//! backends (found by `application_name`), before letting it exit.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outbox_consumer::{
+    Consumer, ConsumerConfig, FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent,
+    Reconciler, RetrySchedule, StartFrom,
+};
+use outbox_core::{ConsumerId, Prior, ProjectId, Schema};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+use crate::{BoxResult, db, procfs};
+
+/// Arguments of the child process.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// URL of the database holding the backlog.
+    #[arg(long)]
+    pub database_url: String,
+    /// The backlog's project.
+    #[arg(long)]
+    pub project: String,
+    /// A consumer ID not used before on this backlog.
+    #[arg(long)]
+    pub consumer_id: String,
+    /// The backlog's last sequence: the run ends once it is acknowledged.
+    #[arg(long)]
+    pub expect: i64,
+    /// Fail the first attempt of every event whose sequence is a multiple of this.
+    #[arg(long)]
+    pub fail_every: Option<i64>,
+    /// Events per batch (the runtime's default is 500).
+    #[arg(long, default_value_t = 500)]
+    pub batch_size: i64,
+    /// Run the consumer's sessions with `synchronous_commit = off` (diagnostic: how much of
+    /// the time is the acknowledgement's WAL flush).
+    #[arg(long)]
+    pub async_commit: bool,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout_seconds: u64,
+}
+
+/// What the child reports on its stdout.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// Seconds from `Consumer::run` to its return after the last acknowledgement (includes
+    /// the lease claim, the earliest-start cursor write, the final ack and the lease release).
+    pub seconds: f64,
+    /// Events acknowledged in order, as the runtime counts them.
+    pub delivered: u64,
+    /// The cursor when the run ended.
+    pub cursor: Option<i64>,
+    /// Handler calls that succeeded.
+    pub handled: u64,
+    /// Handler calls that failed on purpose.
+    pub injected_failures: u64,
+    /// Successful handler calls whose sequence was not the previous one plus one.
+    pub out_of_order: u64,
+    /// True if the runtime reconciled instead of replaying history (the run is then invalid).
+    pub reconciled: bool,
+}
+
+/// The child's state, shared by its handler and reconciler.
+struct WorkerState {
+    expect: i64,
+    fail_every: Option<i64>,
+    failure: FailureClass,
+    shutdown: CancellationToken,
+    last: AtomicI64,
+    handled: AtomicU64,
+    injected: AtomicU64,
+    out_of_order: AtomicU64,
+    reconciled: AtomicBool,
+}
+
+/// A no-op handler (apart from counting, the order check and the injected failures) that
+/// stops the consumer once the last event of the backlog is handled.
+struct WorkerHandler(Arc<WorkerState>);
+
+impl Handler for WorkerHandler {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        let state = &self.0;
+        let sequence = event.sequence;
+        if event.attempt == 1 && state.fail_every.is_some_and(|k| sequence % k == 0) {
+            state.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(HandlerFailure::new(state.failure.clone()));
+        }
+        if state.last.swap(sequence, Ordering::Relaxed) + 1 != sequence {
+            state.out_of_order.fetch_add(1, Ordering::Relaxed);
+        }
+        state.handled.fetch_add(1, Ordering::Relaxed);
+        if sequence == state.expect {
+            // The batch ends here; the runtime acknowledges it, sees the shutdown and returns.
+            state.shutdown.cancel();
+        }
+        Ok(())
+    }
+}
+
+/// Records that the runtime fell back to reconciliation, which a catch-up run must not do.
+struct WorkerReconciler(Arc<WorkerState>);
+
+impl Reconciler for WorkerReconciler {
+    async fn reconcile(&self, _live: &LiveSet) -> Result<(), HandlerFailure> {
+        self.0.reconciled.store(true, Ordering::Relaxed);
+        self.0.shutdown.cancel();
+        Ok(())
+    }
+}
+
+/// The `application_name` of a worker's connections, so the parent can find its backends.
+fn application_name(consumer_id: &str) -> String {
+    format!("outbox-bench:{consumer_id}")
+}
+
+/// The child process: drain, report, then wait for stdin to close so the parent can read
+/// `/proc/<pid>` of a process that is still alive.
+pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
+    let mut config = db::parse(&args.database_url)?;
+    config.application_name(application_name(&args.consumer_id));
+    if args.async_commit {
+        config.options("-c synchronous_commit=off");
+    }
+    // Like `outbox consume`: a pool of 4.
+    let pool = db::pool(&config, 4)?;
+
+    let mut consumer_config = ConsumerConfig::new(
+        ProjectId::new(&args.project)?,
+        ConsumerId::new(&args.consumer_id)?,
+    );
+    consumer_config.listen = false;
+    consumer_config.start_from = StartFrom::Earliest;
+    consumer_config.batch_size = args.batch_size;
+    if args.fail_every.is_some() {
+        consumer_config.retry = RetrySchedule::new(vec![Duration::from_millis(1)], 10)?;
+    }
+
+    let shutdown = CancellationToken::new();
+    let state = Arc::new(WorkerState {
+        expect: args.expect,
+        fail_every: args.fail_every,
+        failure: FailureClass::new("bench_injected")?,
+        shutdown: shutdown.clone(),
+        last: AtomicI64::new(0),
+        handled: AtomicU64::new(0),
+        injected: AtomicU64::new(0),
+        out_of_order: AtomicU64::new(0),
+        reconciled: AtomicBool::new(false),
+    });
+    let consumer = Consumer::new(
+        pool.clone(),
+        None,
+        consumer_config,
+        WorkerHandler(state.clone()),
+        WorkerReconciler(state.clone()),
+    );
+
+    let started = Instant::now();
+    let run = consumer.run(shutdown.clone());
+    let summary = match tokio::time::timeout(Duration::from_secs(args.timeout_seconds), run).await {
+        Ok(result) => result?,
+        Err(_) => return Err(format!("not drained after {} s", args.timeout_seconds).into()),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+
+    let report = WorkerReport {
+        seconds,
+        delivered: summary.delivered,
+        cursor: summary.cursor,
+        handled: state.handled.load(Ordering::Relaxed),
+        injected_failures: state.injected.load(Ordering::Relaxed),
+        out_of_order: state.out_of_order.load(Ordering::Relaxed),
+        reconciled: state.reconciled.load(Ordering::Relaxed),
+    };
+    println!("{}", serde_json::to_string(&report)?);
+
+    // Keep the pool (and so the backends) alive until the parent has measured them.
+    let mut rest = Vec::new();
+    tokio::io::stdin().read_to_end(&mut rest).await?;
+    drop(pool);
+    Ok(())
+}
+
+/// One measured catch-up run.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The consumer ID used.
+    pub consumer_id: String,
+    /// Events in the backlog.
+    pub events: i64,
+    /// The child's own report.
+    pub report: WorkerReport,
+    /// Events per second over the child's run time.
+    pub rate: f64,
+    /// Peak RSS of the child process, KiB.
+    pub peak_rss_kib: u64,
+    /// CPU seconds of the child process (whole life: start, connect, drain).
+    pub consumer_cpu: f64,
+    /// CPU seconds of the child's database backends (whole life of its connections).
+    pub backend_cpu: Option<f64>,
+}
+
+/// How a catch-up child runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Variant {
+    /// Fail the first attempt of every event whose sequence is a multiple of this.
+    pub fail_every: Option<i64>,
+    /// Events per batch.
+    pub batch_size: i64,
+    /// `synchronous_commit = off` for the consumer's sessions.
+    pub async_commit: bool,
+}
+
+impl Variant {
+    /// The runtime's defaults and a handler that never fails.
+    pub const DEFAULT: Variant = Variant {
+        fail_every: None,
+        batch_size: 500,
+        async_commit: false,
+    };
+}
+
+/// Runs one child to completion and checks the database state it left.
+pub async fn run_worker(
+    url: &str,
+    project: &str,
+    consumer_id: &str,
+    events: i64,
+    variant: Variant,
+) -> BoxResult<Run> {
+    let Variant {
+        fail_every,
+        batch_size,
+        async_commit,
+    } = variant;
+    let exe = std::env::current_exe()?;
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .arg("catch-up-worker")
+        .args(["--database-url", url, "--project", project])
+        .args(["--consumer-id", consumer_id])
+        .args(["--expect", &events.to_string()])
+        .args(["--batch-size", &batch_size.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    if let Some(k) = fail_every {
+        command.args(["--fail-every", &k.to_string()]);
+    }
+    if async_commit {
+        command.arg("--async-commit");
+    }
+    let mut child = command.spawn()?;
+    let pid = child.id().ok_or("the worker exited at once")?;
+    let stdout = child.stdout.take().ok_or("no worker stdout")?;
+    let line = BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await?
+        .ok_or("the worker ended without a report (see its stderr above)")?;
+    let report: WorkerReport = serde_json::from_str(&line)?;
+
+    // The child is alive and idle: its peak and its CPU are final.
+    let memory = procfs::memory(pid)?;
+    let consumer_cpu = procfs::cpu_seconds(pid)?;
+    let backend_cpu = backend_cpu(url, &application_name(consumer_id)).await.ok();
+
+    drop(child.stdin.take());
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await??;
+    if !status.success() {
+        return Err(format!("the worker exited with {status}").into());
+    }
+    verify(url, project, consumer_id, events, fail_every, &report).await?;
+    Ok(Run {
+        consumer_id: consumer_id.to_owned(),
+        events,
+        rate: events as f64 / report.seconds,
+        report,
+        peak_rss_kib: memory.peak_kib,
+        consumer_cpu,
+        backend_cpu,
+    })
+}
+
+/// CPU seconds of the backends whose `application_name` is `name` (read from `/proc`, so
+/// only for a server on this machine).
+async fn backend_cpu(url: &str, name: &str) -> BoxResult<f64> {
+    let client = db::connect(&db::parse(url)?).await?;
+    let rows = client
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await?;
+    if rows.is_empty() {
+        return Err("no backends found".into());
+    }
+    let mut total = 0.0;
+    for row in rows {
+        let pid: i32 = row.get(0);
+        total += procfs::cpu_seconds(pid as u32)?;
+    }
+    Ok(total)
+}
+
+/// The run must have delivered every event once, in order, and left clean state behind:
+/// the cursor at the end, the lease released, no retry state or dead letters.
+async fn verify(
+    url: &str,
+    project: &str,
+    consumer_id: &str,
+    events: i64,
+    fail_every: Option<i64>,
+    report: &WorkerReport,
+) -> BoxResult<()> {
+    let expected_failures = fail_every.map_or(0, |k| (events / k) as u64);
+    let mut problems = Vec::new();
+    if report.reconciled {
+        problems.push("the consumer reconciled instead of replaying history".to_owned());
+    }
+    if report.cursor != Some(events) || report.delivered != events as u64 {
+        problems.push(format!(
+            "cursor {:?}, {} delivered (expected {events})",
+            report.cursor, report.delivered
+        ));
+    }
+    if report.handled != events as u64 || report.out_of_order != 0 {
+        problems.push(format!(
+            "{} handled, {} out of order",
+            report.handled, report.out_of_order
+        ));
+    }
+    if report.injected_failures != expected_failures {
+        problems.push(format!(
+            "{} injected failures (expected {expected_failures})",
+            report.injected_failures
+        ));
+    }
+    let client = db::connect(&db::parse(url)?).await?;
+    let schema = Schema::default();
+    let row = client
+        .query_one(
+            &schema.render(
+                "SELECT c.last_acked_sequence, c.lease_owner IS NULL,
+                        (SELECT count(*) FROM {{schema}}.lifecycle_deliveries d
+                         WHERE d.project_id = c.project_id AND d.consumer_id = c.consumer_id),
+                        (SELECT count(*) FROM {{schema}}.lifecycle_audit a
+                         WHERE a.project_id = c.project_id AND a.consumer_id = c.consumer_id)
+                 FROM {{schema}}.lifecycle_consumer_cursors c
+                 WHERE c.project_id = $1 AND c.consumer_id = $2",
+            ),
+            &[&project, &consumer_id],
+        )
+        .await?;
+    let (cursor, released, deliveries, audits): (Option<i64>, bool, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if cursor != Some(events) || !released || deliveries != 0 || audits != 0 {
+        problems.push(format!(
+            "stored cursor {cursor:?}, lease released {released}, {deliveries} delivery rows, \
+             {audits} audit rows"
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("catch-up run {consumer_id} failed: {}", problems.join("; ")).into())
+    }
+}
+
+/// Where a bare loop's time went, in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BareLoop {
+    /// Whole loop.
+    pub seconds: f64,
+    /// Waiting for `READ_BATCH` results (round trip, server execution, row transfer).
+    pub read: f64,
+    /// Decoding rows into Rust values, payload included.
+    pub decode: f64,
+    /// Waiting for the `ACK` update (round trip, execution, commit and its WAL flush).
+    pub ack: f64,
+    /// Batches.
+    pub batches: u64,
+}
+
+/// The floor under the runtime: the runtime's own read and ack statements (copied from
+/// `outbox-consumer`'s `READ_BATCH` and `ACK`) in a bare loop on one connection, decoding
+/// each row's payload as the runtime does, with no lease, handler or pool, and timing each
+/// phase. It runs in the driver process: only its speed matters.
+///
+/// With `reprepare` each statement is passed as text, which makes tokio-postgres prepare it
+/// again on every call (an extra round trip and a parse and plan on the server), as the
+/// runtime's `client.query(&statements.read_batch, ..)` calls do; without it, both are
+/// prepared once.
+pub async fn bare_loop(
+    url: &str,
+    project: &str,
+    consumer_id: &str,
+    events: i64,
+    reprepare: bool,
+) -> BoxResult<BareLoop> {
+    let schema = Schema::default();
+    let client = db::connect(&db::parse(url)?).await?;
+    let (owner, generation) = ("bare-loop", 1_i64);
+    client
+        .execute(
+            &schema.render(
+                "INSERT INTO {{schema}}.lifecycle_consumer_cursors
+                     (project_id, consumer_id, last_acked_sequence, lease_owner,
+                      lease_generation, lease_expires_at, heartbeat_at)
+                 VALUES ($1, $2, 0, $3, $4, now() + interval '1 hour', now())",
+            ),
+            &[&project, &consumer_id, &owner, &generation],
+        )
+        .await?;
+    let read_sql = schema.render(
+        "SELECT sequence, event_type, event_id, task_id, deleted_at, writer_process_id,
+                occurred_at, payload_version, payload
+         FROM {{schema}}.lifecycle_outbox
+         WHERE project_id = $1 AND sequence > $2
+         ORDER BY sequence
+         LIMIT $3",
+    );
+    let ack_sql = schema.render(
+        "UPDATE {{schema}}.lifecycle_consumer_cursors
+         SET last_acked_sequence = $5
+         WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3
+           AND lease_generation = $4 AND state = 'active'",
+    );
+    let read = client.prepare(&read_sql).await?;
+    let ack = client.prepare(&ack_sql).await?;
+    let mut timing = BareLoop::default();
+    let started = Instant::now();
+    let mut cursor = 0_i64;
+    let mut decoded = 0_u64;
+    while cursor < events {
+        let phase = Instant::now();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&project, &cursor, &500_i64];
+        let rows = if reprepare {
+            client.query(read_sql.as_str(), &params).await?
+        } else {
+            client.query(&read, &params).await?
+        };
+        timing.read += phase.elapsed().as_secs_f64();
+        let Some(last) = rows.last() else {
+            return Err(format!("bare loop: nothing after {cursor}").into());
+        };
+        let phase = Instant::now();
+        for row in &rows {
+            let _event_type: String = row.get(1);
+            let _event_id: String = row.get(2);
+            let _task_id: String = row.get(3);
+            let _deleted_at: chrono::DateTime<chrono::Utc> = row.get(4);
+            let _writer: String = row.get(5);
+            let _occurred_at: chrono::DateTime<chrono::Utc> = row.get(6);
+            let _version: i32 = row.get(7);
+            let payload: serde_json::Value = row.get(8);
+            let _prior: Prior = serde_json::from_value(payload)?;
+            decoded += 1;
+        }
+        cursor = last.get(0);
+        timing.decode += phase.elapsed().as_secs_f64();
+        let phase = Instant::now();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&project, &consumer_id, &owner, &generation, &cursor];
+        if reprepare {
+            client.execute(ack_sql.as_str(), &params).await?;
+        } else {
+            client.execute(&ack, &params).await?;
+        }
+        timing.ack += phase.elapsed().as_secs_f64();
+        timing.batches += 1;
+    }
+    timing.seconds = started.elapsed().as_secs_f64();
+    if decoded != events as u64 {
+        return Err(format!("bare loop decoded {decoded} of {events} events").into());
+    }
+    Ok(timing)
+}
