@@ -839,3 +839,71 @@ async fn reactivation_never_overlaps_a_holder_that_has_not_noticed_its_retiremen
         "the old holder acknowledged nothing"
     );
 }
+
+#[tokio::test]
+async fn each_failure_saves_the_next_attempt_from_the_schedule() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "flaky").await;
+    let recorder = Recorder::default();
+    recorder.fail_task("flaky");
+    let schedule = [
+        Duration::from_millis(400),
+        Duration::from_millis(800),
+        Duration::from_millis(1200),
+    ];
+    let mut config = fast_config("p", "c1");
+    config.retry = RetrySchedule::new(schedule.to_vec(), 4).unwrap();
+    let (shutdown, run) = start(&db, config, &recorder);
+    let client = db.connect().await;
+    let mut saved: Vec<(i32, i64)> = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while saved.len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "three saved retries, got {saved:?}"
+        );
+        if let Some(row) = client
+            .query_opt(
+                "SELECT attempts, \
+                        (extract(epoch FROM next_attempt_at - updated_at) * 1000)::bigint \
+                 FROM outbox.lifecycle_deliveries WHERE state = 'retrying'",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            let entry = (row.get::<_, i32>(0), row.get::<_, i64>(1));
+            if saved.last() != Some(&entry) {
+                saved.push(entry);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (attempts, wait_ms) in &saved {
+        let expected = schedule[(*attempts - 1) as usize].as_millis() as i64;
+        assert!(
+            (wait_ms - expected).abs() <= 50,
+            "after attempt {attempts} the next attempt is saved {wait_ms} ms ahead, \
+             expected {expected} ms"
+        );
+    }
+    assert_eq!(
+        saved.iter().map(|s| s.0).collect::<Vec<_>>(),
+        vec![1, 2, 3],
+        "one saved row per failure, counting up"
+    );
+    eventually(
+        WAIT,
+        "the event parked after the fourth attempt",
+        || async { cursor(&db, "p", "c1").await == Some(1) },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let state: String = client
+        .query_one("SELECT state FROM outbox.lifecycle_deliveries", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "dead");
+}
