@@ -210,6 +210,11 @@ pub struct Run {
     pub consumer_cpu: f64,
     /// CPU seconds of the child's database backends (whole life of its connections).
     pub backend_cpu: Option<f64>,
+    /// WAL flushes (`pg_stat_wal.wal_sync`) of the whole cluster while the child lived: on
+    /// this private cluster, the child's commits (its acknowledgements) plus the WAL writer.
+    pub wal_syncs: Option<i64>,
+    /// The 1-minute load average when the run started: other work on the machine.
+    pub load_at_start: f64,
 }
 
 /// How a catch-up child runs.
@@ -230,6 +235,24 @@ impl Variant {
         batch_size: 500,
         async_commit: false,
     };
+
+    /// A short name for consumer IDs: `batch-2000`, `async-commit-failures`, ...
+    pub fn label(&self) -> String {
+        let mut parts = Vec::new();
+        if self.batch_size != Self::DEFAULT.batch_size {
+            parts.push(format!("batch-{}", self.batch_size));
+        }
+        if self.async_commit {
+            parts.push("async-commit".to_owned());
+        }
+        if self.fail_every.is_some() {
+            parts.push("failures".to_owned());
+        }
+        if parts.is_empty() {
+            parts.push("default".to_owned());
+        }
+        parts.join("-")
+    }
 }
 
 /// Runs one child to completion and checks the database state it left.
@@ -245,6 +268,8 @@ pub async fn run_worker(
         batch_size,
         async_commit,
     } = variant;
+    let load_at_start = crate::report::load_one();
+    let wal_before = wal_syncs(url).await.ok();
     let exe = std::env::current_exe()?;
     let mut command = tokio::process::Command::new(exe);
     command
@@ -283,6 +308,11 @@ pub async fn run_worker(
     if !status.success() {
         return Err(format!("the worker exited with {status}").into());
     }
+    // A backend reports its WAL statistics when it exits.
+    let wal_after = match backends_gone(url, &application_name(consumer_id)).await {
+        Ok(()) => wal_syncs(url).await.ok(),
+        Err(_) => None,
+    };
     verify(url, project, consumer_id, events, fail_every, &report).await?;
     Ok(Run {
         consumer_id: consumer_id.to_owned(),
@@ -292,7 +322,39 @@ pub async fn run_worker(
         peak_rss_kib: memory.peak_kib,
         consumer_cpu,
         backend_cpu,
+        wal_syncs: wal_before
+            .zip(wal_after)
+            .map(|(before, after)| after - before),
+        load_at_start,
     })
+}
+
+/// The cluster's WAL flush count so far.
+async fn wal_syncs(url: &str) -> BoxResult<i64> {
+    let client = db::connect(&db::parse(url)?).await?;
+    Ok(client
+        .query_one("SELECT wal_sync FROM pg_stat_wal", &[])
+        .await?
+        .get(0))
+}
+
+/// Waits (at most 5 s) until no backend named `name` is left.
+async fn backends_gone(url: &str, name: &str) -> BoxResult<()> {
+    let client = db::connect(&db::parse(url)?).await?;
+    for _ in 0..250 {
+        let left: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&name],
+            )
+            .await?
+            .get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!("backends of {name} did not exit").into())
 }
 
 /// CPU seconds of the backends whose `application_name` is `name` (read from `/proc`, so

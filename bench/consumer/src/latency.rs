@@ -68,6 +68,8 @@ pub struct Outcome {
     pub to_numbered_ms: (f64, f64),
     /// Numbering tick's start to handler (wall clock), ms: p50, p99.
     pub numbered_to_handler_ms: (f64, f64),
+    /// The 1-minute load average when the scenario started.
+    pub load_at_start: f64,
 }
 
 /// A moment on both clocks.
@@ -127,6 +129,7 @@ impl Reconciler for NoReconcile {
 
 /// Runs one scenario against `url` with a fresh project and consumer.
 pub async fn run(url: &str, scenario: Scenario) -> BoxResult<Outcome> {
+    let load_at_start = crate::report::load_one();
     let mode = if scenario.listen { "listen" } else { "poll" };
     let project = format!("lat-{mode}-{}", scenario.rate);
     let consumer_id = format!("latency-{mode}-{}", scenario.rate);
@@ -243,6 +246,7 @@ pub async fn run(url: &str, scenario: Scenario) -> BoxResult<Outcome> {
         out_of_order: recorder.out_of_order.load(Ordering::Relaxed),
         to_numbered_ms: p50_p99(&mut to_numbered),
         numbered_to_handler_ms: p50_p99(&mut numbered_to_handler),
+        load_at_start,
     })
 }
 

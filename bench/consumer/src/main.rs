@@ -201,9 +201,10 @@ async fn run(args: BenchArgs) -> BoxResult<()> {
     }
 }
 
-/// The catch-up benchmarks on one backlog: interleaved repetitions of the bare loop, the
-/// runtime without failures and the runtime with failures, so drift hits all three alike;
-/// then the diagnostic runs.
+/// The catch-up benchmarks on one backlog. Each repetition runs the bare loop, the runtime
+/// without failures, the runtime with failures and (unless skipped) every diagnostic variant,
+/// one after another, so that a burst of other work on the machine hits one repetition of
+/// everything rather than every repetition of one thing; the report takes medians.
 async fn catch_up(
     admin_url: &str,
     args: &BenchArgs,
@@ -219,6 +220,39 @@ async fn catch_up(
     results.backlog_seconds = db::write_backlog(&url, project, events).await?;
     progress!("backlog written in {:.1} s", results.backlog_seconds);
 
+    let failing = Variant {
+        fail_every: Some(report::FAIL_EVERY),
+        ..Variant::DEFAULT
+    };
+    let async_commit = Variant {
+        async_commit: true,
+        ..Variant::DEFAULT
+    };
+    let variants = if diagnostics {
+        vec![
+            Variant {
+                batch_size: 100,
+                ..Variant::DEFAULT
+            },
+            Variant {
+                batch_size: 2000,
+                ..Variant::DEFAULT
+            },
+            Variant {
+                batch_size: 10_000,
+                ..Variant::DEFAULT
+            },
+            async_commit,
+            Variant {
+                fail_every: Some(report::FAIL_EVERY),
+                ..async_commit
+            },
+        ]
+    } else {
+        Vec::new()
+    };
+    results.diagnostics = variants.iter().map(|&v| (v, Vec::new())).collect();
+
     for rep in 1..=reps {
         let bare = catchup::bare_loop(&url, project, &format!("bare-{rep}"), events, false).await?;
         progress!(
@@ -233,50 +267,27 @@ async fn catch_up(
         progress!("rep {rep}: catch-up {}", describe(&clean));
         results.clean.push(clean);
 
-        let failing = Variant {
-            fail_every: Some(report::FAIL_EVERY),
-            ..Variant::DEFAULT
-        };
         let id = format!("failures-{rep}");
-        let failing = catchup::run_worker(&url, project, &id, events, failing).await?;
-        progress!("rep {rep}: catch-up with failures {}", describe(&failing));
-        results.failing.push(failing);
-    }
+        let run = catchup::run_worker(&url, project, &id, events, failing).await?;
+        progress!("rep {rep}: catch-up with failures {}", describe(&run));
+        results.failing.push(run);
 
-    if diagnostics {
-        let bare = catchup::bare_loop(&url, project, "bare-reprepared", events, true).await?;
+        if !diagnostics {
+            continue;
+        }
+        let id = format!("bare-reprepared-{rep}");
+        let bare = catchup::bare_loop(&url, project, &id, events, true).await?;
         progress!(
-            "diagnostic: bare loop re-preparing its statements {:.2} s ({:.0} events/s)",
+            "rep {rep}: diagnostic bare loop re-preparing its statements {:.2} s ({:.0} events/s)",
             bare.seconds,
             events as f64 / bare.seconds
         );
-        results.bare_reprepared = Some(bare);
-        let mut variants: Vec<(String, Variant)> = [100, 2000, 10_000]
-            .into_iter()
-            .map(|batch_size| {
-                let variant = Variant {
-                    batch_size,
-                    ..Variant::DEFAULT
-                };
-                (format!("batch-{batch_size}"), variant)
-            })
-            .collect();
-        let async_commit = Variant {
-            async_commit: true,
-            ..Variant::DEFAULT
-        };
-        variants.push(("async-commit".into(), async_commit));
-        variants.push((
-            "async-commit-failures".into(),
-            Variant {
-                fail_every: Some(report::FAIL_EVERY),
-                ..async_commit
-            },
-        ));
-        for (id, variant) in variants {
-            let run = catchup::run_worker(&url, project, &id, events, variant).await?;
-            progress!("diagnostic {id}: {}", describe(&run));
-            results.diagnostics.push((variant, run));
+        results.bare_reprepared.push(bare);
+        for (variant, runs) in &mut results.diagnostics {
+            let id = format!("{}-{rep}", variant.label());
+            let run = catchup::run_worker(&url, project, &id, events, *variant).await?;
+            progress!("rep {rep}: diagnostic {id}: {}", describe(&run));
+            runs.push(run);
         }
     }
     Ok(())

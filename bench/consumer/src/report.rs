@@ -36,13 +36,13 @@ pub struct Results {
     /// Bare read+ack loop, per repetition.
     pub bare: Vec<BareLoop>,
     /// Bare loop re-preparing its statements on every call, as the runtime does.
-    pub bare_reprepared: Option<BareLoop>,
+    pub bare_reprepared: Vec<BareLoop>,
     /// Catch-up without failures.
     pub clean: Vec<Run>,
     /// Catch-up with 1% failing once.
     pub failing: Vec<Run>,
-    /// Diagnostic runs: other batch sizes, asynchronous commit.
-    pub diagnostics: Vec<(Variant, Run)>,
+    /// Diagnostic runs: other batch sizes, asynchronous commit; one per repetition each.
+    pub diagnostics: Vec<(Variant, Vec<Run>)>,
     /// Latency scenarios.
     pub latency: Vec<Outcome>,
 }
@@ -64,6 +64,14 @@ pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The 1-minute load average (NaN when unreadable).
+pub fn load_one() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|l| l.parse().ok()))
+        .unwrap_or(f64::NAN)
 }
 
 /// The first line of `/proc/cpuinfo`'s model name, the CPU count and the memory size.
@@ -159,8 +167,8 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
          set, and the project's head row set to N: the state the writer plus a sequencer \
          drain leaves, written faster), the writer's columns and `event_id` format, a \
          `{{column, status}}` payload, written within the last hour (so the runtime's \
-         retention sweep, which runs at consumer start, prunes nothing); then `VACUUM (ANALYZE)` and `CHECKPOINT`. Written in \
-         {:.1} s.",
+         retention sweep, which runs at consumer start, prunes nothing); then `VACUUM \
+         (ANALYZE)` and `CHECKPOINT`. Written in {:.1} s.",
         r.events, r.backlog_seconds
     )?;
     writeln!(
@@ -168,17 +176,21 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
         "- Each run: a child process `outbox-bench catch-up-worker` runs `Consumer::run` with a \
          fresh consumer ID, `StartFrom::Earliest`, listen off, the default configuration \
          otherwise (batches of 500, embedded sequencer ticking every 10 ms over an empty \
-         queue, retention sweep at start, as a deployment would run them), and a no-op handler that counts, checks order \
-         and cancels the run when the last sequence is handled. Time = `Consumer::run` call \
-         to its return (lease claim, earliest-start cursor, every batch, the final ack, lease \
-         release); the process start and connection are outside it."
+         queue, retention sweep at start, as a deployment would run them), and a no-op \
+         handler that counts, checks order and cancels the run when the last sequence is \
+         handled. Time = `Consumer::run` call to its return (lease claim, earliest-start \
+         cursor, every batch, the final ack, lease release); the process start and \
+         connection are outside it."
     )?;
     writeln!(
         out,
         "- Peak RSS = the child's `VmHWM` from `/proc/<pid>/status`, read by the driver while \
          the finished child waits on its stdin. CPU = utime + stime from `/proc/<pid>/stat` of \
          the child, and of its PostgreSQL backends (found by `application_name`), over their \
-         whole lives."
+         whole lives. WAL syncs = the cluster's `pg_stat_wal.wal_sync` over the child's life \
+         (the cluster is private to the benchmark: that is the child's commits and the WAL \
+         writer). Load = the 1-minute load average when the run started: the machine is \
+         shared, and a high value means other work competed for the two CPUs."
     )?;
     writeln!(
         out,
@@ -194,16 +206,22 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
     )?;
     writeln!(
         out,
-        "- Repetitions ({}) interleave bare loop, catch-up, catch-up with failures; figures \
-         are medians.",
-        r.reps
+        "- {} repetition(s); each runs the bare loop, the catch-up, the catch-up with \
+         failures{}, one after another. Figures are medians over repetitions.",
+        r.reps,
+        if r.diagnostics.is_empty() {
+            ""
+        } else {
+            " and every diagnostic variant"
+        }
     )?;
     writeln!(out)?;
     writeln!(
         out,
-        "| run | consumer | seconds | events/s | peak RSS MiB | consumer CPU s | backend CPU s |"
+        "| run | seconds | events/s | peak RSS MiB | consumer CPU s | backend CPU s | WAL syncs \
+         | load |"
     )?;
-    writeln!(out, "|---|---|---:|---:|---:|---:|---:|")?;
+    writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
     for (i, run) in r.clean.iter().enumerate() {
         write_run_row(out, &format!("catch-up {}", i + 1), run)?;
     }
@@ -213,7 +231,7 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
     for (i, bare) in r.bare.iter().enumerate() {
         writeln!(
             out,
-            "| bare loop {} | (in driver) | {:.2} | {:.0} | | | |",
+            "| bare loop {} (in the driver) | {:.2} | {:.0} | | | | | |",
             i + 1,
             bare.seconds,
             r.events as f64 / bare.seconds
@@ -230,18 +248,12 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
         .chain(&r.failing)
         .map(|x| mib(x.peak_rss_kib))
         .fold(0.0, f64::max);
-    let bare_rate = median(
-        &r.bare
-            .iter()
-            .map(|b| r.events as f64 / b.seconds)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap_or(f64::NAN);
+    let bare_rate = median_bare(&r.bare, |b| r.events as f64 / b.seconds);
     writeln!(
         out,
         "**Catch-up (median of {}): {clean_rate:.0} events/s, {clean_seconds:.2} s wall, peak \
-         RSS {clean_rss:.1} MiB** (largest of all runs: {max_rss:.1} MiB). Bare loop: \
-         {bare_rate:.0} events/s; the runtime reaches {:.0}% of it.",
+         RSS {clean_rss:.1} MiB** (largest of all default-configuration runs: {max_rss:.1} \
+         MiB). Bare loop: {bare_rate:.0} events/s; the runtime reaches {:.0}% of it.",
         r.clean.len(),
         100.0 * clean_rate / bare_rate
     )?;
@@ -250,71 +262,79 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
     let consumer_us = per_event(&r.clean, &|x| x.consumer_cpu);
     let backend_us = per_event(&r.clean, &|x| x.backend_cpu.unwrap_or(f64::NAN));
     let wall_us = 1e6 / clean_rate;
+    let busy = (consumer_us + backend_us) / wall_us;
     writeln!(out)?;
     writeln!(
         out,
         "Where the time goes (medians, per event): wall {wall_us:.2} µs; consumer process CPU \
-         {consumer_us:.2} µs; its backends' CPU {backend_us:.2} µs. Together {:.2} µs of CPU \
-         per µs of wall clock: {}.",
-        (consumer_us + backend_us) / wall_us,
-        if (consumer_us + backend_us) / wall_us > 1.5 {
-            "both CPUs are busy, so the drain is CPU-bound (consumer and server compete for the \
-             same two cores)"
+         {consumer_us:.2} µs; its backends' CPU {backend_us:.2} µs. Together {busy:.2} µs of \
+         CPU per µs of wall clock (2.0 would be both CPUs busy): {}.",
+        if busy > 1.5 {
+            "the drain is CPU-bound, consumer and server competing for the same two cores"
         } else {
-            "the CPUs are not saturated, so part of the time is spent waiting (round trips, \
-             commits)"
+            "the CPUs are not saturated, so much of the time is spent waiting: round trips \
+             and commit flushes, one after another"
         }
     )?;
     writeln!(out)?;
-    if let Some(bare) = r.bare.iter().min_by(|a, b| a.seconds.total_cmp(&b.seconds)) {
-        let per_batch = |x: f64| x * 1000.0 / bare.batches as f64;
+    if !r.bare.is_empty() {
+        let per_batch = |f: &dyn Fn(&BareLoop) -> f64| {
+            median_bare(&r.bare, |b| f(b) * 1000.0 / b.batches as f64)
+        };
         writeln!(
             out,
-            "The bare loop's batch of 500 (fastest repetition): {:.2} ms, of which waiting for \
-             the read {:.2} ms, decoding {:.2} ms, waiting for the ack (update and commit) \
-             {:.2} ms.",
-            per_batch(bare.seconds),
-            per_batch(bare.read),
-            per_batch(bare.decode),
-            per_batch(bare.ack)
+            "The bare loop's batch of 500 (medians): {:.2} ms, of which waiting for the read \
+             {:.2} ms, decoding {:.2} ms, waiting for the ack (update and commit) {:.2} ms.",
+            per_batch(&|b| b.seconds),
+            per_batch(&|b| b.read),
+            per_batch(&|b| b.decode),
+            per_batch(&|b| b.ack)
         )?;
         writeln!(out)?;
-        if let Some(again) = &r.bare_reprepared {
-            writeln!(
-                out,
-                "The same bare loop passing its statements as text, so that tokio-postgres \
-                 prepares them again on every call, as the runtime's `client.query(&String, \
-                 ..)` calls do (one run): {:.2} s, {:.0} events/s; per batch {:.2} ms, of which \
-                 read {:.2} ms, ack {:.2} ms.",
-                again.seconds,
-                r.events as f64 / again.seconds,
-                again.seconds * 1000.0 / again.batches as f64,
-                again.read * 1000.0 / again.batches as f64,
-                again.ack * 1000.0 / again.batches as f64
-            )?;
-            writeln!(out)?;
-        }
+    }
+    if !r.bare_reprepared.is_empty() {
+        let again = &r.bare_reprepared;
+        let per_batch =
+            |f: &dyn Fn(&BareLoop) -> f64| median_bare(again, |b| f(b) * 1000.0 / b.batches as f64);
+        writeln!(
+            out,
+            "The same bare loop passing its statements as text, so that tokio-postgres \
+             prepares them again on every call (a Parse round trip and a parse and plan on the \
+             server each time), as the runtime's `client.query(&String, ..)` calls do \
+             (medians): {:.0} events/s; per batch {:.2} ms, of which read {:.2} ms, ack {:.2} \
+             ms.",
+            median_bare(again, |b| r.events as f64 / b.seconds),
+            per_batch(&|b| b.seconds),
+            per_batch(&|b| b.read),
+            per_batch(&|b| b.ack)
+        )?;
+        writeln!(out)?;
     }
     if !r.diagnostics.is_empty() {
-        writeln!(out, "### Diagnostic runs (one each)")?;
+        writeln!(out, "### Diagnostic runs")?;
         writeln!(out)?;
         writeln!(
             out,
             "The runtime unchanged, with another batch size, or with its sessions at \
              `synchronous_commit = off` (set through the connection's `options`), which shows \
-             what the acknowledgement's WAL flush costs."
+             what the commits' WAL flushes cost. Medians over the repetitions (peak RSS: the \
+             largest). Single variants are sensitive to other work on the machine: compare \
+             them with the load column and the default runs above."
         )?;
         writeln!(out)?;
         writeln!(
             out,
-            "| batch size | synchronous_commit | failures | seconds | events/s | peak RSS MiB \
-             | consumer CPU s | backend CPU s |"
+            "| batch size | synchronous_commit | failures | runs | seconds | events/s | peak RSS \
+             MiB | consumer CPU s | backend CPU s | WAL syncs | load |"
         )?;
-        writeln!(out, "|---:|---|---|---:|---:|---:|---:|---:|")?;
-        for (variant, run) in &r.diagnostics {
+        writeln!(
+            out,
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        )?;
+        for (variant, runs) in &r.diagnostics {
             writeln!(
                 out,
-                "| {} | {} | {} | {:.2} | {:.0} | {:.1} | {:.2} | {} |",
+                "| {} | {} | {} | {} | {:.2} | {:.0} | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} |",
                 variant.batch_size,
                 if variant.async_commit { "off" } else { "on" },
                 if variant.fail_every.is_some() {
@@ -322,12 +342,14 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
                 } else {
                     "none"
                 },
-                run.report.seconds,
-                run.rate,
-                mib(run.peak_rss_kib),
-                run.consumer_cpu,
-                run.backend_cpu
-                    .map_or_else(|| "n/a".into(), |c| format!("{c:.2}"))
+                runs.len(),
+                median_of(runs, |x| x.report.seconds),
+                median_of(runs, |x| x.rate),
+                runs.iter().map(|x| mib(x.peak_rss_kib)).fold(0.0, f64::max),
+                median_of(runs, |x| x.consumer_cpu),
+                median_of(runs, |x| x.backend_cpu.unwrap_or(f64::NAN)),
+                median_of(runs, |x| x.wal_syncs.map_or(f64::NAN, |w| w as f64)),
+                median_of(runs, |x| x.load_at_start),
             )?;
         }
         writeln!(out)?;
@@ -338,6 +360,8 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
         let fail_seconds = median_of(&r.failing, |x| x.report.seconds);
         let failures = r.events / FAIL_EVERY;
         let extra_ms = (fail_seconds - clean_seconds) * 1000.0 / failures as f64;
+        let wal = |runs: &[Run]| median_of(runs, |x| x.wal_syncs.map_or(f64::NAN, |w| w as f64));
+        let extra_syncs = (wal(&r.failing) - wal(&r.clean)) / failures as f64;
         writeln!(out, "## Catch-up with failures")?;
         writeln!(out)?;
         writeln!(
@@ -352,10 +376,11 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
         writeln!(
             out,
             "**Median: {fail_rate:.0} events/s ({fail_seconds:.2} s), ratio to the no-failure \
-             run {:.3}.** Each failure costs {extra_ms:.2} ms of wall clock on average, of \
-             which the schedule's own delay is 1 ms (the wait before the second attempt \
-             cannot be shorter; tokio timers have 1 ms resolution). With that delay alone \
-             and nothing else, the ratio could be at most {bound:.3}.",
+             run {:.3}.** Each failure costs {extra_ms:.2} ms of wall clock on average and \
+             {extra_syncs:.1} extra WAL syncs. Of that time the schedule's own delay is 1 ms \
+             (the wait before the second attempt cannot be shorter; tokio timers have 1 ms \
+             resolution): with that delay and nothing else, the ratio could be at most \
+             {bound:.3}.",
             fail_rate / clean_rate
         )?;
         writeln!(out)?;
@@ -363,17 +388,25 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
     Ok(())
 }
 
+/// Median over bare loops of a field.
+fn median_bare(loops: &[BareLoop], field: impl Fn(&BareLoop) -> f64) -> f64 {
+    median(&loops.iter().map(field).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+}
+
 fn write_run_row(out: &mut String, label: &str, run: &Run) -> std::fmt::Result {
     writeln!(
         out,
-        "| {label} | `{}` | {:.2} | {:.0} | {:.1} | {:.2} | {} |",
+        "| {label} (`{}`) | {:.2} | {:.0} | {:.1} | {:.2} | {} | {} | {:.2} |",
         run.consumer_id,
         run.report.seconds,
         run.rate,
         mib(run.peak_rss_kib),
         run.consumer_cpu,
         run.backend_cpu
-            .map_or_else(|| "n/a".into(), |c| format!("{c:.2}"))
+            .map_or_else(|| "n/a".into(), |c| format!("{c:.2}")),
+        run.wal_syncs
+            .map_or_else(|| "n/a".into(), |w| w.to_string()),
+        run.load_at_start
     )
 }
 
@@ -421,17 +454,17 @@ fn write_latency(out: &mut String, r: &Results) -> std::fmt::Result {
         out,
         "| wake-up | target rate | achieved rate | events | p50 ms | p99 ms | max ms | mean ms \
          | to numbered p50 / p99 ms | numbered to handler p50 / p99 ms | writer max lag ms \
-         | missing |"
+         | missing | load |"
     )?;
     writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     for o in &r.latency {
         writeln!(
             out,
             "| {} | {} | {:.0} | {} | {} | {} | {} | {} | {:.1} / {:.1} | {:.1} / {:.1} | {} \
-             | {} |",
+             | {} | {:.2} |",
             if o.scenario.listen {
                 "LISTEN"
             } else {
@@ -449,7 +482,8 @@ fn write_latency(out: &mut String, r: &Results) -> std::fmt::Result {
             o.numbered_to_handler_ms.0,
             o.numbered_to_handler_ms.1,
             ms(o.max_schedule_lag),
-            o.missing
+            o.missing,
+            o.load_at_start
         )?;
     }
     writeln!(out)?;
