@@ -43,6 +43,10 @@ pub struct WorkerArgs {
     /// Events per batch (the runtime's default is 500).
     #[arg(long, default_value_t = 500)]
     pub batch_size: i64,
+    /// The retry delay with `--fail-every`, in milliseconds (0 isolates the runtime's own
+    /// cost of a failure from the schedule's wait).
+    #[arg(long, default_value_t = 1)]
+    pub retry_delay_ms: u64,
     /// Run the consumer's sessions with `synchronous_commit = off` (diagnostic: how much of
     /// the time is the acknowledgement's WAL flush).
     #[arg(long)]
@@ -144,7 +148,8 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     consumer_config.start_from = StartFrom::Earliest;
     consumer_config.batch_size = args.batch_size;
     if args.fail_every.is_some() {
-        consumer_config.retry = RetrySchedule::new(vec![Duration::from_millis(1)], 10)?;
+        consumer_config.retry =
+            RetrySchedule::new(vec![Duration::from_millis(args.retry_delay_ms)], 10)?;
     }
 
     let shutdown = CancellationToken::new();
