@@ -28,6 +28,16 @@ log() { echo "consumer.sh: $*" >&2; }
 
 pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
 
+# Two runs on one cluster directory would reset each other's cluster mid-run (and the first
+# to finish would stop the other's): refuse a second one. Taken before the trap is set, so a
+# refused run leaves the running one's cluster alone. Use OUTBOX_BENCH_PG_DIR/_PORT to run
+# side by side (though two benchmarks on one machine measure each other).
+exec 9>"$pg_dir.lock"
+if ! flock -n 9; then
+    log "another run is using $pg_dir; set OUTBOX_BENCH_PG_DIR and OUTBOX_BENCH_PG_PORT to use another cluster"
+    exit 1
+fi
+
 cleanup() {
     local status=$?
     pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
