@@ -39,6 +39,20 @@ fn start(
     )
 }
 
+/// Runs a consumer that is expected to refuse to start, and returns why.
+async fn refused_start(db: &TestDb, config: outbox_consumer::ConsumerConfig) -> ConsumerError {
+    Consumer::new(
+        db.pool(3),
+        None,
+        config,
+        Recorder::default(),
+        Recorder::default(),
+    )
+    .run(CancellationToken::new())
+    .await
+    .unwrap_err()
+}
+
 async fn query_i64(db: &TestDb, sql: &str) -> i64 {
     db.connect().await.query_one(sql, &[]).await.unwrap().get(0)
 }
@@ -402,16 +416,7 @@ async fn a_second_process_waits_or_refuses_then_takes_over_with_a_higher_generat
 
     let mut refusing = fast_config("p", "c1");
     refusing.wait_for_lease = false;
-    let refused = Consumer::new(
-        db.pool(3),
-        None,
-        refusing,
-        Recorder::default(),
-        Recorder::default(),
-    )
-    .run(CancellationToken::new())
-    .await
-    .unwrap_err();
+    let refused = refused_start(&db, refusing).await;
     assert!(
         matches!(refused, ConsumerError::LeaseHeld { generation: 1, .. }),
         "{refused}"
@@ -752,16 +757,7 @@ async fn a_retired_holder_stops_releases_and_a_reactivated_consumer_reconciles()
     );
     assert_eq!(row.get::<_, i64>(1), 1);
 
-    let refused = Consumer::new(
-        db.pool(3),
-        None,
-        fast_config("p", "c1"),
-        Recorder::default(),
-        Recorder::default(),
-    )
-    .run(CancellationToken::new())
-    .await
-    .unwrap_err();
+    let refused = refused_start(&db, fast_config("p", "c1")).await;
     assert!(
         matches!(refused, ConsumerError::Retired { .. }),
         "{refused}"
@@ -813,16 +809,7 @@ async fn reactivation_never_overlaps_a_holder_that_has_not_noticed_its_retiremen
     let mut config = fast_config("p", "c1");
     config.reactivate = true;
     config.wait_for_lease = false;
-    let refused = Consumer::new(
-        db.pool(3),
-        None,
-        config,
-        Recorder::default(),
-        Recorder::default(),
-    )
-    .run(CancellationToken::new())
-    .await
-    .unwrap_err();
+    let refused = refused_start(&db, config).await;
     assert!(
         matches!(refused, ConsumerError::LeaseHeld { .. }),
         "the old holder's lease is still running: {refused}"
