@@ -57,11 +57,7 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
         table.row(vec![
             entry.id.to_string(),
             time(Some(entry.recorded_at)),
-            entry
-                .kind
-                .strip_prefix("lifecycle-observation:")
-                .unwrap_or(&entry.kind)
-                .to_owned(),
+            entry.kind.short_name().to_owned(),
             opt(entry.project_id.as_deref()),
             opt(entry.consumer_id.as_deref()),
             opt(entry.event_id.as_deref()),

@@ -78,6 +78,11 @@ impl FailureClass {
         &self.0
     }
 
+    /// A stored payload could not be decoded (the runtime fails and parks such an event).
+    pub fn undecodable_payload() -> Self {
+        Self("undecodable_payload".into())
+    }
+
     /// A handler failed without saying why.
     pub fn handler_error() -> Self {
         Self("handler_error".into())

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{ConsumerId, Prior, ProjectId, Schema};
+use outbox_core::admin::{AuditLog, AuditRecord};
+use outbox_core::{AuditKind, ConsumerId, Prior, ProjectId, Schema};
 use tokio_postgres::{GenericClient, Row, Transaction};
 
 use crate::error::ConsumerError;
@@ -29,7 +30,7 @@ pub(crate) struct Statements {
     pub replay_requested: String,
     pub mark_replayed: String,
     pub mark_replay_failed: String,
-    pub audit: String,
+    pub audit: AuditLog,
 }
 
 impl Statements {
@@ -49,15 +50,10 @@ impl Statements {
             replay_requested: schema.render(sql::REPLAY_REQUESTED),
             mark_replayed: schema.render(sql::MARK_REPLAYED),
             mark_replay_failed: schema.render(sql::MARK_REPLAY_FAILED),
-            audit: schema.render(sql::AUDIT),
+            audit: AuditLog::new(schema),
         }
     }
 }
-
-/// Audit kinds written by the runtime.
-pub(crate) const AUDIT_POISONED: &str = "lifecycle-observation:consumer-poisoned";
-pub(crate) const AUDIT_REPLAYED: &str = "lifecycle-observation:consumer-replayed";
-pub(crate) const AUDIT_RECONCILED: &str = "lifecycle-observation:reconciled";
 
 /// Locks the consumer row for the transaction if the lease is still ours.
 pub(crate) async fn lock_fence(
@@ -134,7 +130,10 @@ pub(crate) async fn bounds(
     project: &str,
 ) -> Result<(i64, i64), ConsumerError> {
     let row = client.query_one(&statements.bounds, &[&project]).await?;
-    Ok((row.get(0), row.get(1)))
+    Ok((
+        row.try_get("head_sequence")?,
+        row.try_get("pruned_through")?,
+    ))
 }
 
 /// An event with saved retry state, holding the cursor.
@@ -159,44 +158,51 @@ pub(crate) async fn load_held(
             &[&lease.fence.project, &lease.fence.consumer, &next],
         )
         .await?;
-    Ok(row.map(|row| {
-        let attempts: i32 = row.get(2);
-        let wait: f64 = row.get(3);
-        Held {
-            sequence: row.get(0),
-            attempts: attempts.max(0) as u32,
-            ready_at: tokio::time::Instant::now() + Duration::from_secs_f64(wait),
-        }
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let attempts: i32 = row.try_get("attempts")?;
+    let wait: f64 = row.try_get("wait")?;
+    Ok(Some(Held {
+        sequence: row.try_get("sequence")?,
+        attempts: attempts.max(0) as u32,
+        ready_at: tokio::time::Instant::now() + Duration::from_secs_f64(wait.max(0.0)),
     }))
 }
 
-/// Decodes an outbox row (columns as in `READ_BATCH`).
+/// Decodes an event row (columns as in `READ_BATCH`; `REPLAY_REQUESTED` adds `attempts`).
+/// The event comes back whole even when its payload cannot be decoded: then with an empty
+/// prior and the failure class `undecodable_payload`, carried far enough to be failed and
+/// parked like any other failure. A missing or mistyped column is an error.
 pub(crate) fn decode(
     row: &Row,
     project: &ProjectId,
     consumer: &ConsumerId,
     replay: bool,
     attempt: u32,
-) -> Result<ObservedEvent, FailureClass> {
-    let payload: serde_json::Value = row.get(8);
-    let prior: Prior = serde_json::from_value(payload)
-        .map_err(|_| FailureClass::new("undecodable_payload").expect("valid class"))?;
-    Ok(ObservedEvent {
+) -> Result<(ObservedEvent, Option<FailureClass>), ConsumerError> {
+    let payload: serde_json::Value = row.try_get("payload")?;
+    let (prior, undecodable) = match serde_json::from_value::<Prior>(payload) {
+        Ok(prior) => (prior, None),
+        Err(_) => (Prior::default(), Some(FailureClass::undecodable_payload())),
+    };
+    let event = ObservedEvent {
         observed: true,
-        event_type: row.get(1),
+        event_type: row.try_get("event_type")?,
         project_id: project.clone(),
         consumer_id: consumer.clone(),
-        sequence: row.get(0),
-        event_id: row.get(2),
-        task_id: row.get(3),
-        deleted_at: row.get::<_, DateTime<Utc>>(4),
-        origin_writer: row.get(5),
-        occurred_at: row.get::<_, DateTime<Utc>>(6),
-        payload_version: row.get(7),
+        sequence: row.try_get("sequence")?,
+        event_id: row.try_get("event_id")?,
+        task_id: row.try_get("task_id")?,
+        deleted_at: row.try_get::<_, DateTime<Utc>>("deleted_at")?,
+        origin_writer: row.try_get("writer_process_id")?,
+        occurred_at: row.try_get::<_, DateTime<Utc>>("occurred_at")?,
+        payload_version: row.try_get("payload_version")?,
         prior,
         replay,
         attempt,
-    })
+    };
+    Ok((event, undecodable))
 }
 
 /// Saves a failed attempt: a retry at `now + delay`, or, with no delay left, parks the event
@@ -246,7 +252,7 @@ pub(crate) async fn record_failure(
             audit(
                 &*tx,
                 statements,
-                AUDIT_POISONED,
+                AuditKind::ConsumerPoisoned,
                 lease,
                 Some(&event.event_id),
                 Some(i64::from(attempts)),
@@ -279,14 +285,16 @@ pub(crate) async fn record_replay(
         Ok(()) => tx
             .query_opt(&statements.mark_replayed, &[p, c, &event.event_id])
             .await?
-            .map(|row| row.get(0)),
+            .map(|row| row.try_get("attempts"))
+            .transpose()?,
         Err(failure) => tx
             .query_opt(
                 &statements.mark_replay_failed,
                 &[p, c, &event.event_id, &failure.class.as_str()],
             )
             .await?
-            .map(|row| row.get(0)),
+            .map(|row| row.try_get("attempts"))
+            .transpose()?,
     };
     let Some(attempts) = attempts else {
         tracing::warn!(
@@ -296,9 +304,9 @@ pub(crate) async fn record_replay(
         return Ok(());
     };
     let kind = if result.is_ok() {
-        AUDIT_REPLAYED
+        AuditKind::ConsumerReplayed
     } else {
-        AUDIT_POISONED
+        AuditKind::ConsumerPoisoned
     };
     audit(
         tx,
@@ -311,28 +319,24 @@ pub(crate) async fn record_replay(
     .await
 }
 
-/// Appends an audit row for this consumer.
+/// Appends an audit row for this consumer (the runtime acts as no operator: no actor).
 pub(crate) async fn audit(
     client: &impl GenericClient,
     statements: &Statements,
-    kind: &str,
+    kind: AuditKind,
     lease: &Lease,
     event_id: Option<&str>,
     count: Option<i64>,
 ) -> Result<(), ConsumerError> {
-    client
-        .execute(
-            &statements.audit,
-            &[
-                &kind,
-                &lease.fence.project,
-                &lease.fence.consumer,
-                &event_id,
-                &None::<String>,
-                &count,
-            ],
-        )
-        .await?;
+    let record = AuditRecord {
+        kind,
+        project_id: &lease.fence.project,
+        consumer_id: Some(&lease.fence.consumer),
+        event_id,
+        actor: None,
+        count,
+    };
+    statements.audit.record(client, &record).await?;
     Ok(())
 }
 
@@ -357,7 +361,15 @@ pub(crate) async fn set_cursor(
     tx.execute(&statements.clear_passed_retries, &[p, c, &cursor])
         .await?;
     if let Some(live) = reconciled {
-        audit(&*tx, statements, AUDIT_RECONCILED, lease, None, Some(live)).await?;
+        audit(
+            &*tx,
+            statements,
+            AuditKind::Reconciled,
+            lease,
+            None,
+            Some(live),
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok(())

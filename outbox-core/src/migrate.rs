@@ -71,9 +71,9 @@ pub async fn migrate_with(
 
     let mut report = MigrationReport::default();
     for row in &applied {
-        let version: i32 = row.get(0);
-        let name: String = row.get(1);
-        let recorded: String = row.get(2);
+        let version: i32 = row.try_get("version")?;
+        let name: String = row.try_get("name")?;
+        let recorded: String = row.try_get("checksum")?;
         let Some(known) = migrations.iter().find(|m| m.version == version) else {
             return Err(Error::UnknownMigration { version, name });
         };
