@@ -1,21 +1,20 @@
 //! `outbox audit`: who parked, replayed, resolved, retired or reconciled what, and when.
 
 use clap::Args;
-use outbox_core::{Admin, AuditFilter, AuditKind, ConsumerId, EventId, MAX_LIMIT, ProjectId};
+use outbox_core::{Admin, AuditEntry, AuditFilter, AuditKind, EventId, Listing, MAX_LIMIT};
+use serde::Serialize;
 
+use crate::args::ConsumerFilter;
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
-use crate::output::{Table, emit, json, opt, time};
+use crate::output::{Render, Table, opt, print, time};
 
 /// `outbox audit`.
 #[derive(Debug, Args)]
 pub struct AuditArgs {
-    /// Only this project.
-    #[arg(long)]
-    pub project: Option<ProjectId>,
-    /// Only this consumer.
-    #[arg(long)]
-    pub consumer_id: Option<ConsumerId>,
+    /// Only this project and consumer.
+    #[command(flatten)]
+    pub filter: ConsumerFilter,
     /// Only these kinds (repeat or separate with commas), with or without the
     /// `lifecycle-observation:` prefix: consumer-poisoned, consumer-replayed,
     /// dead-letter-resolved, consumer-retired, consumer-reactivated, reconciled, pruned.
@@ -35,8 +34,8 @@ pub struct AuditArgs {
 pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
     let mut client = global.database()?.connect().await?;
     let filter = AuditFilter {
-        project: args.project,
-        consumer: args.consumer_id,
+        project: args.filter.project,
+        consumer: args.filter.consumer_id,
         kinds: args.kind,
         event: args.event_id,
         limit: args.limit,
@@ -44,33 +43,62 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
     let listing = Admin::new(&global.schema)
         .audit_trail(&mut client, &filter)
         .await?;
-    if args.output == Output::Json {
-        return json(&serde_json::json!({
-            "audit": listing.items,
-            "truncated": listing.truncated,
-        }));
-    }
-    let mut table = Table::new(&[
-        "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT", "ACTOR", "COUNT",
-    ]);
-    for entry in &listing.items {
-        table.row(vec![
-            entry.id.to_string(),
-            time(Some(entry.recorded_at)),
-            entry.kind.short_name().to_owned(),
-            opt(entry.project_id.as_deref()),
-            opt(entry.consumer_id.as_deref()),
-            opt(entry.event_id.as_deref()),
-            opt(entry.actor.as_deref()),
-            opt(entry.count),
+    print(
+        args.output,
+        &AuditList {
+            listing,
+            limit: args.limit,
+        },
+    )
+}
+
+/// The audit trail as listed: `{"audit": [...], "truncated": bool}`.
+struct AuditList {
+    /// The rows, newest first.
+    listing: Listing<AuditEntry>,
+    /// The limit asked for, for the note when it cut the listing short.
+    limit: i64,
+}
+
+#[derive(Serialize)]
+struct AuditListJson<'a> {
+    audit: &'a [AuditEntry],
+    truncated: bool,
+}
+
+impl Render for AuditList {
+    fn table(&self) -> String {
+        let mut table = Table::new(&[
+            "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT", "ACTOR", "COUNT",
         ]);
+        for entry in &self.listing.items {
+            table.row(vec![
+                entry.id.to_string(),
+                time(Some(entry.recorded_at)),
+                entry.kind.short_name().to_owned(),
+                opt(entry.project_id.as_deref()),
+                opt(entry.consumer_id.as_deref()),
+                opt(entry.event_id.as_deref()),
+                opt(entry.actor.as_deref()),
+                opt(entry.count),
+            ]);
+        }
+        table.render()
     }
-    emit(&table.render())?;
-    if listing.truncated {
-        eprintln!(
-            "note: only the newest {} audit rows are shown; narrow the filter or raise --limit",
-            args.limit
-        );
+
+    fn json(&self) -> impl Serialize + '_ {
+        AuditListJson {
+            audit: &self.listing.items,
+            truncated: self.listing.truncated,
+        }
     }
-    Ok(())
+
+    fn note(&self) -> Option<String> {
+        self.listing.truncated.then(|| {
+            format!(
+                "only the newest {} audit rows are shown; narrow the filter or raise --limit",
+                self.limit
+            )
+        })
+    }
 }

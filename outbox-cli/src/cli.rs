@@ -3,7 +3,9 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
-use outbox_core::{ConsumerId, ProjectId, Schema};
+use outbox_core::Schema;
+
+pub use crate::args::ConsumerRef;
 
 use crate::db::DatabaseUrl;
 
@@ -97,6 +99,9 @@ pub struct SequenceArgs {
     /// Most events numbered per transaction.
     #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
+    /// Output format of a single drain (with --every nothing is printed; logs go to stderr).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
 /// Parses a human duration ("250ms", "10s", "5m"); zero is refused.
@@ -151,12 +156,9 @@ pub enum StartFromArg {
 /// `outbox consume`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// Project whose stream to consume.
-    #[arg(long)]
-    pub project: ProjectId,
-    /// The consumer's explicit, stable ID (required; never generated).
-    #[arg(long)]
-    pub consumer_id: ConsumerId,
+    /// The consumer to run (`--project`, `--consumer-id`).
+    #[command(flatten)]
+    pub consumer: ConsumerRef,
     /// Drive this command (run with sh -c): one event line on its stdin, one answer line
     /// ({"ack": SEQ} or {"fail": SEQ, "class": "code"}) on its stdout per event.
     #[arg(long, value_name = "COMMAND")]

@@ -5,9 +5,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ConsumeArgs, Global, StartFromArg};
 use crate::failure::{ExitCode, Failure};
+use crate::shutdown::Shutdown;
 use crate::sink::{ChildSink, StdoutSink};
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    let shutdown = Shutdown::install()?;
     let database = global.database()?;
     let config = build_config(global, &args)?;
     config
@@ -22,17 +24,15 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     listen.application_name("outbox-listener");
     let listen = (!args.no_listen).then_some(listen);
 
-    let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(forward_signals(shutdown.clone()));
-    let consumer_id = args.consumer_id.to_string();
+    let consumer_id = args.consumer.consumer_id.to_string();
+    let token = shutdown.token();
     let result = match args.child {
         Some(command) => {
             let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, config, sink, shutdown).await
+            run_with(pool, listen, config, sink, token).await
         }
-        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), shutdown).await,
+        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
     };
-    signals.abort();
     match result {
         Ok(summary) => {
             tracing::info!(
@@ -59,8 +59,11 @@ fn classify(e: ConsumerError) -> Failure {
     }
 }
 
-fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(args.project.clone(), args.consumer_id.clone());
+pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
+    let mut config = ConsumerConfig::new(
+        args.consumer.project.clone(),
+        args.consumer.consumer_id.clone(),
+    );
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
     config.lease_ttl = args.lease_ttl;
@@ -85,26 +88,10 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
     Ok(config)
 }
 
-/// SIGINT or SIGTERM cancels `shutdown`: the consumer finishes or abandons its current event
-/// within the grace period, releases its lease and exits 0.
-async fn forward_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("shutdown requested");
-    shutdown.cancel();
-}
-
-/// Runs the consumer with `sink` as both its handler and its reconciler.
-async fn run_with<S>(
+/// Runs the consumer with `sink` as both its handler and its reconciler. SIGINT or SIGTERM
+/// (through `shutdown`) lets the current event finish or be abandoned within the grace
+/// period, releases the lease and ends the run.
+pub async fn run_with<S>(
     pool: deadpool_postgres::Pool,
     listen: Option<tokio_postgres::Config>,
     config: ConsumerConfig,

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod audit_cmd;
 mod cli;
 mod consume_cmd;
@@ -13,6 +14,7 @@ mod migrate_cmd;
 mod output;
 mod prune_cmd;
 mod sequence_cmd;
+mod shutdown;
 mod sink;
 mod status_cmd;
 

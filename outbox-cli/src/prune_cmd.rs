@@ -8,7 +8,7 @@ use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
 
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
-use crate::output::{Table, emit, json};
+use crate::output::{Render, Table, print};
 
 /// `outbox prune`.
 #[derive(Debug, Args)]
@@ -73,9 +73,30 @@ pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
         }
         return Err(e.into());
     }
-    match args.output {
-        Output::Json => json(&report),
-        Output::Table => emit(&render(&report, args.project.as_ref())),
+    print(
+        args.output,
+        &Pruned {
+            report,
+            project: args.project.as_ref(),
+        },
+    )
+}
+
+/// A sweep's report, with the project it was limited to (for the "nothing to prune" line).
+struct Pruned<'a> {
+    /// What the sweep did.
+    report: PruneReport,
+    /// `--project`, if given.
+    project: Option<&'a ProjectId>,
+}
+
+impl Render for Pruned<'_> {
+    fn table(&self) -> String {
+        render(&self.report, self.project)
+    }
+
+    fn json(&self) -> impl serde::Serialize + '_ {
+        &self.report
     }
 }
 

@@ -7,7 +7,7 @@ use outbox_core::{Admin, HealthThresholds, ProjectId, Status};
 
 use crate::cli::{Global, Output, parse_duration};
 use crate::failure::Failure;
-use crate::output::{Table, age, emit, json, opt, time};
+use crate::output::{Render, Table, age, opt, print, time};
 use crate::prune_cmd::parse_retention;
 
 /// `outbox status`.
@@ -65,9 +65,16 @@ pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
     let status = Admin::new(&global.schema)
         .status(&mut client, args.project.as_ref(), &thresholds)
         .await?;
-    match args.output {
-        Output::Json => json(&status),
-        Output::Table => emit(&render(&status)),
+    print(args.output, &status)
+}
+
+impl Render for Status {
+    fn table(&self) -> String {
+        render(self)
+    }
+
+    fn json(&self) -> impl serde::Serialize + '_ {
+        self
     }
 }
 

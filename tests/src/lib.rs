@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster_kit;
 pub mod consumer_kit;
 pub mod process_kit;
 
