@@ -19,7 +19,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     // Fail fast, naming the (redacted) URL, when the database cannot be reached at all;
     // once running, the consumer rides out outages instead.
     drop(database.connect().await?);
-    let pool = database.pool(4);
+    let pool = database.pool(4)?;
     let mut listen = database.config.clone();
     listen.application_name("outbox-listener");
     let listen = (!args.no_listen).then_some(listen);

@@ -89,18 +89,9 @@ fn redact_query_password(text: &str) -> String {
 
 impl DatabaseUrl {
     /// A small pool for a consumer runtime or a command.
-    pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        let manager = deadpool_postgres::Manager::from_config(
-            self.config.clone(),
-            NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        deadpool_postgres::Pool::builder(manager)
-            .max_size(size)
-            .build()
-            .expect("a pool without a runtime-specific hook always builds")
+    pub fn pool(&self, size: usize) -> Result<deadpool_postgres::Pool, Failure> {
+        outbox_consumer::build_pool(self.config.clone(), size)
+            .map_err(|e| Failure::runtime(format!("cannot build the connection pool: {e}")))
     }
 
     /// Opens one connection; its driver task ends when the client is dropped.

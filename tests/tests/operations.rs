@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use outbox_consumer::{ConsumerError, RetrySchedule};
 use outbox_core::{Schema, Sequencer};
-use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
+use outbox_tests::consumer_kit::{
+    Recorder, SeedCursor, SeedEvent, WAIT, cursor, eventually, fast_config, seed_consumer,
+    seed_delivery, start, write_event,
+};
 use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
-
-const WAIT: Duration = Duration::from_secs(15);
 
 /// `outbox --database-url <db> ARGS`: (exit code, stdout, stderr).
 async fn outbox(db: &TestDb, args: &[&str]) -> (i32, String, String) {
@@ -52,22 +52,6 @@ async fn sequence(db: &TestDb) {
         .unwrap();
 }
 
-/// A consumer row at the project's head, with no lease.
-async fn seed_consumer(db: &TestDb, project: &str, consumer: &str) {
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, \
-                 last_acked_sequence) \
-             VALUES ($1, $2, (SELECT COALESCE(max(head_sequence), 0) \
-                              FROM outbox.lifecycle_project_heads WHERE project_id = $1)) \
-             ON CONFLICT DO NOTHING",
-            &[&project, &consumer],
-        )
-        .await
-        .unwrap();
-}
-
 /// Writes and numbers an event for `task`, and records `consumer`'s delivery of it in
 /// `state` with `attempts`, as the runtime would have; returns the event ID.
 async fn seed_letter(
@@ -80,21 +64,17 @@ async fn seed_letter(
 ) -> String {
     let event = write_event(db, project, task).await;
     sequence(db).await;
-    seed_consumer(db, project, consumer).await;
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_deliveries (project_id, consumer_id, event_id, \
-                 sequence, attempts, next_attempt_at, last_failure_class, state, parked_at) \
-             SELECT $1, $2, $3, sequence, $5, \
-                    CASE WHEN $4::text = 'retrying' THEN now() + interval '1 minute' END, \
-                    'forced_failure', $4::text, \
-                    CASE WHEN $4::text <> 'retrying' THEN now() END \
-             FROM outbox.lifecycle_outbox WHERE project_id = $1 AND event_id = $3",
-            &[&project, &consumer, &event, &state, &attempts],
-        )
-        .await
-        .unwrap();
+    seed_consumer(db, project, consumer, SeedCursor::Head, false).await;
+    seed_delivery(
+        db,
+        project,
+        consumer,
+        SeedEvent::Id(&event),
+        state,
+        attempts,
+        0,
+    )
+    .await;
     event
 }
 
@@ -421,18 +401,7 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
     recorder.fail_task("poison");
     let mut config = fast_config("p", "c");
     config.retry = RetrySchedule::new(vec![Duration::from_millis(10)], 3).unwrap();
-    let shutdown = CancellationToken::new();
-    let consumer = outbox_consumer::Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        config,
-        recorder.clone(),
-        recorder.clone(),
-    );
-    let run = {
-        let token = shutdown.clone();
-        tokio::spawn(async move { consumer.run(token).await })
-    };
+    let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "the stream to pass the parked event", || async {
         cursor(&db, "p", "c").await == Some(3)
     })
@@ -868,18 +837,7 @@ async fn retire_stops_the_running_consumer_refuses_a_restart_and_reactivation_re
     write_event(&db, "p", "t1").await;
     let dead = seed_letter(&db, "p", "c", "t2", "dead", 10).await;
     let recorder = Recorder::default();
-    let shutdown = CancellationToken::new();
-    let consumer = outbox_consumer::Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        fast_config("p", "c"),
-        recorder.clone(),
-        recorder.clone(),
-    );
-    let run = {
-        let token = shutdown.clone();
-        tokio::spawn(async move { consumer.run(token).await })
-    };
+    let (_shutdown, run) = start(&db, fast_config("p", "c"), &recorder);
     eventually(WAIT, "the consumer to hold its lease", || async {
         let status = outbox_json(&db, &["status", "--project", "p"]).await;
         status["consumers"][0]["lease_live"] == true
