@@ -62,10 +62,9 @@ pub mod states;
 mod writer;
 
 pub use admin::{
-    Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, ConsumerStatus, DeadLetter,
-    DeadLetterDetail, DeadLetterFilter, EventFields, HealthThresholds, InputError, Listing,
-    MAX_LIMIT, MAX_REASON_LEN, ProjectStatus, Reason, ReasonError, ReplayRequest, ReplayTarget,
-    Resolution, Retirement, RetryingEvent, Status, Target, consumer_health, project_health,
+    Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, DeadLetter, DeadLetterDetail,
+    DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
+    Resolution, Retirement, Status,
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{
@@ -73,17 +72,15 @@ pub use event::{
     ValidationError, format_timestamp,
 };
 pub use ids::{
-    ConsumerId, EventId, IdError, MAX_EVENT_ID_LEN, MAX_ID_LEN, MAX_OPERATOR_LEN, OperatorName,
-    ProjectId, TaskId, WriterProcessId,
+    ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, ProjectId, TaskId, WriterProcessId,
 };
 pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
 pub use observed::{in_observed_dispatch, observe};
 pub use retention::{
-    DEFAULT_PRUNE_ACTOR, DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH,
-    MAX_RETENTION, ProjectPrune, PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep,
-    SweepProgress,
+    DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
+    PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,
 };
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
-pub use states::{AuditKind, ConsumerState, DeliveryState, Health, UnknownValue};
+pub use states::{AuditKind, ConsumerState, DeliveryState, Health};
 pub use writer::{WriteOutcome, Writer};

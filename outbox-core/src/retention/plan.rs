@@ -1,6 +1,6 @@
 //! The plan of a retention batch: the options, and the pure part of the rule. A batch starting
 //! at the floor may go no further than the head, the batch size and the slowest cursor allow,
-//! and not at all while a consumer's cursor is missing ([`bound`]); the statements then stop it
+//! and not at all while a consumer's cursor is missing (`bound`); the statements then stop it
 //! at the first event that is too young or an unresolved dead letter's ([`HoldBack`]).
 
 use std::fmt;
