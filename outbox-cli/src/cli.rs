@@ -93,9 +93,15 @@ pub struct MigrateArgs {
 /// `outbox sequence`.
 #[derive(Debug, Args)]
 pub struct SequenceArgs {
-    /// Keep running, ticking at this interval (e.g. 50ms); without it, drain once and exit.
+    /// Keep running as a candidate in the sequencer election; while elected, tick every 2 ms
+    /// after activity and at most this far apart when idle (e.g. 50ms). Without it, drain
+    /// once and exit (no election; safe beside a running sequencer).
     #[arg(long, value_parser = parse_duration)]
     pub every: Option<std::time::Duration>,
+    /// Length of the sequencer lease with --every; a dead sequencer is replaced within 1.25
+    /// times this.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", requires = "every")]
+    pub lease_ttl: std::time::Duration,
     /// Most events numbered per transaction.
     #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
@@ -190,9 +196,13 @@ pub struct ConsumeArgs {
     /// Fallback poll interval when no wake-up arrives.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
-    /// How often this process runs the sequencer.
-    #[arg(long, value_parser = parse_duration, default_value = "10ms")]
+    /// Slowest tick of this process's sequencer while it is the elected one and idle (after
+    /// activity it ticks every 2 ms); one process at a time sequences.
+    #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub sequence_interval: Duration,
+    /// Length of the sequencer lease; a dead sequencer is replaced within 1.25 times this.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub sequencer_lease_ttl: Duration,
     /// Do not run the sequencer in this process.
     #[arg(long)]
     pub no_sequencer: bool,

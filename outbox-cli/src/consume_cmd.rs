@@ -70,6 +70,7 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
     config.heartbeat_interval = args.heartbeat_interval;
     config.poll_interval = args.poll_interval;
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
+    config.sequencer_lease_ttl = args.sequencer_lease_ttl;
     config.listen = !args.no_listen;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;

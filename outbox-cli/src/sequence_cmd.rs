@@ -1,8 +1,13 @@
 //! `outbox sequence`: run the sequencer on its own.
+//!
+//! `--every` makes the process a candidate in the sequencer election, like every consumer's
+//! embedded sequencer: a dedicated sequencer process beside consumers does not add a second
+//! poller, and when it dies a consumer takes over. A single drain (no `--every`) takes no part
+//! in the election: it numbers what is pending and exits, safe beside a running leader.
 
 use std::time::Duration;
 
-use outbox_core::Sequencer;
+use outbox_core::{ElectedSequencer, MIN_SEQUENCER_LEASE_TTL, Sequencer, owner_token};
 use serde::Serialize;
 
 use crate::cli::{Global, SequenceArgs};
@@ -36,32 +41,52 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         let numbered = sequencer.drain(&mut client).await?;
         return print(args.output, &Drained { numbered });
     };
+    if args.lease_ttl < MIN_SEQUENCER_LEASE_TTL {
+        return Err(Failure::usage(format!(
+            "--lease-ttl {:?} is below the minimum of {MIN_SEQUENCER_LEASE_TTL:?}",
+            args.lease_ttl
+        )));
+    }
     let shutdown = Shutdown::install()?;
     let Some(mut client) = connect(&database, every, &shutdown, true).await? else {
         return Ok(());
     };
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A paused leader inside its tick is cut off by the server within the lease TTL.
+    let sequencer =
+        sequencer.with_idle_timeout(args.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
+    let mut elected = ElectedSequencer::new(
+        sequencer,
+        &global.schema,
+        owner_token(),
+        args.lease_ttl,
+        every,
+    );
+    let mut delay = Duration::ZERO;
     loop {
         tokio::select! {
-            _ = shutdown.requested() => return Ok(()),
-            _ = ticker.tick() => {}
+            _ = shutdown.requested() => break,
+            _ = tokio::time::sleep(delay) => {}
         }
         let result = tokio::select! {
-            _ = shutdown.requested() => return Ok(()),
-            result = sequencer.drain(&mut client) => result,
+            _ = shutdown.requested() => break,
+            result = elected.step(&mut client) => result,
         };
-        if let Err(e) = result {
-            if !e.is_retryable() {
-                return Err(e.into());
-            }
-            tracing::warn!(error = %e, "sequencer tick failed; reconnecting");
-            match connect(&database, every, &shutdown, false).await? {
-                Some(reconnected) => client = reconnected,
-                None => return Ok(()),
+        match result {
+            Ok(next) => delay = next,
+            Err(e) if !e.is_retryable() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "sequencer step failed; reconnecting");
+                match connect(&database, every, &shutdown, false).await? {
+                    Some(reconnected) => client = reconnected,
+                    None => return Ok(()),
+                }
+                delay = Duration::ZERO;
             }
         }
     }
+    // Hand over at once rather than after the lease runs out.
+    elected.release(&client).await;
+    Ok(())
 }
 
 /// Connects, and while the database is unreachable tries again every `every` (at least every

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::{PruneOptions, PruneReport, Pruner, Sequencer};
+use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer, owner_token};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -78,10 +78,15 @@ pub(crate) fn spawn(
     }
     if let Some(interval) = config.sequence_interval {
         let (pool, stop) = (pool.clone(), stop.clone());
+        let ttl = config.sequencer_lease_ttl;
+        // A paused leader inside its tick is cut off by the server within the lease TTL, so
+        // its transaction lock never outlasts its lease.
         let sequencer = Sequencer::new(&config.schema)
-            .with_idle_timeout(config.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
+            .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
+        let elected =
+            ElectedSequencer::new(sequencer, &config.schema, owner_token(), ttl, interval);
         tasks.push(TaskGuard::spawn(async move {
-            run_sequencer(pool, sequencer, interval, stop).await
+            run_sequencer(pool, elected, interval, stop).await
         }));
     }
     if let Some(interval) = config.prune_interval {
@@ -113,38 +118,44 @@ pub(crate) fn spawn(
     tasks
 }
 
-/// Numbers committed events every `interval` until `stop`.
+/// Takes part in the sequencer election until `stop`: numbers committed events while this
+/// process leads (fast after activity, every `interval` at most when idle), looks at the
+/// lease now and then otherwise, and releases the lease at the end.
 async fn run_sequencer(
     pool: Pool,
-    sequencer: Sequencer,
+    mut elected: ElectedSequencer,
     interval: Duration,
     stop: CancellationToken,
 ) {
     let mut failures: u32 = 0;
+    let mut delay = Duration::ZERO;
     loop {
-        let delay = if failures == 0 {
-            interval
-        } else {
-            backoff(failures, rand::random()).max(interval)
-        };
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}
         }
         let result = async {
             let mut client = pool.get().await?;
-            sequencer.drain(&mut client).await?;
-            Ok::<_, ConsumerError>(())
+            Ok::<_, ConsumerError>(elected.step(&mut client).await?)
         }
         .await;
         match result {
-            Ok(()) => failures = 0,
+            Ok(next) => {
+                failures = 0;
+                delay = next;
+            }
             Err(e) => {
                 if failures == 0 {
-                    tracing::warn!(error = %e, "sequencer tick failed; backing off");
+                    tracing::warn!(error = %e, "sequencer step failed; backing off");
                 }
                 failures = failures.saturating_add(1);
+                delay = backoff(failures, rand::random()).max(interval);
             }
+        }
+    }
+    if elected.generation().is_some() {
+        if let Ok(client) = pool.get().await {
+            elected.release(&client).await;
         }
     }
 }

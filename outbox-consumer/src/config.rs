@@ -39,8 +39,12 @@ pub struct ConsumerConfig {
     pub heartbeat_interval: Duration,
     /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`).
     pub poll_interval: Duration,
-    /// How often this process runs the sequencer; `None` leaves it to other processes.
+    /// Whether this process takes part in the sequencer election, and the slowest tick of its
+    /// sequencer while it leads and nothing arrives (after activity it ticks every
+    /// [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other processes.
     pub sequence_interval: Option<Duration>,
+    /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
+    pub sequencer_lease_ttl: Duration,
     /// Retry schedule for failed events.
     pub retry: RetrySchedule,
     /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
@@ -69,8 +73,8 @@ pub struct ConsumerConfig {
 pub struct ConfigError(pub String);
 
 impl ConsumerConfig {
-    /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, sequencer
-    /// every 10 ms, the standard retry schedule, LISTEN on, reconcile when the cursor is
+    /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, an elected
+    /// sequencer (10 s lease) ticking every 2 ms after activity and every 50 ms when idle, the standard retry schedule, LISTEN on, reconcile when the cursor is
     /// missing, wait for a held lease, 10 s shutdown grace, a retention sweep at start and
     /// hourly with 30 days' retention.
     pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
@@ -82,7 +86,8 @@ impl ConsumerConfig {
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
-            sequence_interval: Some(Duration::from_millis(10)),
+            sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
+            sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
             retry: RetrySchedule::default(),
             listen: true,
             start_from: StartFrom::Reconcile,
@@ -117,6 +122,13 @@ impl ConsumerConfig {
         }
         if self.sequence_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("sequence interval must be positive".into()));
+        }
+        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+            return Err(ConfigError(format!(
+                "sequencer lease TTL {:?} is below the minimum of {:?}",
+                self.sequencer_lease_ttl,
+                outbox_core::MIN_SEQUENCER_LEASE_TTL
+            )));
         }
         if self.prune_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("prune interval must be positive".into()));
@@ -166,6 +178,9 @@ mod tests {
         let mut c = config();
         c.prune_interval = Some(Duration::ZERO);
         assert!(c.validate().unwrap_err().0.contains("prune interval"));
+        let mut c = config();
+        c.sequencer_lease_ttl = Duration::from_millis(100);
+        assert!(c.validate().unwrap_err().0.contains("sequencer lease"));
         let mut c = config();
         c.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
         assert!(c.validate().unwrap_err().0.contains("retention"));

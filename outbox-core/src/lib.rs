@@ -36,6 +36,8 @@
 //! - `migrate`: the numbered migrations in `sql/`, applied under an advisory lock.
 //! - `event`, `writer`: the `task:deleted` event and its transactional writer.
 //! - `sequencer`: dense numbering of committed events per project.
+//! - `election`: one active sequencer among many processes (a lease row with a generation)
+//!   and its adaptive tick.
 //! - [`retention`]: the retention rule ([`retention::plan`]) and the sweep
 //!   ([`retention::sweep`]).
 //! - [`admin`]: the operator surface, one module per noun (status, consumers, dead letters,
@@ -49,6 +51,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod election;
 mod error;
 mod event;
 mod ids;
@@ -65,6 +68,10 @@ pub use admin::{
     Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, DeadLetter, DeadLetterDetail,
     DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
     Resolution, Retirement, Status,
+};
+pub use election::{
+    Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
+    MIN_SEQUENCER_LEASE_TTL, owner_token,
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{

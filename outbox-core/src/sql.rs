@@ -28,6 +28,27 @@ pub const TRY_LOCK: &str = "
 SELECT pg_try_advisory_xact_lock($1) AS locked,
        set_config('idle_in_transaction_session_timeout', $2, true)";
 
+/// Takes the sequencer lease when it is free or expired (a new generation), or renews it for
+/// its holder (`$1` owner, `$2` generation) while it has not expired; `$3`: lease seconds.
+/// Returns the generation held afterwards, or no row when another process holds the lease.
+/// A follower's look at the row is this same statement: it matches nothing, writes nothing.
+pub const CLAIM_SEQUENCER_LEASE: &str = "
+UPDATE {{schema}}.lifecycle_sequencer_lease AS l
+SET owner = $1,
+    generation = CASE WHEN l.owner = $1 AND l.generation = $2 AND l.expires_at > now()
+                      THEN l.generation ELSE l.generation + 1 END,
+    expires_at = now() + make_interval(secs => $3),
+    renewed_at = now()
+WHERE l.singleton
+  AND (l.owner IS NULL OR l.expires_at <= now() OR (l.owner = $1 AND l.generation = $2))
+RETURNING l.generation";
+
+/// Gives the sequencer lease up (`$1` owner, `$2` generation), so a successor need not wait.
+pub const RELEASE_SEQUENCER_LEASE: &str = "
+UPDATE {{schema}}.lifecycle_sequencer_lease
+SET owner = NULL, expires_at = NULL
+WHERE singleton AND owner = $1 AND generation = $2";
+
 /// The Rust writer's single statement. `RETURNING` tells a new row from a repeated delete.
 pub const WRITE_TASK_DELETED: &str = "
 INSERT INTO {{schema}}.lifecycle_outbox

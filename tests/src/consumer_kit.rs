@@ -174,6 +174,7 @@ pub fn fast_config(project: &str, consumer: &str) -> ConsumerConfig {
     config.heartbeat_interval = Duration::from_millis(300);
     config.poll_interval = Duration::from_millis(100);
     config.sequence_interval = Some(Duration::from_millis(10));
+    config.sequencer_lease_ttl = Duration::from_secs(1);
     config.retry = RetrySchedule::new(vec![Duration::from_millis(50)], 3).unwrap();
     config.shutdown_grace = Duration::from_millis(500);
     config.start_from = StartFrom::Earliest;

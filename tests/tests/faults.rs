@@ -28,6 +28,8 @@ fn args(consumer: &str) -> Vec<String> {
         "100ms",
         "--sequence-interval",
         "10ms",
+        "--sequencer-lease-ttl",
+        "1s",
         "--shutdown-grace",
         "1s",
     ]
