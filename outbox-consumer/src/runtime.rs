@@ -108,6 +108,10 @@ struct Progress {
     /// Last sequence (and count) handled by this run whose acknowledgement is still to be
     /// written.
     handled_through: Option<(i64, u64)>,
+    /// The unhandled rest of a batch behind a failed event (that event first), kept across
+    /// the retry wait so the retry reads nothing again. Used only while it still starts right
+    /// after the cursor; events never change once numbered, so the copy cannot be stale.
+    pending: Vec<ObservedEvent>,
     /// The run's metrics.
     meters: Meters,
 }
@@ -213,6 +217,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delivered: 0,
             new_consumer: claimed.created,
             handled_through: None,
+            pending: Vec::new(),
             meters: Meters::new(&self.config),
         };
         let span = tracing::info_span!(
@@ -268,6 +273,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     Err(e) if e.is_retryable() => {
                         failures = failures.saturating_add(1);
                         progress.bounds_checked = false;
+                        progress.pending.clear();
                         let delay = background::backoff(failures, rand::random());
                         tracing::warn!(error = %e, retry_in = ?delay, "transient failure; will retry");
                         tokio::select! {
@@ -330,12 +336,19 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             progress.next_replay_check = Instant::now() + self.config.poll_interval;
             self.replay_requested(lease, statements, shutdown).await?;
         }
-        if progress
-            .held
-            .as_ref()
-            .is_some_and(|held| Instant::now() < held.ready_at)
-        {
-            return Ok(Step::Idle);
+        if let Some(held) = &progress.held {
+            let wait = held.ready_at.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                if progress.pending.is_empty() || wait > PRECISE_WAIT {
+                    return Ok(Step::Idle);
+                }
+                precise_wait(wait).await;
+            }
+        }
+        if let Some(events) = take_pending(progress, cursor) {
+            return self
+                .dispatch_batch(lease, statements, shutdown, progress, events, true)
+                .await;
         }
         match self.read_batch(statements, progress, cursor).await? {
             Read::Empty => Ok(Step::Idle),
@@ -350,7 +363,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Ok(Step::More)
             }
             Read::Events { events, rows } => {
-                self.dispatch_batch(lease, statements, shutdown, progress, &events, rows)
+                // Go round again at once after a full batch, or one cut short by an
+                // undecodable event.
+                let more = rows as i64 == self.config.batch_size || events.len() < rows;
+                self.dispatch_batch(lease, statements, shutdown, progress, events, more)
                     .await
             }
         }
@@ -436,17 +452,18 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 
     /// Dispatch: hands the events to the dispatch mode, acknowledges the handled prefix and
-    /// records a failure of the event after it.
+    /// records a failure of the event after it: a failure to be retried in the same statement
+    /// as the acknowledgement, keeping the rest of the batch in memory for the retry. `more`:
+    /// go round again at once when every event was handled.
     async fn dispatch_batch(
         &self,
         lease: &Lease,
         statements: &Statements,
         shutdown: &CancellationToken,
         progress: &mut Progress,
-        events: &[ObservedEvent],
-        rows: usize,
+        mut events: Vec<ObservedEvent>,
+        more: bool,
     ) -> Result<Step, ConsumerError> {
-        let full_batch = rows as i64 == self.config.batch_size;
         let ctx = DispatchContext {
             pool: &self.pool,
             lease,
@@ -459,30 +476,86 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             handled,
             acked,
             failure,
-        } = self.dispatch.deliver(&ctx, events).await?;
+        } = self.dispatch.deliver(&ctx, &events).await?;
+        let retry_in = match (&failure, events.get(handled)) {
+            (Some(_), Some(event)) => self.config.retry.delay_after(event.attempt),
+            _ => None,
+        };
         if handled > 0 {
             let last = events[handled - 1].sequence;
             if acked {
                 progress.advance(last, handled as u64);
             } else {
                 progress.handled_through = Some((last, handled as u64));
-                self.ack_handled(lease, statements, progress).await?;
+                if retry_in.is_none() {
+                    self.ack_handled(lease, statements, progress).await?;
+                }
             }
         }
         if let Some(class) = failure {
-            let event = &events[handled];
-            self.fail(lease, statements, progress, event, class).await?;
+            let rest = events.split_off(handled.min(events.len()));
+            match (retry_in, progress.cursor, rest.first()) {
+                (Some(delay), Some(cursor), Some(_)) => {
+                    self.retry_later(lease, statements, progress, cursor, rest, class, delay)
+                        .await?
+                }
+                (_, _, Some(event)) => {
+                    self.ack_handled(lease, statements, progress).await?;
+                    self.fail(lease, statements, progress, event, class).await?
+                }
+                (_, _, None) => {}
+            }
             return Ok(Step::More);
         }
         if handled < events.len() {
             // Stopped by shutdown or an invalid lease: the loop decides what happens next.
             return Ok(Step::Idle);
         }
-        Ok(if full_batch || events.len() < rows {
-            Step::More
-        } else {
-            Step::Idle
-        })
+        Ok(if more { Step::More } else { Step::Idle })
+    }
+
+    /// Saves a failed attempt to be retried after `delay` in the same statement as the
+    /// acknowledgement of what was handled before it, and keeps `rest` (the failed event
+    /// first) for the retry. The delay counts from the failure, so the write overlaps it.
+    #[allow(clippy::too_many_arguments)]
+    async fn retry_later(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        cursor: i64,
+        rest: Vec<ObservedEvent>,
+        class: FailureClass,
+        delay: Duration,
+    ) -> Result<(), ConsumerError> {
+        let failed_at = Instant::now();
+        let Some(event) = rest.first() else {
+            return Ok(());
+        };
+        let through = progress.handled_through.map_or(cursor, |(last, _)| last);
+        let attempts = event.attempt;
+        {
+            let client = self.pool.get().await?;
+            store::ack_and_retry(
+                &client, statements, lease, through, event, attempts, &class, delay,
+            )
+            .await?;
+        }
+        if let Some((last, count)) = progress.handled_through.take() {
+            progress.advance(last, count);
+        }
+        progress.meters.failures.increment(1);
+        tracing::warn!(
+            sequence = event.sequence, event_id = %event.event_id, attempts,
+            class = %class, retry_in = ?delay, "event failed; will retry"
+        );
+        progress.held = Some(Held {
+            sequence: event.sequence,
+            attempts,
+            ready_at: failed_at + delay,
+        });
+        progress.pending = rest;
+        Ok(())
     }
 
     /// Acknowledges events this run handled but could not yet acknowledge (the write failed,
@@ -693,6 +766,38 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         Ok(())
     }
+}
+
+/// Retry waits at most this long are slept precisely (and without going back round the
+/// loop) when the rest of the batch is in memory: tokio's timers fire on whole milliseconds,
+/// which would nearly double a 1 ms retry delay.
+const PRECISE_WAIT: Duration = Duration::from_millis(2);
+
+/// Sleeps `wait` (at most [`PRECISE_WAIT`]) on a blocking thread, to the OS timer's
+/// precision rather than the next millisecond tick.
+async fn precise_wait(wait: Duration) {
+    let wait = wait.min(PRECISE_WAIT);
+    if tokio::task::spawn_blocking(move || std::thread::sleep(wait))
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The kept rest of a batch, if it still starts right after `cursor`, with the first event's
+/// attempt number brought up to date; a kept rest that no longer fits is dropped.
+fn take_pending(progress: &mut Progress, cursor: i64) -> Option<Vec<ObservedEvent>> {
+    let mut events = std::mem::take(&mut progress.pending);
+    let first = events.first_mut()?;
+    if first.sequence != cursor + 1 {
+        return None;
+    }
+    first.attempt = match &progress.held {
+        Some(held) if held.sequence == first.sequence => held.attempts + 1,
+        _ => 1,
+    };
+    Some(events)
 }
 
 /// Names this process run in `lease_owner`: host, PID and a random suffix. It identifies a

@@ -130,6 +130,57 @@ pub const CLEAR_PASSED_RETRIES: &str = "
 DELETE FROM {{schema}}.lifecycle_deliveries
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $3";
 
+/// Advances the cursor to `$5` and forgets retry state it passed, in one statement (one round
+/// trip, no explicit transaction). Fenced like [`ACK`]: returns `acked` = 0, and changes
+/// nothing, when the lease is no longer ours.
+pub const ACK_CLEARING: &str = "
+WITH acked AS (
+    UPDATE {{schema}}.lifecycle_consumer_cursors
+    SET last_acked_sequence = $5
+    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+      AND state = 'active'
+    RETURNING 1
+),
+cleared AS (
+    DELETE FROM {{schema}}.lifecycle_deliveries
+    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $5
+      AND EXISTS (SELECT 1 FROM acked)
+)
+SELECT count(*) AS acked FROM acked";
+
+/// A failed attempt recorded with the acknowledgement of the prefix handled before it, in one
+/// statement: the cursor advances to `$5` (unchanged when nothing was handled), retry state it
+/// passed is forgotten, and the failed event (`$6` event, `$7` sequence, `$8` attempts so far,
+/// `$9` seconds until the next attempt, `$10` failure class) is saved as in [`RECORD_RETRY`].
+/// Fenced like [`ACK`]: returns `acked` = 0, and changes nothing, when the lease is gone.
+pub const ACK_AND_RETRY: &str = "
+WITH acked AS (
+    UPDATE {{schema}}.lifecycle_consumer_cursors
+    SET last_acked_sequence = $5
+    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+      AND state = 'active'
+    RETURNING 1
+),
+cleared AS (
+    DELETE FROM {{schema}}.lifecycle_deliveries
+    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $5
+      AND EXISTS (SELECT 1 FROM acked)
+),
+retried AS (
+    INSERT INTO {{schema}}.lifecycle_deliveries AS d
+        (project_id, consumer_id, event_id, sequence, attempts, next_attempt_at,
+         last_failure_class, state)
+    SELECT $1, $2, $6, $7, $8, now() + make_interval(secs => $9), $10, 'retrying'
+    WHERE EXISTS (SELECT 1 FROM acked)
+    ON CONFLICT (project_id, consumer_id, event_id) DO UPDATE
+    SET attempts = EXCLUDED.attempts, next_attempt_at = EXCLUDED.next_attempt_at,
+        last_failure_class = EXCLUDED.last_failure_class, state = 'retrying',
+        updated_at = now(),
+        first_failed_at = CASE WHEN d.state = 'retrying' THEN d.first_failed_at ELSE now() END,
+        parked_at = NULL, resolved_at = NULL, resolved_by = NULL, resolved_reason = NULL
+)
+SELECT count(*) AS acked FROM acked";
+
 /// Dead letters an operator asked to replay, with their events.
 pub const REPLAY_REQUESTED: &str = "
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
