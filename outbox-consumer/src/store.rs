@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use outbox_core::admin::{AuditLog, AuditRecord};
 use outbox_core::{AuditKind, ConsumerId, Prior, ProjectId, Schema};
+use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Row, Transaction};
 
 use crate::error::ConsumerError;
@@ -89,7 +90,16 @@ pub(crate) async fn ack(
     let [p, c, o, g] = lease.fence.params();
     if held.is_some_and(|held| held <= sequence) {
         let acked: i64 = client
-            .query_one(&statements.ack_clearing, &[p, c, o, g, &sequence])
+            .query_typed_one(
+                &statements.ack_clearing,
+                &[
+                    (p, Type::TEXT),
+                    (c, Type::TEXT),
+                    (o, Type::TEXT),
+                    (g, Type::INT8),
+                    (&sequence, Type::INT8),
+                ],
+            )
             .await?
             .try_get("acked")?;
         if acked != 1 {
@@ -294,20 +304,23 @@ pub(crate) async fn ack_and_retry(
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
     let attempts = attempts as i32;
+    // Typed parameters: no separate prepare, so a failure costs one round trip (and no
+    // named statement, which a transaction-mode pooler could not keep).
+    let delay = delay.as_secs_f64();
     let acked: i64 = client
-        .query_one(
+        .query_typed_one(
             &statements.ack_and_retry,
             &[
-                p,
-                c,
-                o,
-                g,
-                &through,
-                &event.event_id,
-                &event.sequence,
-                &attempts,
-                &delay.as_secs_f64(),
-                &class.as_str(),
+                (p, Type::TEXT),
+                (c, Type::TEXT),
+                (o, Type::TEXT),
+                (g, Type::INT8),
+                (&through, Type::INT8),
+                (&event.event_id, Type::TEXT),
+                (&event.sequence, Type::INT8),
+                (&attempts, Type::INT4),
+                (&delay, Type::FLOAT8),
+                (&class.as_str(), Type::TEXT),
             ],
         )
         .await?
