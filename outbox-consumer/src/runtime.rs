@@ -342,7 +342,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 if progress.pending.is_empty() || wait > PRECISE_WAIT {
                     return Ok(Step::Idle);
                 }
-                precise_wait(wait).await;
+                precise_wait(held.ready_at).await;
             }
         }
         if let Some(events) = take_pending(progress, cursor) {
@@ -773,15 +773,29 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
 /// which would nearly double a 1 ms retry delay.
 const PRECISE_WAIT: Duration = Duration::from_millis(2);
 
-/// Sleeps `wait` (at most [`PRECISE_WAIT`]) on a blocking thread, to the OS timer's
-/// precision rather than the next millisecond tick.
-async fn precise_wait(wait: Duration) {
-    let wait = wait.min(PRECISE_WAIT);
-    if tokio::task::spawn_blocking(move || std::thread::sleep(wait))
-        .await
-        .is_err()
-    {
-        tokio::time::sleep(wait).await;
+/// The last stretch of a precise wait, spent yielding rather than asleep: the OS wakes a
+/// sleeping thread some tens of microseconds late (its timer slack), which at a 1 ms delay
+/// is several per cent of the wait.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Waits until `until` (at most [`PRECISE_WAIT`] away) on a blocking thread, to within a few
+/// microseconds rather than to the next millisecond tick.
+async fn precise_wait(until: Instant) {
+    let deadline = until.into_std();
+    let waited = tokio::task::spawn_blocking(move || {
+        let now = std::time::Instant::now();
+        let left = deadline.saturating_duration_since(now).min(PRECISE_WAIT);
+        if let Some(asleep) = left.checked_sub(SPIN) {
+            std::thread::sleep(asleep);
+        }
+        let deadline = now + left;
+        while std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+    })
+    .await;
+    if waited.is_err() {
+        tokio::time::sleep_until(until).await;
     }
 }
 
