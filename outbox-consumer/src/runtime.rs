@@ -342,11 +342,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 if progress.pending.is_empty() || wait > PRECISE_WAIT {
                     return Ok(Step::Idle);
                 }
-                // Read on behind the kept events while waiting: the read then costs no time.
-                let ready_at = held.ready_at;
-                let (_, more) =
-                    tokio::join!(precise_wait(ready_at), self.top_up(statements, progress));
-                progress.pending.extend(more);
+                precise_wait(held.ready_at).await;
             }
         }
         if let Some(events) = take_pending(progress, cursor) {
@@ -354,10 +350,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .dispatch_batch(lease, statements, shutdown, progress, events, true)
                 .await;
         }
-        match self
-            .read_batch(statements, progress, cursor, self.config.batch_size)
-            .await?
-        {
+        match self.read_batch(statements, progress, cursor).await? {
             Read::Empty => Ok(Step::Idle),
             Read::Gap => {
                 self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
@@ -376,26 +369,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 self.dispatch_batch(lease, statements, shutdown, progress, events, more)
                     .await
             }
-        }
-    }
-
-    /// Up to a batch, counting the kept rest of the batch, of the events after the last kept
-    /// one. Anything but contiguous, decodable events (an error, a gap, an undecodable event
-    /// first) yields nothing here: the ordinary read after the kept events meets it again.
-    async fn top_up(&self, statements: &Statements, progress: &Progress) -> Vec<ObservedEvent> {
-        let (Some(last), Ok(kept)) = (
-            progress.pending.last().map(|e| e.sequence),
-            i64::try_from(progress.pending.len()),
-        ) else {
-            return Vec::new();
-        };
-        let room = self.config.batch_size - kept;
-        if room <= 0 {
-            return Vec::new();
-        }
-        match self.read_batch(statements, progress, last, room).await {
-            Ok(Read::Events { events, .. }) => events,
-            _ => Vec::new(),
         }
     }
 
@@ -422,15 +395,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         Ok(None)
     }
 
-    /// Read and decode: the contiguous run of up to `limit` events after `cursor`, up to the
-    /// first undecodable one (which is delivered on its own, as a failure, when it comes
-    /// first).
+    /// Read and decode: the contiguous run of events after `cursor`, up to the first
+    /// undecodable one (which is delivered on its own, as a failure, when it comes first).
     async fn read_batch(
         &self,
         statements: &Statements,
         progress: &Progress,
         cursor: i64,
-        limit: i64,
     ) -> Result<Read, ConsumerError> {
         let project = &self.config.project_id;
         let consumer = &self.config.consumer_id;
@@ -439,7 +410,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             client
                 .query(
                     &statements.read_batch,
-                    &[&project.as_str(), &cursor, &limit],
+                    &[&project.as_str(), &cursor, &self.config.batch_size],
                 )
                 .await?
         };

@@ -46,7 +46,7 @@ async fn failures_inside_batches_retry_from_memory_in_order() {
             )
             .await
             .unwrap();
-        // One event the runtime cannot decode, inside a stretch it reads on during a wait.
+        // One event the runtime cannot decode, behind events kept across a retry wait.
         client
             .execute(
                 "UPDATE outbox.lifecycle_outbox SET payload = '\"x\"'::jsonb WHERE event_id = 'e-120'",

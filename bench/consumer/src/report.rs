@@ -527,5 +527,42 @@ fn write_goals(out: &mut String, r: &Results) -> std::fmt::Result {
             met(o.latency.p99 <= GOAL_P99)
         )?;
     }
+    issue_12_goals(out, r)
+}
+
+/// The goals of issue 12 this benchmark measures: latency with one elected sequencer, and
+/// failures that cost little more than their retry delay.
+fn issue_12_goals(out: &mut String, r: &Results) -> std::fmt::Result {
+    writeln!(out)?;
+    writeln!(out, "## Goals (issue 12, measured here)")?;
+    writeln!(out)?;
+    for (rate, goal) in [(2000, 10.0), (5000, 15.0)] {
+        match r
+            .latency
+            .iter()
+            .find(|o| o.scenario.listen && o.scenario.rate == rate)
+        {
+            Some(o) => writeln!(
+                out,
+                "- p99 <= {goal} ms with LISTEN at {rate} events/s: {} ms: {}.",
+                ms(o.latency.p99),
+                met(o.latency.p99.as_secs_f64() * 1000.0 <= goal)
+            )?,
+            None => writeln!(
+                out,
+                "- p99 <= {goal} ms with LISTEN at {rate} events/s: not measured by this run."
+            )?,
+        }
+    }
+    if !r.clean.is_empty() && !r.failing.is_empty() {
+        let clean = median_of(&r.clean, |x| x.rate);
+        let failing = median_of(&r.failing, |x| x.rate);
+        writeln!(
+            out,
+            "- 1% failing once, retry delay 1 ms: >= 0.3 of the no-failure run: {:.3}: {}.",
+            failing / clean,
+            met(failing / clean >= 0.3)
+        )?;
+    }
     Ok(())
 }
