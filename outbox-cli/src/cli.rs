@@ -78,6 +78,9 @@ pub enum Command {
     DeadLetters(crate::dead_letters_cmd::DeadLettersCommand),
     /// The audit trail: who parked, replayed, resolved or retired what, and when.
     Audit(crate::audit_cmd::AuditArgs),
+    /// Relay a project's events into another system (NATS JetStream) for fan-out.
+    #[command(subcommand)]
+    Relay(crate::relay::RelayCommand),
 }
 
 /// `outbox migrate`.

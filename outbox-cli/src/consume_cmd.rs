@@ -47,7 +47,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     }
 }
 
-fn classify(e: ConsumerError) -> Failure {
+pub(crate) fn classify(e: ConsumerError) -> Failure {
     let code = match &e {
         ConsumerError::Config(_) => ExitCode::Usage,
         ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
@@ -59,7 +59,7 @@ fn classify(e: ConsumerError) -> Failure {
     }
 }
 
-fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
+pub(crate) fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
     let mut config = ConsumerConfig::new(args.project.clone(), args.consumer_id.clone());
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
@@ -87,7 +87,7 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
 
 /// SIGINT or SIGTERM cancels `shutdown`: the consumer finishes or abandons its current event
 /// within the grace period, releases its lease and exits 0.
-async fn forward_signals(shutdown: CancellationToken) {
+pub(crate) async fn forward_signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -104,7 +104,7 @@ async fn forward_signals(shutdown: CancellationToken) {
 }
 
 /// Runs the consumer with `sink` as both its handler and its reconciler.
-async fn run_with<S>(
+pub(crate) async fn run_with<S>(
     pool: deadpool_postgres::Pool,
     listen: Option<tokio_postgres::Config>,
     config: ConsumerConfig,
@@ -139,6 +139,13 @@ impl<S: outbox_consumer::Handler> outbox_consumer::Handler for SharedSink<S> {
 
     async fn before_ack(&self) -> Result<(), outbox_consumer::HandlerFailure> {
         self.0.before_ack().await
+    }
+
+    async fn before_ack_prefix(
+        &self,
+        handled: &[outbox_consumer::ObservedEvent],
+    ) -> Result<(), outbox_consumer::PartialAck> {
+        self.0.before_ack_prefix(handled).await
     }
 }
 

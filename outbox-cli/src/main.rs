@@ -12,6 +12,7 @@ mod failure;
 mod migrate_cmd;
 mod output;
 mod prune_cmd;
+mod relay;
 mod sequence_cmd;
 mod sink;
 mod status_cmd;
@@ -44,6 +45,7 @@ fn main() -> std::process::ExitCode {
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
+            Command::Relay(command) => relay::run(&cli.global, command).await,
         }
     });
     match result {

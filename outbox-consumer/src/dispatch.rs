@@ -111,12 +111,13 @@ impl<H: Handler> DispatchMode for Plain<H> {
             }
         }
         if handled > 0 {
-            if let Err(f) = self.0.before_ack().await {
-                // Nothing handled is durable: deliver it all again, charging the first event.
+            if let Err(partial) = self.0.before_ack_prefix(&events[..handled]).await {
+                // Only the durable prefix is acknowledged; the event after it is charged
+                // with the failure and everything after that is delivered again.
                 return Ok(BatchOutcome {
-                    handled: 0,
+                    handled: partial.durable.min(handled - 1),
                     acked: false,
-                    failure: Some(f.class),
+                    failure: Some(partial.failure.class),
                 });
             }
         }
@@ -136,7 +137,11 @@ impl<H: Handler> DispatchMode for Plain<H> {
             return Ok(None);
         };
         if result.is_ok() {
-            result = self.0.before_ack().await;
+            result = self
+                .0
+                .before_ack_prefix(std::slice::from_ref(event))
+                .await
+                .map_err(|partial| partial.failure);
         }
         let mut client = ctx.pool.get().await?;
         let tx = client.transaction().await?;

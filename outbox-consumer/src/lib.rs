@@ -68,6 +68,8 @@ pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
-pub use handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
+pub use handler::{
+    Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
+};
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

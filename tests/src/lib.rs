@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod consumer_kit;
+pub mod nats_kit;
 pub mod process_kit;
 
 use std::process::Command;
