@@ -226,16 +226,17 @@ impl Publisher {
 
     /// Waits for the oldest outstanding PubAck; a failure is remembered as the failure of
     /// that event (the first one only: later ones are retried after it anyway).
+    ///
+    /// Cancellation-safe: the publish leaves the window only once its outcome is known, so a
+    /// handler abandoned at shutdown while waiting here leaves it for `before_ack_prefix`.
     async fn settle_oldest(&self, state: &mut Pipeline) {
-        let Some(InFlight {
-            sequence,
-            ack,
-            deadline,
-        }) = state.in_flight.pop_front()
-        else {
+        let Some(oldest) = state.in_flight.front_mut() else {
             return;
         };
-        let result = match tokio::time::timeout_at(deadline, ack).await {
+        let (sequence, deadline) = (oldest.sequence, oldest.deadline);
+        let outcome = tokio::time::timeout_at(deadline, &mut oldest.ack).await;
+        state.in_flight.pop_front();
+        let result = match outcome {
             Ok(result) => result.map_err(|e| {
                 tracing::warn!(sequence, error = %e, "JetStream did not confirm a publish");
                 publish_failure(&e)
