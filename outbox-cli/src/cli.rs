@@ -129,8 +129,13 @@ impl Global {
 impl Cli {
     /// Logs go to stderr, so stdout stays machine-readable.
     pub fn init_logging(&self) {
-        let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
+        // async_nats is silenced: the relay lets each NATS client give up after its one
+        // connection (relay/publisher.rs), which the client reports as an error, and the relay
+        // logs the loss and its own reconnect instead.
+        let filter =
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn,async_nats=off")
+            });
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
