@@ -312,3 +312,57 @@ impl RelayProcess {
         status.code().unwrap_or(-1)
     }
 }
+
+/// Reads `count` messages of `filter` through a durable pull consumer with explicit
+/// acknowledgement, the way the README tells downstream services to consume; returns
+/// (subject, `Nats-Msg-Id`, `Outbox-Sequence`) in delivery order.
+pub async fn consume_durable(
+    js: &Context,
+    stream: &str,
+    durable: &str,
+    filter: &str,
+    count: usize,
+) -> Vec<(String, String, i64)> {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use futures_util::StreamExt;
+
+    let consumer = js
+        .get_stream(stream)
+        .await
+        .expect("get stream")
+        .get_or_create_consumer(
+            durable,
+            pull::Config {
+                durable_name: Some(durable.into()),
+                filter_subject: filter.into(),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create durable consumer");
+    let mut messages = consumer.messages().await.expect("consume");
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {count} messages delivered", out.len()))
+            .expect("message stream ended")
+            .expect("message");
+        let headers = message.headers.as_ref().expect("headers");
+        let msg_id = headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .expect("Nats-Msg-Id")
+            .as_str()
+            .to_owned();
+        let sequence = headers
+            .get("Outbox-Sequence")
+            .expect("Outbox-Sequence")
+            .as_str()
+            .parse()
+            .expect("numeric sequence");
+        out.push((message.subject.to_string(), msg_id, sequence));
+        message.ack().await.expect("ack");
+    }
+    out
+}

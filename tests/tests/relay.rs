@@ -14,7 +14,9 @@ use async_nats::jetstream::stream::Config as StreamConfig;
 use chrono::Utc;
 use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
-use outbox_tests::nats_kit::{NatsServer, RelayProcess, assert_exactly_once_in_order, read_stream};
+use outbox_tests::nats_kit::{
+    NatsServer, RelayProcess, assert_exactly_once_in_order, consume_durable, read_stream,
+};
 use outbox_tests::process_kit::run_outbox;
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
@@ -149,6 +151,20 @@ async fn check_stream(config: &Config, nats: &NatsServer, stream: &str) {
         assert_exactly_once_in_order(&messages, "lifecycle", project, &expected);
     }
     assert_eq!(messages.len(), total, "nothing else in the stream");
+
+    // A downstream service's durable consumer sees the same: every project in order, once.
+    let delivered =
+        consume_durable(&js, stream, "downstream", "lifecycle.*.task_deleted", total).await;
+    for project in PROJECTS {
+        let subject = format!("lifecycle.{project}.task_deleted");
+        let got: Vec<i64> = delivered
+            .iter()
+            .filter(|(s, _, _)| *s == subject)
+            .map(|(_, _, seq)| *seq)
+            .collect();
+        let want: Vec<i64> = (1..=got.len() as i64).collect();
+        assert_eq!(got, want, "{project} through a durable consumer");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
