@@ -38,53 +38,10 @@ impl FromStr for DatabaseUrl {
     }
 }
 
-/// Replaces the password in a URL (`user:secret@`) or key=value string (`password=secret`).
+/// Replaces every password in a URL or key=value string (see
+/// [`outbox_core::redact_connection_string`]).
 pub fn redact(text: &str) -> String {
-    if let Some(scheme_end) = text.find("://") {
-        let rest = &text[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &text[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &text[scheme_end + 3 + at..]
-                );
-            }
-        }
-        return redact_query_password(text);
-    }
-    text.split_whitespace()
-        .map(|pair| {
-            if pair.starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn redact_query_password(text: &str) -> String {
-    let Some(q) = text.find('?') else {
-        return text.to_owned();
-    };
-    let (base, query) = text.split_at(q + 1);
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| {
-            if pair.starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect();
-    format!("{base}{}", pairs.join("&"))
+    outbox_core::redact_connection_string(text)
 }
 
 impl DatabaseUrl {

@@ -54,6 +54,7 @@ mod event;
 mod ids;
 mod migrate;
 mod observed;
+mod redact;
 pub mod retention;
 mod schema;
 mod sequencer;
@@ -76,6 +77,7 @@ pub use ids::{
 };
 pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
 pub use observed::{in_observed_dispatch, observe};
+pub use redact::redact_connection_string;
 pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
     PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,

@@ -34,11 +34,18 @@ impl Migration {
 }
 
 /// Every migration this build carries, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    template: include_str!("../../sql/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        template: include_str!("../../sql/0001_init.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "writer_arguments",
+        template: include_str!("../../sql/0003_writer_arguments.sql"),
+    },
+];
 
 /// What a migration run did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
