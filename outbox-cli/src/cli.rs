@@ -159,13 +159,19 @@ pub struct ConsumeArgs {
     /// The consumer to run (`--project`, `--consumer-id`).
     #[command(flatten)]
     pub consumer: ConsumerRef,
-    /// Drive this command (run with sh -c): one event line on its stdin, one answer line
-    /// ({"ack": SEQ} or {"fail": SEQ, "class": "code"}) on its stdout per event.
+    /// Drive this command (run with sh -c, in its own process group): one event line on its
+    /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
+    /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
+    /// stderr). A timeout, restart or shutdown ends the child's whole process group: SIGTERM,
+    /// then SIGKILL after --child-stop-grace.
     #[arg(long, value_name = "COMMAND")]
     pub child: Option<String>,
     /// How long the child may take to answer one line.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub child_timeout: Duration,
+    /// How long the child's process group has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub child_stop_grace: Duration,
     /// Poll only; no LISTEN connection (for poolers in transaction mode).
     #[arg(long)]
     pub no_listen: bool,

@@ -3,10 +3,11 @@
 use outbox_consumer::{Consumer, ConsumerConfig, ConsumerError, RetrySchedule, StartFrom};
 use tokio_util::sync::CancellationToken;
 
+use crate::child::ChildSink;
 use crate::cli::{ConsumeArgs, Global, StartFromArg};
 use crate::failure::{ExitCode, Failure};
 use crate::shutdown::Shutdown;
-use crate::sink::{ChildSink, StdoutSink};
+use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let shutdown = Shutdown::install()?;
@@ -28,8 +29,18 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let token = shutdown.token();
     let result = match args.child {
         Some(command) => {
-            let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, config, sink, token).await
+            let sink = ChildSink::new(
+                command,
+                consumer_id,
+                args.child_timeout,
+                args.child_stop_grace,
+                token.clone(),
+            );
+            let force = sink.clone();
+            shutdown.on_force(move || force.kill_now());
+            let result = run_with(pool, listen, config, sink.clone(), token).await;
+            sink.close().await;
+            result
         }
         None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
     };
@@ -49,6 +60,9 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
 
 fn classify(e: ConsumerError) -> Failure {
     let code = match &e {
+        ConsumerError::LiveQueryInvalid(problem) => {
+            return Failure::usage(format!("invalid --live-query: {problem}"));
+        }
         ConsumerError::Config(_) => ExitCode::Usage,
         ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
         _ => ExitCode::Runtime,
@@ -81,6 +95,11 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
         StartFromArg::Earliest => StartFrom::Earliest,
     };
     if let Some(query) = &args.live_query {
+        if !query.contains("$1") {
+            return Err(Failure::usage(
+                "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
+            ));
+        }
         config.live_query = query.clone();
     }
     config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)

@@ -4,6 +4,7 @@
 
 mod args;
 mod audit_cmd;
+mod child;
 mod cli;
 mod consume_cmd;
 mod consumers_cmd;

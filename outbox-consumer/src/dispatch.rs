@@ -86,6 +86,20 @@ where
     }
 }
 
+/// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an
+/// abandonment (not the event's fault, not counted), `Ok(Some(class))` a failure of the event.
+fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
+    if let Some(reason) = failure.stop_reason() {
+        return Err(ConsumerError::SinkFailed {
+            reason: reason.to_owned(),
+        });
+    }
+    if failure.is_abandoned() {
+        return Ok(None);
+    }
+    Ok(Some(failure.class))
+}
+
 impl<H: Handler> DispatchMode for Plain<H> {
     async fn deliver(
         &self,
@@ -101,7 +115,10 @@ impl<H: Handler> DispatchMode for Plain<H> {
             match guarded(ctx, self.0.handle(event)).await {
                 Some(Ok(())) => handled += 1,
                 Some(Err(f)) => {
-                    failure = Some(f.class);
+                    failure = triage(f)?;
+                    if failure.is_none() {
+                        tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");
+                    }
                     break;
                 }
                 None => {
@@ -112,11 +129,12 @@ impl<H: Handler> DispatchMode for Plain<H> {
         }
         if handled > 0 {
             if let Err(f) = self.0.before_ack().await {
-                // Nothing handled is durable: deliver it all again, charging the first event.
+                // Nothing handled is durable: deliver it all again, charging the first event
+                // unless the failure was the sink's or shutdown's.
                 return Ok(BatchOutcome {
                     handled: 0,
                     acked: false,
-                    failure: Some(f.class),
+                    failure: triage(f)?,
                 });
             }
         }
@@ -137,6 +155,11 @@ impl<H: Handler> DispatchMode for Plain<H> {
         };
         if result.is_ok() {
             result = self.0.before_ack().await;
+        }
+        if let Err(f) = &result {
+            if triage(f.clone())?.is_none() {
+                return Ok(None);
+            }
         }
         let mut client = ctx.pool.get().await?;
         let tx = client.transaction().await?;
@@ -181,7 +204,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                     return Ok(BatchOutcome {
                         handled: index,
                         acked: true,
-                        failure: Some(f.class),
+                        failure: triage(f)?,
                     });
                 }
                 None => {
@@ -213,6 +236,12 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
             tx.rollback().await?;
             return Ok(None);
         };
+        if let Err(f) = &result {
+            if triage(f.clone())?.is_none() {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+        }
         if result.is_ok() {
             store::record_replay(&tx, ctx.statements, ctx.lease, event, &result).await?;
             tx.commit().await?;

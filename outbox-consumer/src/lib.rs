@@ -60,6 +60,7 @@ mod event;
 mod handler;
 mod lease;
 mod listener;
+mod live_query;
 mod pool;
 mod retry;
 mod runtime;

@@ -188,6 +188,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .into());
         }
         let statements = Arc::new(Statements::new(&self.config.schema));
+        // Before the lease is claimed, so a bad query leaves nothing held.
+        let mut client = self.pool.get().await?;
+        crate::live_query::check(&mut client, &self.config.live_query).await?;
+        drop(client);
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
@@ -605,13 +609,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .start()
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let task_ids: Vec<String> = tx
-            .query(&self.config.live_query, &[&project])
-            .await?
-            .iter()
-            // The live query is the operator's: its one column may have any name.
-            .map(|row| row.try_get(0))
-            .collect::<Result<_, _>>()?;
+        let task_ids = crate::live_query::task_ids(&*tx, &self.config.live_query, project).await?;
         tx.commit().await?;
         drop(client);
         let live = LiveSet {
@@ -621,6 +619,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             reason,
         };
         if let Err(failure) = outbox_core::observe(self.reconciler.reconcile(&live)).await {
+            if let Some(reason) = failure.stop_reason() {
+                return Err(ConsumerError::SinkFailed {
+                    reason: reason.to_owned(),
+                });
+            }
             tracing::error!(class = %failure.class, "reconciler failed; will try again");
             return Err(ConsumerError::ReconcilerFailed {
                 class: failure.class,
