@@ -25,12 +25,16 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct Global {
     // Kept as text and parsed by `Global::database`, so that a parse error never echoes a
-    // password back.
-    /// PostgreSQL URL, e.g. postgresql://user@host:5432/db (or key=value form).
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    // password back. DATABASE_URL is read there too (not through clap), so usage lines never
+    // list this option as missing when the variable is set.
+    /// PostgreSQL URL, e.g. postgresql://user@host:5432/db (or key=value form). Defaults to
+    /// DATABASE_URL; without either, the libpq variables (PGHOST, PGPORT, PGUSER, PGDATABASE,
+    /// PGPASSWORD) describe the connection. A missing password comes from PGPASSFILE or
+    /// ~/.pgpass.
+    #[arg(long, global = true)]
     pub database_url: Option<String>,
-    /// Schema holding the outbox tables.
-    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox")]
+    /// Schema holding the outbox tables (an empty OUTBOX_SCHEMA means the default).
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox", value_parser = parse_schema)]
     pub schema: Schema,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -116,15 +120,33 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     Ok(d)
 }
 
+/// A schema name; empty (an empty OUTBOX_SCHEMA, say) means the default.
+fn parse_schema(text: &str) -> Result<Schema, String> {
+    if text.is_empty() {
+        return Ok(Schema::default());
+    }
+    text.parse::<Schema>().map_err(|e| e.to_string())
+}
+
 impl Global {
-    /// The database URL, or a usage error naming both ways to give it.
+    /// The database: --database-url, else DATABASE_URL, else the libpq variables; or a usage
+    /// error naming the ways to give it.
     pub fn database(&self) -> Result<DatabaseUrl, crate::failure::Failure> {
-        let text = self.database_url.as_deref().ok_or_else(|| {
-            crate::failure::Failure::usage(
-                "no database given: pass --database-url or set DATABASE_URL",
-            )
-        })?;
-        text.parse().map_err(crate::failure::Failure::usage)
+        let env = |name: &str| std::env::var(name).ok();
+        let text = self
+            .database_url
+            .clone()
+            .or_else(|| env("DATABASE_URL").filter(|v| !v.is_empty()));
+        let mut database = match text {
+            Some(text) => text
+                .parse::<DatabaseUrl>()
+                .map_err(crate::failure::Failure::usage)?,
+            None => DatabaseUrl::from_libpq_env(env)?,
+        };
+        if let Some(path) = outbox_core::libpq_env::passfile_path(env) {
+            outbox_core::libpq_env::apply_passfile(&mut database.config, &path);
+        }
+        Ok(database)
     }
 }
 
@@ -181,6 +203,10 @@ pub struct ConsumeArgs {
     /// Start a retired consumer again; it reconciles first.
     #[arg(long)]
     pub reactivate: bool,
+    /// Stop with exit 0 once every committed event is handled (for scripts and batch jobs); a
+    /// failed event waiting for its retry is waited for.
+    #[arg(long)]
+    pub exit_when_caught_up: bool,
     /// Where a consumer without a cursor starts.
     #[arg(long, value_enum, default_value_t = StartFromArg::Reconcile)]
     pub start_from: StartFromArg,

@@ -64,7 +64,22 @@ fn classify(e: ConsumerError) -> Failure {
             return Failure::usage(format!("invalid --live-query: {problem}"));
         }
         ConsumerError::Config(_) => ExitCode::Usage,
-        ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
+        ConsumerError::Retired {
+            project,
+            consumer,
+            by,
+            reason,
+        } => {
+            return Failure {
+                code: ExitCode::Conflict,
+                message: format!(
+                    "consumer {consumer} of project {project} is retired (by {by}: {reason}); to \
+                     resume it (it reconciles first), run: outbox consume --project {project} \
+                     --consumer-id {consumer} --reactivate"
+                ),
+            };
+        }
+        ConsumerError::LeaseHeld { .. } => ExitCode::Conflict,
         _ => ExitCode::Runtime,
     };
     Failure {
@@ -87,6 +102,7 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
     config.listen = !args.no_listen;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
+    config.exit_when_caught_up = args.exit_when_caught_up;
     config.shutdown_grace = args.shutdown_grace;
     config.prune_interval = (!args.no_prune).then_some(args.prune_interval);
     config.retention = args.retention;

@@ -45,6 +45,30 @@ pub fn redact(text: &str) -> String {
 }
 
 impl DatabaseUrl {
+    /// The connection the libpq variables describe (PGHOST, PGPORT, PGUSER, PGDATABASE,
+    /// PGPASSWORD, ...), or a usage error naming every way to give a database.
+    pub fn from_libpq_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, Failure> {
+        let found = outbox_core::libpq_env::config_from_env(var)
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        let Some(found) = found else {
+            return Err(Failure::usage(
+                "no database given: pass --database-url or set DATABASE_URL (or the libpq \
+                 variables PGHOST, PGPORT, PGUSER, PGDATABASE)",
+            ));
+        };
+        let mut config = found.config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("outbox");
+        }
+        Ok(Self {
+            config,
+            redacted: found.description,
+        })
+    }
+
     /// A small pool for a consumer runtime or a command.
     pub fn pool(&self, size: usize) -> Result<deadpool_postgres::Pool, Failure> {
         outbox_consumer::build_pool(self.config.clone(), size)

@@ -238,7 +238,7 @@ impl Render for DeadLetterDetail {
                 ("event_type", e.event_type.clone()),
                 ("task_id", e.task_id.clone()),
                 ("deleted_at", outbox_core::format_timestamp(e.deleted_at)),
-                ("writer", e.writer_process_id.clone()),
+                ("writer_process_id", e.writer_process_id.clone()),
                 ("occurred_at", time(Some(e.occurred_at))),
                 ("payload_version", e.payload_version.to_string()),
                 ("payload", e.payload.to_string()),

@@ -28,7 +28,7 @@ pub struct ObservedEvent {
     #[serde(serialize_with = "rfc3339_micros")]
     pub deleted_at: DateTime<Utc>,
     /// The process that wrote the event (the origin).
-    pub origin_writer: String,
+    pub writer_process_id: String,
     /// When the event was written.
     #[serde(serialize_with = "rfc3339_micros")]
     pub occurred_at: DateTime<Utc>,

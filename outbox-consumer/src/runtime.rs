@@ -196,6 +196,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
         };
+        if claimed.created {
+            tracing::info!(
+                "registering new consumer {} of project {}; it holds retention until retired",
+                self.config.consumer_id,
+                self.config.project_id
+            );
+        }
         let lease = Arc::new(claimed.lease);
         let stop = CancellationToken::new();
         let wake = Arc::new(Notify::new());
@@ -267,7 +274,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         failures = 0;
                         continue;
                     }
-                    Ok(Step::Idle) => failures = 0,
+                    Ok(Step::Idle) => {
+                        failures = 0;
+                        if self.config.exit_when_caught_up
+                            && self
+                                .caught_up(lease, statements, shutdown, progress)
+                                .await?
+                        {
+                            tracing::info!(cursor = ?progress.cursor, "caught up; stopping");
+                            return Ok(());
+                        }
+                    }
                     Err(e @ ConsumerError::LeaseLost { .. }) => return Err(e),
                     Err(e) if e.is_retryable() => {
                         failures = failures.saturating_add(1);
@@ -487,6 +504,31 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         } else {
             Step::Idle
         })
+    }
+
+    /// Whether everything committed so far is handled: numbers what has committed, then finds
+    /// nothing more to read and no failed event waiting for its retry.
+    async fn caught_up(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+    ) -> Result<bool, ConsumerError> {
+        if progress.held.is_some() || progress.handled_through.is_some() {
+            return Ok(false);
+        }
+        if self.config.sequence_interval.is_some() {
+            let mut client = self.pool.get().await?;
+            Sequencer::new(&self.config.schema)
+                .drain(&mut client)
+                .await?;
+        }
+        Ok(matches!(
+            self.step(lease, statements, shutdown, progress).await?,
+            Step::Idle
+        ) && progress.held.is_none()
+            && progress.handled_through.is_none())
     }
 
     /// Acknowledges events this run handled but could not yet acknowledge (the write failed,

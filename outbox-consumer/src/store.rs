@@ -195,7 +195,7 @@ pub(crate) fn decode(
         event_id: row.try_get("event_id")?,
         task_id: row.try_get("task_id")?,
         deleted_at: row.try_get::<_, DateTime<Utc>>("deleted_at")?,
-        origin_writer: row.try_get("writer_process_id")?,
+        writer_process_id: row.try_get("writer_process_id")?,
         occurred_at: row.try_get::<_, DateTime<Utc>>("occurred_at")?,
         payload_version: row.try_get("payload_version")?,
         prior,

@@ -52,6 +52,7 @@ pub mod admin;
 mod error;
 mod event;
 mod ids;
+pub mod libpq_env;
 mod migrate;
 mod observed;
 mod redact;

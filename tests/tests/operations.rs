@@ -935,6 +935,10 @@ async fn retire_stops_the_running_consumer_refuses_a_restart_and_reactivation_re
     ];
     let err = outbox_fails(&db, 4, &[&["consume"][..], &consume].concat()).await;
     assert!(err.contains("consumer c of project p is retired"), "{err}");
+    assert!(
+        err.contains("run: outbox consume --project p --consumer-id c --reactivate"),
+        "the refusal names the exact command: {err}"
+    );
 
     // ...unless reactivated, which reconciles from the live set.
     let mut process = ConsumeProcess::spawn(&db.url, &[&consume[..], &["--reactivate"]].concat());
