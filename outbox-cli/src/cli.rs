@@ -203,8 +203,9 @@ pub struct ConsumeArgs {
     /// Start a retired consumer again; it reconciles first.
     #[arg(long)]
     pub reactivate: bool,
-    /// Stop with exit 0 once every committed event is handled (for scripts and batch jobs); a
-    /// failed event waiting for its retry is waited for.
+    /// Stop with exit 0 once every committed event is numbered and handled (for scripts and
+    /// batch jobs); a failed event waiting for its retry is waited for, and so is numbering
+    /// (with --no-sequencer, another process must run the sequencer).
     #[arg(long)]
     pub exit_when_caught_up: bool,
     /// Where a consumer without a cursor starts.

@@ -26,6 +26,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let listen = (!args.no_listen).then_some(listen);
 
     let consumer_id = args.consumer.consumer_id.to_string();
+    let args_live_query = args.live_query.is_some();
     let token = shutdown.token();
     let result = match args.child {
         Some(command) => {
@@ -54,14 +55,23 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
             );
             Ok(())
         }
-        Err(e) => Err(classify(e)),
+        Err(e) => Err(classify(e, args_live_query)),
     }
 }
 
-fn classify(e: ConsumerError) -> Failure {
+/// Maps a consumer error to the command's failure; `custom_live_query` says whether the
+/// live query came from --live-query (else it is the default, which the message then shows).
+fn classify(e: ConsumerError, custom_live_query: bool) -> Failure {
     let code = match &e {
-        ConsumerError::LiveQueryInvalid(problem) => {
+        ConsumerError::LiveQueryInvalid(problem) if custom_live_query => {
             return Failure::usage(format!("invalid --live-query: {problem}"));
+        }
+        ConsumerError::LiveQueryInvalid(problem) => {
+            return Failure::usage(format!(
+                "the default live query ({}) does not fit this database: {problem}; give the \
+                 query of your schema with --live-query",
+                outbox_consumer::DEFAULT_LIVE_QUERY
+            ));
         }
         ConsumerError::Config(_) => ExitCode::Usage,
         ConsumerError::Retired {

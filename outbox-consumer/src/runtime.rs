@@ -506,8 +506,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         })
     }
 
-    /// Whether everything committed so far is handled: numbers what has committed, then finds
-    /// nothing more to read and no failed event waiting for its retry.
+    /// Whether everything committed so far is handled: numbers what has committed (another
+    /// process may be doing that at the same moment: then nothing of the project may still be
+    /// waiting for a number), then finds nothing more to read and no failed event waiting for
+    /// its retry.
     async fn caught_up(
         &self,
         lease: &Lease,
@@ -518,11 +520,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if progress.held.is_some() || progress.handled_through.is_some() {
             return Ok(false);
         }
-        if self.config.sequence_interval.is_some() {
+        {
             let mut client = self.pool.get().await?;
-            Sequencer::new(&self.config.schema)
-                .drain(&mut client)
-                .await?;
+            if self.config.sequence_interval.is_some() {
+                Sequencer::new(&self.config.schema)
+                    .drain(&mut client)
+                    .await?;
+            }
+            let waiting: bool = client
+                .query_one(
+                    &statements.has_unsequenced,
+                    &[&self.config.project_id.as_str()],
+                )
+                .await?
+                .try_get("waiting")?;
+            if waiting {
+                return Ok(false);
+            }
         }
         Ok(matches!(
             self.step(lease, statements, shutdown, progress).await?,

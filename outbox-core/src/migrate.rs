@@ -42,8 +42,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
-        name: "writer_arguments",
-        template: include_str!("../../sql/0003_writer_arguments.sql"),
+        name: "sharp_edges",
+        template: include_str!("../../sql/0003_sharp_edges.sql"),
     },
 ];
 

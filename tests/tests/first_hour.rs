@@ -235,3 +235,66 @@ async fn exit_when_caught_up_stops_at_the_head() {
     assert_eq!(out, "");
     assert!(!err.contains("registering new consumer"), "{err}");
 }
+
+#[tokio::test]
+async fn status_check_exits_0_when_every_code_is_ok() {
+    let db = fresh_db().await;
+    let (code, out, err) =
+        run_with_env(&["status", "--check", "--database-url", &db.url], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("PROJECT"), "{out}");
+}
+
+/// A mistyped consumer ID registers a consumer that then holds retention back: `status`
+/// says `never_acknowledged` (and `not_running`) once it has stopped and events wait.
+#[tokio::test]
+async fn a_mistyped_consumer_shows_as_never_acknowledged() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "a").await;
+    let (code, _, err) = run_with_env(
+        &[
+            "consume",
+            "--database-url",
+            &db.url,
+            "--project",
+            "p",
+            "--consumer-id",
+            "dashbaord",
+            "--exit-when-caught-up",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("registering new consumer dashbaord"), "{err}");
+    write_event(&db, "p", "b").await;
+    let (code, _, err) = run_with_env(&["sequence", "--database-url", &db.url], &[]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run_with_env(
+        &[
+            "status",
+            "--database-url",
+            &db.url,
+            "--check",
+            "--output",
+            "json",
+            "--max-heartbeat-age",
+            "1ms",
+            "--max-unsequenced-age",
+            "1h",
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 5, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        status["consumers"][0]["health"],
+        serde_json::json!(["not_running", "never_acknowledged"]),
+        "{out}"
+    );
+    assert!(
+        err.contains("consumer dashbaord of project p: not_running,never_acknowledged"),
+        "{err}"
+    );
+}

@@ -1,4 +1,6 @@
--- write_task_deleted names every NULL or invalid argument with SQLSTATE 22023.
+-- Sharp edges found by trying the project as a new user and an operator would.
+--
+-- 1. write_task_deleted names every NULL or invalid argument with SQLSTATE 22023.
 --
 -- In 0001 the fast path's test `NOT (project_id ~ ... AND ...)` is NULL, not true, when an
 -- identifier is NULL, so the named checks were skipped and the INSERT failed instead with
@@ -59,3 +61,30 @@ BEGIN
     RETURN v_event_id;
 END
 $fn$;
+
+-- 2. A complete audit trail. An operator's reason is kept on the audit row of the action it
+--    explains (a retirement's reason then survives a reactivation, which clears the consumer
+--    row's copy); a replay request is audited when it is made, and the replay's outcome names
+--    who asked for it.
+ALTER TABLE {{schema}}.lifecycle_audit
+    DROP CONSTRAINT lifecycle_audit_kind_check,
+    ADD CONSTRAINT lifecycle_audit_kind_check CHECK (kind IN (
+        'lifecycle-observation:consumer-poisoned',
+        'lifecycle-observation:consumer-replayed',
+        'lifecycle-observation:dead-letter-replay-requested',
+        'lifecycle-observation:dead-letter-resolved',
+        'lifecycle-observation:consumer-retired',
+        'lifecycle-observation:consumer-reactivated',
+        'lifecycle-observation:reconciled',
+        'lifecycle-observation:pruned')),
+    ADD COLUMN reason text;
+
+CREATE INDEX lifecycle_audit_recorded_idx ON {{schema}}.lifecycle_audit (recorded_at);
+
+ALTER TABLE {{schema}}.lifecycle_deliveries
+    ADD COLUMN replay_requested_by text;
+
+-- 3. When a consumer last acknowledged an event, so `status` can tell a consumer that never
+--    acknowledged anything (a typo'd consumer ID, say) from one that is merely behind.
+ALTER TABLE {{schema}}.lifecycle_consumer_cursors
+    ADD COLUMN last_acked_at timestamptz;
