@@ -250,7 +250,8 @@ async fn status_check_exits_0_when_every_code_is_ok() {
 #[tokio::test]
 async fn a_mistyped_consumer_shows_as_never_acknowledged() {
     let db = fresh_db().await;
-    write_event(&db, "p", "a").await;
+    // Run once and stop, before the project has events: registered, reconciled, but no
+    // delivery ever acknowledged.
     let (code, _, err) = run_with_env(
         &[
             "consume",
@@ -267,6 +268,7 @@ async fn a_mistyped_consumer_shows_as_never_acknowledged() {
     .await;
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("registering new consumer dashbaord"), "{err}");
+    write_event(&db, "p", "a").await;
     write_event(&db, "p", "b").await;
     let (code, _, err) = run_with_env(&["sequence", "--database-url", &db.url], &[]).await;
     assert_eq!(code, 0, "{err}");
