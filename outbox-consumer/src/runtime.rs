@@ -188,10 +188,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .into());
         }
         let statements = Arc::new(Statements::new(&self.config.schema));
-        // Before the lease is claimed, so a bad query leaves nothing held.
-        let mut client = self.pool.get().await?;
-        crate::live_query::check(&mut client, &self.config.live_query).await?;
-        drop(client);
+        // A live query given explicitly is checked before the lease is claimed, so a wrong one
+        // holds nothing; the default is checked when it is first needed (a consumer that
+        // replays history from the earliest event may never reconcile, and its database need
+        // not have a `tasks` table).
+        if self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
+            let mut client = self.pool.get().await?;
+            crate::live_query::check(&mut client, &self.config.live_query).await?;
+        }
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
@@ -652,6 +656,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let project = self.config.project_id.as_str();
         tracing::info!(reason = reason.as_str(), cursor = ?progress.cursor, "reconciling");
         let mut client = self.pool.get().await?;
+        // The run then ends with the error, releasing its lease.
+        crate::live_query::check(&mut client, &self.config.live_query).await?;
         if self.config.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
             Sequencer::new(&self.config.schema)

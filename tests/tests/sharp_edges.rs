@@ -157,6 +157,29 @@ async fn a_live_query_of_the_wrong_shape_is_a_usage_error_that_holds_nothing() {
         assert!(!stderr.contains("panicked"), "{stderr}");
         assert_eq!(lease_owner(&db, "c").await, None, "nothing is left held");
     }
+
+    // The default query, on a database without its `tasks` table, is checked when the first
+    // reconciliation needs it: the same usage error, and the lease is released.
+    client
+        .batch_execute("DROP TABLE public.tasks")
+        .await
+        .unwrap();
+    let (code, _, stderr) = run_outbox(&[
+        "consume",
+        "--database-url",
+        &db.url,
+        "--project",
+        "p",
+        "--consumer-id",
+        "d",
+    ])
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("the default live query") && stderr.contains("--live-query"),
+        "{stderr}"
+    );
+    assert_eq!(lease_owner(&db, "d").await, None, "the lease was released");
 }
 
 #[tokio::test]
