@@ -23,9 +23,9 @@ pg_dir=${OUTBOX_BENCH_PG_DIR:-$root/.pg-bench-relay}
 pg_port=${OUTBOX_BENCH_PG_PORT:-54356}
 nats_port=${OUTBOX_BENCH_NATS_PORT:-16650}
 
-log() { echo "relay.sh: $*" >&2; }
-
-pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
+bench_name=relay.sh
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
 
 exec 9>"$pg_dir.lock"
 if ! flock -n 9; then
@@ -35,17 +35,15 @@ fi
 
 nats_pid=
 store=
-cleanup() {
-    local status=$?
+# Run by bench_cleanup (the EXIT trap) before it stops the cluster.
+bench_cleanup_extra() {
     if [ -n "$nats_pid" ]; then
         kill "$nats_pid" 2>/dev/null || true
         wait "$nats_pid" 2>/dev/null || true
     fi
-    [ -n "$store" ] && rm -rf "$store"
-    pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
-    exit "$status"
+    [ -z "$store" ] || rm -rf "$store"
 }
-trap cleanup EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 nats_server=$(bash scripts/nats.sh ensure)

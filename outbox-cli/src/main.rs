@@ -2,7 +2,9 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod audit_cmd;
+mod child;
 mod cli;
 mod consume_cmd;
 mod consumers_cmd;
@@ -14,6 +16,7 @@ mod output;
 mod prune_cmd;
 mod relay;
 mod sequence_cmd;
+mod shutdown;
 mod sink;
 mod status_cmd;
 

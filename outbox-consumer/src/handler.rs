@@ -30,7 +30,9 @@ pub trait Handler: Send + Sync + 'static {
     /// acknowledgement, in order. `Ok` makes all of them eligible for acknowledgement;
     /// `Err(PartialAck { durable, failure })` acknowledges only the first `durable` and charges
     /// `failure` to `handled[durable]`, which then follows the retry schedule like any failed
-    /// event; nothing after it is acknowledged.
+    /// event; nothing after it is acknowledged. A [`HandlerFailure::stop`] failure instead ends
+    /// the run without acknowledging anything (the durable prefix is delivered again by the
+    /// next run), and a [`HandlerFailure::abandon`] one charges no attempt.
     ///
     /// The default calls [`Handler::before_ack`] and treats its failure as a failure of the
     /// first event, so handlers that only implement `before_ack` behave as before.

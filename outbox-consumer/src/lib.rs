@@ -52,6 +52,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod background;
 mod config;
 mod dispatch;
 mod error;
@@ -59,6 +60,8 @@ mod event;
 mod handler;
 mod lease;
 mod listener;
+mod live_query;
+mod pool;
 mod retry;
 mod runtime;
 mod sql;
@@ -71,5 +74,6 @@ pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
 pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
+pub use pool::build_pool;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

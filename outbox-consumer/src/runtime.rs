@@ -5,19 +5,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::{PruneOptions, PruneReport, Pruner, Sequencer};
+use outbox_core::Sequencer;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::{Config, IsolationLevel};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::background;
 use crate::config::{ConfigError, ConsumerConfig, StartFrom};
 use crate::dispatch::{BatchOutcome, DispatchContext, DispatchMode, InTransaction, Plain};
 use crate::error::ConsumerError;
+use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
-use crate::listener;
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
@@ -88,25 +89,6 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
     }
 }
 
-/// Aborts a spawned task when dropped; `run` joins its tasks before returning.
-struct TaskGuard(Option<tokio::task::JoinHandle<()>>);
-
-impl TaskGuard {
-    async fn join(mut self) {
-        if let Some(handle) = self.0.take() {
-            let _ = handle.await;
-        }
-    }
-}
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        if let Some(handle) = self.0.take() {
-            handle.abort();
-        }
-    }
-}
-
 /// Per-run delivery state.
 struct Progress {
     /// Last acknowledged sequence; `None` while missing.
@@ -126,6 +108,63 @@ struct Progress {
     /// Last sequence (and count) handled by this run whose acknowledgement is still to be
     /// written.
     handled_through: Option<(i64, u64)>,
+    /// The run's metrics.
+    meters: Meters,
+}
+
+impl Progress {
+    /// Records an acknowledged prefix in memory and metrics.
+    fn advance(&mut self, last: i64, count: u64) {
+        self.cursor = Some(last);
+        self.delivered += count;
+        if self.held.as_ref().is_some_and(|h| h.sequence <= last) {
+            self.held = None;
+        }
+        self.meters.delivered.increment(count);
+        self.meters.cursor.set(last as f64);
+    }
+}
+
+/// The consumer's metrics, labelled once per run with its project and ID.
+struct Meters {
+    /// `outbox_consumer_delivered_total`: events acknowledged in order.
+    delivered: metrics::Counter,
+    /// `outbox_consumer_cursor`: the last acknowledged sequence.
+    cursor: metrics::Gauge,
+    /// `outbox_consumer_failures_total`: failed attempts.
+    failures: metrics::Counter,
+    /// `outbox_consumer_dead_letters_total`: events parked.
+    dead_letters: metrics::Counter,
+}
+
+impl Meters {
+    fn new(config: &ConsumerConfig) -> Self {
+        let labels = [
+            ("project", config.project_id.to_string()),
+            ("consumer", config.consumer_id.to_string()),
+        ];
+        Self {
+            delivered: metrics::counter!("outbox_consumer_delivered_total", &labels),
+            cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
+            failures: metrics::counter!("outbox_consumer_failures_total", &labels),
+            dead_letters: metrics::counter!("outbox_consumer_dead_letters_total", &labels),
+        }
+    }
+}
+
+/// What the read phase found after the cursor.
+enum Read {
+    /// Nothing new.
+    Empty,
+    /// The first event after the cursor is missing: history is gone.
+    Gap,
+    /// The first event's payload cannot be decoded; it fails with this class.
+    Undecodable(Box<ObservedEvent>, FailureClass),
+    /// Contiguous, decoded events, and how many rows the read returned.
+    Events {
+        events: Vec<ObservedEvent>,
+        rows: usize,
+    },
 }
 
 /// Whether to go round again at once.
@@ -149,14 +188,37 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .into());
         }
         let statements = Arc::new(Statements::new(&self.config.schema));
+        // A live query given explicitly is checked before the lease is claimed, so a wrong one
+        // holds nothing; the default is checked when it is first needed (a consumer that
+        // replays history from the earliest event may never reconcile, and its database need
+        // not have a `tasks` table).
+        if self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
+            let mut client = self.pool.get().await?;
+            crate::live_query::check(&mut client, &self.config.live_query).await?;
+        }
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
         };
+        if claimed.created {
+            tracing::info!(
+                "registering new consumer {} of project {}; it holds retention until retired",
+                self.config.consumer_id,
+                self.config.project_id
+            );
+        }
         let lease = Arc::new(claimed.lease);
         let stop = CancellationToken::new();
         let wake = Arc::new(Notify::new());
-        let tasks = self.spawn_background(&lease, &statements, &wake, &stop);
+        let tasks = background::spawn(
+            &self.pool,
+            self.listen_config.as_ref(),
+            &self.config,
+            &lease,
+            &statements,
+            &wake,
+            &stop,
+        );
 
         let mut progress = Progress {
             cursor: claimed.cursor,
@@ -166,6 +228,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delivered: 0,
             new_consumer: claimed.created,
             handled_through: None,
+            meters: Meters::new(&self.config),
         };
         let span = tracing::info_span!(
             "consumer",
@@ -196,58 +259,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         })
     }
 
-    fn spawn_background(
-        &self,
-        lease: &Arc<Lease>,
-        statements: &Arc<Statements>,
-        wake: &Arc<Notify>,
-        stop: &CancellationToken,
-    ) -> Vec<TaskGuard> {
-        let mut tasks = Vec::new();
-        {
-            let (pool, lease, stop) = (self.pool.clone(), lease.clone(), stop.clone());
-            let statement = statements.heartbeat.clone();
-            let interval = self.config.heartbeat_interval;
-            tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                lease::heartbeat(pool, &lease, statement, interval, stop).await
-            }))));
-        }
-        if let Some(interval) = self.config.sequence_interval {
-            let (pool, stop) = (self.pool.clone(), stop.clone());
-            let sequencer = Sequencer::new(&self.config.schema)
-                .with_idle_timeout(self.config.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
-            tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                run_sequencer(pool, sequencer, interval, stop).await
-            }))));
-        }
-        if let Some(interval) = self.config.prune_interval {
-            let options = PruneOptions {
-                retention: self.config.retention,
-                project: Some(self.config.project_id.clone()),
-                actor: format!("consumer:{}", self.config.consumer_id),
-                ..PruneOptions::default()
-            };
-            match Pruner::new(&self.config.schema, options) {
-                Ok(pruner) => {
-                    let (pool, stop) = (self.pool.clone(), stop.clone());
-                    tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                        run_pruner(pool, pruner, interval, stop).await
-                    }))));
-                }
-                Err(e) => tracing::error!(error = %e, "retention sweep disabled"),
-            }
-        }
-        if let (true, Some(config)) = (self.config.listen, self.listen_config.clone()) {
-            let channel = self.config.schema.channel();
-            let project = self.config.project_id.to_string();
-            let (wake, stop) = (wake.clone(), stop.clone());
-            tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                listener::listen(config, channel, project, wake, stop).await
-            }))));
-        }
-        tasks
-    }
-
     async fn deliver_loop(
         &self,
         lease: &Lease,
@@ -267,12 +278,22 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         failures = 0;
                         continue;
                     }
-                    Ok(Step::Idle) => failures = 0,
+                    Ok(Step::Idle) => {
+                        failures = 0;
+                        if self.config.exit_when_caught_up
+                            && self
+                                .caught_up(lease, statements, shutdown, progress)
+                                .await?
+                        {
+                            tracing::info!(cursor = ?progress.cursor, "caught up; stopping");
+                            return Ok(());
+                        }
+                    }
                     Err(e @ ConsumerError::LeaseLost { .. }) => return Err(e),
                     Err(e) if e.is_retryable() => {
                         failures = failures.saturating_add(1);
                         progress.bounds_checked = false;
-                        let delay = listener::backoff(failures, rand::random());
+                        let delay = background::backoff(failures, rand::random());
                         tracing::warn!(error = %e, retry_in = ?delay, "transient failure; will retry");
                         tokio::select! {
                             _ = shutdown.cancelled() => return Ok(()),
@@ -303,6 +324,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
     }
 
+    /// One round: settle a missing cursor or an unacknowledged prefix first, then check the
+    /// cursor's bounds (once per (re)start), serve replay requests, and deliver the next batch.
     async fn step(
         &self,
         lease: &Lease,
@@ -310,46 +333,28 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<Step, ConsumerError> {
-        let project = &self.config.project_id;
-        let consumer = &self.config.consumer_id;
-        let mut client = self.pool.get().await?;
-
         let Some(cursor) = progress.cursor else {
-            drop(client);
             self.start_without_cursor(lease, statements, progress)
                 .await?;
             return Ok(Step::More);
         };
         if progress.handled_through.is_some() {
-            drop(client);
             self.ack_handled(lease, statements, progress).await?;
             return Ok(Step::More);
         }
         if !progress.bounds_checked {
-            let (head, floor) = store::bounds(&**client, statements, project.as_str()).await?;
-            let reason = if cursor < floor {
-                Some(ReconcileReason::BelowRetentionFloor)
-            } else if cursor > head {
-                Some(ReconcileReason::AboveHead)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                drop(client);
+            if let Some(reason) = self
+                .check_bounds(lease, statements, progress, cursor)
+                .await?
+            {
                 self.reconcile(lease, statements, progress, reason).await?;
                 return Ok(Step::More);
             }
-            progress.held = store::load_held(&**client, statements, lease, cursor).await?;
-            progress.bounds_checked = true;
         }
-
         if Instant::now() >= progress.next_replay_check {
             progress.next_replay_check = Instant::now() + self.config.poll_interval;
-            drop(client);
             self.replay_requested(lease, statements, shutdown).await?;
-            client = self.pool.get().await?;
         }
-
         if progress
             .held
             .as_ref()
@@ -357,20 +362,73 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         {
             return Ok(Step::Idle);
         }
+        match self.read_batch(statements, progress, cursor).await? {
+            Read::Empty => Ok(Step::Idle),
+            Read::Gap => {
+                self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
+                    .await?;
+                Ok(Step::More)
+            }
+            Read::Undecodable(event, class) => {
+                self.fail(lease, statements, progress, &event, class)
+                    .await?;
+                Ok(Step::More)
+            }
+            Read::Events { events, rows } => {
+                self.dispatch_batch(lease, statements, shutdown, progress, &events, rows)
+                    .await
+            }
+        }
+    }
 
-        let rows = client
-            .query(
-                &statements.read_batch,
-                &[&project.as_str(), &cursor, &self.config.batch_size],
-            )
-            .await?;
-        drop(client);
+    /// Bounds check: a cursor below the retention floor or above the head means history is
+    /// missing (reconcile); otherwise loads the saved retry state of the next event.
+    async fn check_bounds(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        cursor: i64,
+    ) -> Result<Option<ReconcileReason>, ConsumerError> {
+        let client = self.pool.get().await?;
+        let project = self.config.project_id.as_str();
+        let (head, floor) = store::bounds(&**client, statements, project).await?;
+        if cursor < floor {
+            return Ok(Some(ReconcileReason::BelowRetentionFloor));
+        }
+        if cursor > head {
+            return Ok(Some(ReconcileReason::AboveHead));
+        }
+        progress.held = store::load_held(&**client, statements, lease, cursor).await?;
+        progress.bounds_checked = true;
+        Ok(None)
+    }
+
+    /// Read and decode: the contiguous run of events after `cursor`, up to the first
+    /// undecodable one (which is delivered on its own, as a failure, when it comes first).
+    async fn read_batch(
+        &self,
+        statements: &Statements,
+        progress: &Progress,
+        cursor: i64,
+    ) -> Result<Read, ConsumerError> {
+        let project = &self.config.project_id;
+        let consumer = &self.config.consumer_id;
+        let rows = {
+            let client = self.pool.get().await?;
+            client
+                .query(
+                    &statements.read_batch,
+                    &[&project.as_str(), &cursor, &self.config.batch_size],
+                )
+                .await?
+        };
         if rows.is_empty() {
-            return Ok(Step::Idle);
+            return Ok(Read::Empty);
         }
         let mut events = Vec::with_capacity(rows.len());
         for (index, row) in rows.iter().enumerate() {
-            let sequence: i64 = row.get(0);
+            let sequence: i64 = row.try_get("sequence")?;
             if sequence != cursor + 1 + index as i64 {
                 if index == 0 {
                     tracing::error!(
@@ -378,9 +436,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         next = sequence,
                         "gap after the cursor in retained history"
                     );
-                    self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
-                        .await?;
-                    return Ok(Step::More);
+                    return Ok(Read::Gap);
                 }
                 break;
             }
@@ -388,22 +444,34 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Some(held) if held.sequence == sequence => held.attempts + 1,
                 _ => 1,
             };
-            match store::decode(row, project, consumer, false, attempt) {
-                Ok(event) => events.push(event),
-                Err(class) => {
-                    // Deliver what precedes it; the undecodable event then fails on its own.
-                    if events.is_empty() {
-                        let event = placeholder_event(row, project, consumer, attempt);
-                        self.fail(lease, statements, progress, &event, class)
-                            .await?;
-                        return Ok(Step::More);
-                    }
-                    break;
+            let (event, undecodable) = store::decode(row, project, consumer, false, attempt)?;
+            if let Some(class) = undecodable {
+                // Deliver what precedes it; the undecodable event then fails on its own.
+                if events.is_empty() {
+                    return Ok(Read::Undecodable(Box::new(event), class));
                 }
+                break;
             }
+            events.push(event);
         }
+        Ok(Read::Events {
+            events,
+            rows: rows.len(),
+        })
+    }
 
-        let full_batch = rows.len() as i64 == self.config.batch_size;
+    /// Dispatch: hands the events to the dispatch mode, acknowledges the handled prefix and
+    /// records a failure of the event after it.
+    async fn dispatch_batch(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+        events: &[ObservedEvent],
+        rows: usize,
+    ) -> Result<Step, ConsumerError> {
+        let full_batch = rows as i64 == self.config.batch_size;
         let ctx = DispatchContext {
             pool: &self.pool,
             lease,
@@ -416,11 +484,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             handled,
             acked,
             failure,
-        } = self.dispatch.deliver(&ctx, &events).await?;
+        } = self.dispatch.deliver(&ctx, events).await?;
         if handled > 0 {
             let last = events[handled - 1].sequence;
             if acked {
-                self.advance(progress, last, handled as u64);
+                progress.advance(last, handled as u64);
             } else {
                 progress.handled_through = Some((last, handled as u64));
                 self.ack_handled(lease, statements, progress).await?;
@@ -435,11 +503,50 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             // Stopped by shutdown or an invalid lease: the loop decides what happens next.
             return Ok(Step::Idle);
         }
-        Ok(if full_batch || events.len() < rows.len() {
+        Ok(if full_batch || events.len() < rows {
             Step::More
         } else {
             Step::Idle
         })
+    }
+
+    /// Whether everything committed so far is handled: numbers what has committed (another
+    /// process may be doing that at the same moment: then nothing of the project may still be
+    /// waiting for a number), then finds nothing more to read and no failed event waiting for
+    /// its retry.
+    async fn caught_up(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+    ) -> Result<bool, ConsumerError> {
+        if progress.held.is_some() || progress.handled_through.is_some() {
+            return Ok(false);
+        }
+        {
+            let mut client = self.pool.get().await?;
+            if self.config.sequence_interval.is_some() {
+                Sequencer::new(&self.config.schema)
+                    .drain(&mut client)
+                    .await?;
+            }
+            let waiting: bool = client
+                .query_one(
+                    &statements.has_unsequenced,
+                    &[&self.config.project_id.as_str()],
+                )
+                .await?
+                .try_get("waiting")?;
+            if waiting {
+                return Ok(false);
+            }
+        }
+        Ok(matches!(
+            self.step(lease, statements, shutdown, progress).await?,
+            Step::Idle
+        ) && progress.held.is_none()
+            && progress.handled_through.is_none())
     }
 
     /// Acknowledges events this run handled but could not yet acknowledge (the write failed,
@@ -457,23 +564,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut client = self.pool.get().await?;
         store::ack(&mut client, statements, lease, held, through).await?;
         progress.handled_through = None;
-        self.advance(progress, through, count);
+        progress.advance(through, count);
         Ok(())
-    }
-
-    /// Records an acknowledged prefix in memory and metrics.
-    fn advance(&self, progress: &mut Progress, last: i64, count: u64) {
-        progress.cursor = Some(last);
-        progress.delivered += count;
-        if progress.held.as_ref().is_some_and(|h| h.sequence <= last) {
-            progress.held = None;
-        }
-        let labels = [
-            ("project", self.config.project_id.to_string()),
-            ("consumer", self.config.consumer_id.to_string()),
-        ];
-        metrics::counter!("outbox_consumer_delivered_total", &labels).increment(count);
-        metrics::gauge!("outbox_consumer_cursor", &labels).set(last as f64);
     }
 
     /// Saves a failed attempt of `event` (the one after the cursor).
@@ -482,8 +574,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         lease: &Lease,
         statements: &Statements,
         progress: &mut Progress,
-        event: &crate::event::ObservedEvent,
-        class: crate::event::FailureClass,
+        event: &ObservedEvent,
+        class: FailureClass,
     ) -> Result<(), ConsumerError> {
         let attempts = event.attempt;
         let delay = self.config.retry.delay_after(attempts);
@@ -498,11 +590,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delay,
         )
         .await?;
-        let labels = [
-            ("project", self.config.project_id.to_string()),
-            ("consumer", self.config.consumer_id.to_string()),
-        ];
-        metrics::counter!("outbox_consumer_failures_total", &labels).increment(1);
+        progress.meters.failures.increment(1);
         match delay {
             Some(delay) => {
                 tracing::warn!(
@@ -520,7 +608,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     sequence = event.sequence, event_id = %event.event_id, attempts,
                     class = %class, "event parked as a dead letter; the stream moves on"
                 );
-                metrics::counter!("outbox_consumer_dead_letters_total", &labels).increment(1);
+                progress.meters.dead_letters.increment(1);
                 progress.held = None;
                 progress.cursor = Some(event.sequence);
             }
@@ -568,6 +656,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let project = self.config.project_id.as_str();
         tracing::info!(reason = reason.as_str(), cursor = ?progress.cursor, "reconciling");
         let mut client = self.pool.get().await?;
+        // The run then ends with the error, releasing its lease.
+        crate::live_query::check(&mut client, &self.config.live_query).await?;
         if self.config.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
             Sequencer::new(&self.config.schema)
@@ -581,12 +671,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .start()
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let task_ids: Vec<String> = tx
-            .query(&self.config.live_query, &[&project])
-            .await?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let task_ids = crate::live_query::task_ids(&*tx, &self.config.live_query, project).await?;
         tx.commit().await?;
         drop(client);
         let live = LiveSet {
@@ -596,6 +681,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             reason,
         };
         if let Err(failure) = outbox_core::observe(self.reconciler.reconcile(&live)).await {
+            if let Some(reason) = failure.stop_reason() {
+                return Err(ConsumerError::SinkFailed {
+                    reason: reason.to_owned(),
+                });
+            }
             tracing::error!(class = %failure.class, "reconciler failed; will try again");
             return Err(ConsumerError::ReconcilerFailed {
                 class: failure.class,
@@ -646,21 +736,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             if !lease.is_valid() || shutdown.is_cancelled() {
                 break;
             }
-            let attempts: i32 = row.get(9);
+            let attempts: i32 = row.try_get("attempts")?;
             let attempt = attempts.max(0) as u32 + 1;
-            let event = match store::decode(&row, project, consumer, true, attempt) {
-                Ok(event) => event,
-                Err(class) => {
-                    let event = placeholder_event(&row, project, consumer, attempt);
-                    let mut client = self.pool.get().await?;
-                    let tx = client.transaction().await?;
-                    store::lock_fence(&tx, statements, lease).await?;
-                    store::record_replay(&tx, statements, lease, &event, &Err(class.into()))
-                        .await?;
-                    tx.commit().await?;
-                    continue;
-                }
-            };
+            let (event, undecodable) = store::decode(&row, project, consumer, true, attempt)?;
+            if let Some(class) = undecodable {
+                let mut client = self.pool.get().await?;
+                let tx = client.transaction().await?;
+                store::lock_fence(&tx, statements, lease).await?;
+                store::record_replay(&tx, statements, lease, &event, &Err(class.into())).await?;
+                tx.commit().await?;
+                continue;
+            }
             match self.dispatch.replay(&ctx, &event).await? {
                 Some(Ok(())) => tracing::info!(event_id = %event.event_id, "dead letter replayed"),
                 Some(Err(f)) => tracing::warn!(
@@ -672,119 +758,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         Ok(())
     }
-}
-
-/// An event whose payload could not be decoded, carried far enough to be failed and parked.
-fn placeholder_event(
-    row: &tokio_postgres::Row,
-    project: &outbox_core::ProjectId,
-    consumer: &outbox_core::ConsumerId,
-    attempt: u32,
-) -> crate::event::ObservedEvent {
-    crate::event::ObservedEvent {
-        observed: true,
-        event_type: row.get(1),
-        project_id: project.clone(),
-        consumer_id: consumer.clone(),
-        sequence: row.get(0),
-        event_id: row.get(2),
-        task_id: row.get(3),
-        deleted_at: row.get(4),
-        origin_writer: row.get(5),
-        occurred_at: row.get(6),
-        payload_version: row.get(7),
-        prior: outbox_core::Prior::default(),
-        replay: false,
-        attempt,
-    }
-}
-
-/// Numbers committed events every `interval` until `stop`.
-async fn run_sequencer(
-    pool: Pool,
-    sequencer: Sequencer,
-    interval: Duration,
-    stop: CancellationToken,
-) {
-    let mut failures: u32 = 0;
-    loop {
-        let delay = if failures == 0 {
-            interval
-        } else {
-            listener::backoff(failures, rand::random()).max(interval)
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        let result = async {
-            let mut client = pool.get().await?;
-            sequencer.drain(&mut client).await?;
-            Ok::<_, ConsumerError>(())
-        }
-        .await;
-        match result {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                if failures == 0 {
-                    tracing::warn!(error = %e, "sequencer tick failed; backing off");
-                }
-                failures = failures.saturating_add(1);
-            }
-        }
-    }
-}
-
-/// Runs the retention sweep of the consumer's project at once and then every `interval` until
-/// `stop`. A failed sweep is logged and tried again at the next interval, never fatal. Each
-/// batch takes a pooled connection of its own, so a long sweep never starves the heartbeat.
-async fn run_pruner(pool: Pool, pruner: Pruner, interval: Duration, stop: CancellationToken) {
-    loop {
-        match sweep_once(&pool, &pruner, &stop).await {
-            Ok(report) => {
-                for project in &report.projects {
-                    let labels = [("project", project.project_id.clone())];
-                    metrics::counter!("outbox_pruned_events_total", &labels)
-                        .increment(project.events_pruned);
-                    metrics::counter!("outbox_pruned_dead_letters_total", &labels)
-                        .increment(project.dead_letters_pruned);
-                    metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
-                }
-            }
-            Err(e) => tracing::warn!(
-                error = %e, retry_in = ?interval,
-                "retention sweep failed; will try again at the next interval"
-            ),
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
-}
-
-/// One sweep, batch by batch; stops between (or abandons a running) batch on `stop`. An
-/// abandoned batch's transaction rolls back.
-async fn sweep_once(
-    pool: &Pool,
-    pruner: &Pruner,
-    stop: &CancellationToken,
-) -> Result<PruneReport, ConsumerError> {
-    let mut sweep = pruner.sweep();
-    loop {
-        let mut client = tokio::select! {
-            _ = stop.cancelled() => break,
-            client = pool.get() => client?,
-        };
-        let more = tokio::select! {
-            _ = stop.cancelled() => break,
-            more = sweep.step(&mut client) => more?,
-        };
-        if !more {
-            break;
-        }
-    }
-    Ok(sweep.into_report())
 }
 
 /// Names this process run in `lease_owner`: host, PID and a random suffix. It identifies a

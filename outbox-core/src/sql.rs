@@ -25,7 +25,7 @@ pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 /// how long the tick may sit idle in its transaction (`$2`, milliseconds as text): a paused
 /// or stalled process would otherwise hold the lock, and stop all numbering, indefinitely.
 pub const TRY_LOCK: &str = "
-SELECT pg_try_advisory_xact_lock($1),
+SELECT pg_try_advisory_xact_lock($1) AS locked,
        set_config('idle_in_transaction_session_timeout', $2, true)";
 
 /// The Rust writer's single statement. `RETURNING` tells a new row from a repeated delete.
@@ -40,7 +40,7 @@ RETURNING id";
 /// Whether any committed event waits for a number: one cheap probe of the (tiny) work-list
 /// index, so an idle tick costs one round trip and no transaction.
 pub const PENDING_EXISTS: &str =
-    "SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL)";
+    "SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS pending";
 
 /// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
 /// touched project's head; returns each project's new head and how many it numbered.

@@ -7,14 +7,11 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Context};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-use crate::process_kit::outbox_binary;
+use crate::process_kit::OutboxProcess;
 
 /// Distinguishes store directories of servers started by one test binary.
 static SERVERS: AtomicUsize = AtomicUsize::new(0);
@@ -251,66 +248,12 @@ pub fn assert_exactly_once_in_order(
     }
 }
 
-/// A running `outbox relay nats` process; stderr is collected, stdout discarded.
-pub struct RelayProcess {
-    /// The process.
-    child: Child,
-    /// Its stderr so far.
-    stderr: Arc<Mutex<String>>,
-}
-
-impl RelayProcess {
-    /// Starts `outbox --database-url URL relay nats ARGS`.
-    pub fn spawn(url: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(outbox_binary())
-            .arg("--database-url")
-            .arg(url)
-            .args(["relay", "nats"])
-            .args(args)
-            .env("OUTBOX_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn outbox relay nats");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let err = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(err).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let mut all = sink.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
-        Self { child, stderr }
-    }
-
-    /// Stderr so far.
-    pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// kill -9, and wait until it is gone.
-    pub async fn kill9(&mut self) {
-        self.child.start_kill().expect("kill relay");
-        let _ = self.child.wait().await;
-    }
-
-    /// SIGTERM, then the exit code (-1 for a signal).
-    pub async fn terminate(&mut self) -> i32 {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status();
-        }
-        let status = self.child.wait().await.expect("wait for relay");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status.code().unwrap_or(-1)
-    }
+/// Starts `outbox --database-url URL relay nats ARGS` (the relay prints nothing on stdout;
+/// its log is collected from stderr).
+pub fn spawn_relay(url: &str, args: &[&str]) -> OutboxProcess {
+    let mut command = vec!["nats"];
+    command.extend_from_slice(args);
+    OutboxProcess::spawn_command(url, "relay", &command)
 }
 
 /// Reads `count` messages of `filter` through a durable pull consumer with explicit

@@ -49,8 +49,9 @@ pub struct Line {
     pub value: serde_json::Value,
 }
 
-/// A running `outbox consume` process whose stdout lines are collected.
-pub struct ConsumeProcess {
+/// A running `outbox` process (`consume`, or another long-running command) whose stdout
+/// lines (JSON) and stderr are collected.
+pub struct OutboxProcess {
     /// The process.
     child: Child,
     /// Its stdout lines so far.
@@ -59,13 +60,21 @@ pub struct ConsumeProcess {
     stderr: Arc<Mutex<String>>,
 }
 
-impl ConsumeProcess {
+/// The name the consumer tests know it by.
+pub type ConsumeProcess = OutboxProcess;
+
+impl OutboxProcess {
     /// Starts `outbox --database-url URL consume ARGS`.
     pub fn spawn(url: &str, args: &[&str]) -> Self {
+        Self::spawn_command(url, "consume", args)
+    }
+
+    /// Starts `outbox --database-url URL COMMAND ARGS`.
+    pub fn spawn_command(url: &str, command: &str, args: &[&str]) -> Self {
         let mut child = Command::new(outbox_binary())
             .arg("--database-url")
             .arg(url)
-            .arg("consume")
+            .arg(command)
             .args(args)
             .env("OUTBOX_LOG", "info")
             .stdin(Stdio::null())
@@ -73,7 +82,7 @@ impl ConsumeProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .expect("spawn outbox consume");
+            .expect("spawn outbox");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(String::new()));
         let stdout = child.stdout.take().expect("piped stdout");
@@ -151,7 +160,7 @@ impl ConsumeProcess {
 
     /// Waits for exit (after output is drained) and returns the exit code (-1 for a signal).
     pub async fn wait(&mut self) -> i32 {
-        let status = self.child.wait().await.expect("wait for outbox consume");
+        let status = self.child.wait().await.expect("wait for outbox");
         // Let the readers drain the pipes.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         status.code().unwrap_or(-1)

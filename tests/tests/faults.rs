@@ -6,12 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, cursor, eventually, write_event};
 use outbox_tests::process_kit::ConsumeProcess;
 use outbox_tests::{TestDb, fresh_db};
 use rand::Rng;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 /// Fast settings for a test consumer process.
 fn args(consumer: &str) -> Vec<String> {

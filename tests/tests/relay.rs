@@ -4,20 +4,18 @@
 //! refused publish follows the retry schedule into a dead letter that `dead-letters replay`
 //! then publishes; bad input exits 2.
 
-use std::process::Command;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::stream::Config as StreamConfig;
-use chrono::Utc;
-use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
+use outbox_tests::cluster_kit::{PrivateCluster, try_write};
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::nats_kit;
 use outbox_tests::nats_kit::{
-    NatsServer, RelayProcess, assert_exactly_once_in_order, consume_durable, read_stream,
+    NatsServer, assert_exactly_once_in_order, consume_durable, read_stream,
 };
-use outbox_tests::process_kit::run_outbox;
+use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
 use tokio_postgres::{Config, NoTls};
@@ -63,10 +61,10 @@ fn relay_args(nats: &str, project: &str, consumer: &str, stream: &str) -> Vec<St
     .collect()
 }
 
-fn spawn_relay(url: &str, nats: &str, project: &str, stream: &str) -> RelayProcess {
+fn spawn_relay(url: &str, nats: &str, project: &str, stream: &str) -> OutboxProcess {
     let args = relay_args(nats, project, &format!("relay-{project}"), stream);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    RelayProcess::spawn(url, &args)
+    nats_kit::spawn_relay(url, &args)
 }
 
 /// Writers committing events to every project until `stop`; each tolerates a database that
@@ -94,24 +92,6 @@ fn start_writers(config: &Config, stop: &Arc<AtomicBool>) -> Vec<tokio::task::Jo
             })
         })
         .collect()
-}
-
-async fn try_write(config: &Config, project: &str, task: &str) -> Result<(), ()> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(|_| ())?;
-    tokio::spawn(connection);
-    let tx = client.transaction().await.map_err(|_| ())?;
-    let event = TaskDeleted::new(
-        ProjectId::new(project).unwrap(),
-        TaskId::new(task).unwrap(),
-        Utc::now(),
-        Prior::default(),
-    )
-    .unwrap();
-    Writer::new(&Schema::default(), WriterProcessId::new("w").unwrap())
-        .record(&tx, &event)
-        .await
-        .map_err(|_| ())?;
-    tx.commit().await.map_err(|_| ())
 }
 
 /// Waits until every committed event is sequenced and acknowledged by its relay, then checks
@@ -171,7 +151,7 @@ async fn check_stream(config: &Config, nats: &NatsServer, stream: &str) {
 async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
-    let mut relays: Vec<RelayProcess> = PROJECTS
+    let mut relays: Vec<OutboxProcess> = PROJECTS
         .iter()
         .map(|p| spawn_relay(&db.url, &nats.url(), p, "KILLS"))
         .collect();
@@ -182,7 +162,8 @@ async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
         let pause = rand::rng().random_range(300..1200);
         tokio::time::sleep(Duration::from_millis(pause)).await;
         let victim = kill % PROJECTS.len();
-        relays[victim].kill9().await;
+        relays[victim].signal("KILL");
+        relays[victim].wait().await;
         relays[victim] = spawn_relay(&db.url, &nats.url(), PROJECTS[victim], "KILLS");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -192,7 +173,8 @@ async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
     }
     check_stream(&db.config, &nats, "KILLS").await;
     for relay in &mut relays {
-        assert_eq!(relay.terminate().await, 0, "{}", relay.stderr());
+        relay.signal("TERM");
+        assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
     }
 }
 
@@ -200,7 +182,7 @@ async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
 async fn a_nats_server_restart_mid_stream_loses_and_repeats_nothing() {
     let db = fresh_db().await;
     let mut nats = NatsServer::start().await;
-    let mut relays: Vec<RelayProcess> = PROJECTS
+    let mut relays: Vec<OutboxProcess> = PROJECTS
         .iter()
         .map(|p| spawn_relay(&db.url, &nats.url(), p, "RESTART"))
         .collect();
@@ -223,69 +205,19 @@ async fn a_nats_server_restart_mid_stream_loses_and_repeats_nothing() {
         );
     }
     for relay in &mut relays {
-        assert_eq!(relay.terminate().await, 0, "{}", relay.stderr());
-    }
-}
-
-const PG_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
-const PG_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.pg-relay-restart");
-
-/// The private cluster's port: `OUTBOX_RELAY_PG_PORT`, else two above `OUTBOX_PG_PORT`.
-fn private_pg_port() -> String {
-    std::env::var("OUTBOX_RELAY_PG_PORT").unwrap_or_else(|_| {
-        std::env::var("OUTBOX_PG_PORT")
-            .ok()
-            .and_then(|p| p.parse::<u16>().ok())
-            .map_or(54352, |p| p + 2)
-            .to_string()
-    })
-}
-
-fn pg(action: &str) -> String {
-    let output = Command::new("bash")
-        .arg(PG_SCRIPT)
-        .arg(action)
-        .env("OUTBOX_PG_DIR", PG_DIR)
-        .env("OUTBOX_PG_PORT", private_pg_port())
-        .output()
-        .expect("run scripts/pg.sh");
-    assert!(
-        output.status.success(),
-        "pg.sh {action}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap().trim().to_owned()
-}
-
-/// Stops the private cluster however the test ends.
-struct ClusterGuard;
-
-impl Drop for ClusterGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(PG_SCRIPT)
-            .arg("down")
-            .env("OUTBOX_PG_DIR", PG_DIR)
-            .env("OUTBOX_PG_PORT", private_pg_port())
-            .status();
+        relay.signal("TERM");
+        assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     // A cluster of its own: restarting the shared one would break every other test.
-    let url = pg("reset");
-    let _guard = ClusterGuard;
-    let config = Config::from_str(&url).unwrap();
-    {
-        let (mut client, connection) = config.connect(NoTls).await.unwrap();
-        tokio::spawn(connection);
-        outbox_core::migrate(&mut client, &Schema::default())
-            .await
-            .unwrap();
-    }
+    let cluster = PrivateCluster::start("relay-restart");
+    let url = cluster.url.clone();
+    let config = cluster.migrate().await;
     let nats = NatsServer::start().await;
-    let mut relays: Vec<RelayProcess> = PROJECTS
+    let mut relays: Vec<OutboxProcess> = PROJECTS
         .iter()
         .map(|p| spawn_relay(&url, &nats.url(), p, "PGRESTART"))
         .collect();
@@ -293,9 +225,9 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     let writers = start_writers(&config, &stop);
 
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    pg("down");
+    cluster.stop();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    pg("up");
+    cluster.resume();
     tokio::time::sleep(Duration::from_millis(2000)).await;
     stop.store(true, Ordering::Relaxed);
     for w in writers {
@@ -303,8 +235,21 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     }
     check_stream(&config, &nats, "PGRESTART").await;
     for relay in &mut relays {
-        assert_eq!(relay.terminate().await, 0, "{}", relay.stderr());
+        relay.signal("TERM");
+        assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
     }
+}
+
+/// The configuration of stream `name` as JetStream holds it now.
+async fn stream_config(js: &async_nats::jetstream::Context, name: &str) -> StreamConfig {
+    js.get_stream(name)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone()
 }
 
 /// The delivery state of one event: (state, attempts, last failure class).
@@ -332,7 +277,7 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     let at = args.iter().position(|a| a == "--retry-delays").unwrap();
     args[at + 1] = "300ms".into();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut relay = RelayProcess::spawn(&db.url, &args);
+    let mut relay = nats_kit::spawn_relay(&db.url, &args);
 
     let first = write_event(&db, "p1", "T-1").await;
     eventually(
@@ -345,15 +290,7 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     .await;
 
     // Point the stream elsewhere: JetStream now has no stream for the relay's subject.
-    let mut refusing = js
-        .get_stream("REFUSE")
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .clone();
+    let mut refusing = stream_config(&js, "REFUSE").await;
     let original = refusing.clone();
     refusing.subjects = vec!["elsewhere.>".into()];
     js.update_stream(refusing).await.unwrap();
@@ -405,6 +342,8 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
         "relay-p1",
         "--event-id",
         &second,
+        "--by",
+        "operator",
     ])
     .await;
     assert_eq!(code, 0, "{stderr}");
@@ -430,7 +369,8 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     );
     assert_exactly_once_in_order(&messages, "lifecycle", "p1", &expected);
     assert_eq!(messages[1].body["replay"], true, "flagged as a replay");
-    assert_eq!(relay.terminate().await, 0, "{}", relay.stderr());
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }
 
 /// Runs `outbox relay nats ARGS` against a database URL that is never reached.
@@ -540,15 +480,7 @@ async fn a_stream_that_does_not_match_exits_2_and_is_left_alone() {
     ] {
         assert!(stderr.contains(says), "expected {says:?} in {stderr}");
     }
-    let after = js
-        .get_stream("OTHER")
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .clone();
+    let after = stream_config(&js, "OTHER").await;
     assert_eq!(
         after.subjects,
         vec!["elsewhere.>".to_string()],

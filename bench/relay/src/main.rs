@@ -28,8 +28,8 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use clap::Parser;
 
-/// Errors of a benchmark binary: reported, never matched on.
-pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+pub use outbox_bench::BoxResult;
+pub use outbox_bench::stats::{Percentiles, percentiles};
 
 /// Prints progress on stderr.
 #[macro_export]
@@ -124,51 +124,6 @@ impl RelayProcess {
             return Err(format!("the relay exited ({status}):\n{log}").into());
         }
         Ok(())
-    }
-}
-
-/// Latency summary.
-#[derive(Debug, Clone, Copy)]
-pub struct Percentiles {
-    /// Samples.
-    pub count: usize,
-    /// Median.
-    pub p50: Duration,
-    /// 99th percentile.
-    pub p99: Duration,
-    /// Largest.
-    pub max: Duration,
-}
-
-/// Nearest-rank percentiles; `None` when empty.
-pub fn percentiles(samples: &mut [Duration]) -> Option<Percentiles> {
-    if samples.is_empty() {
-        return None;
-    }
-    samples.sort_unstable();
-    let rank = |p: f64| {
-        let index = (p * samples.len() as f64).ceil() as usize;
-        samples[index.clamp(1, samples.len()) - 1]
-    };
-    Some(Percentiles {
-        count: samples.len(),
-        p50: rank(0.50),
-        p99: rank(0.99),
-        max: samples[samples.len() - 1],
-    })
-}
-
-/// The median of `values` (mean of the middle two for an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let n = sorted.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
     }
 }
 
@@ -490,7 +445,7 @@ fn render(r: &Report) -> String {
         .filter(|run| run.window == 256 && run.batch == 500 && run.events == r.events)
         .map(|run| run.events as f64 / run.seconds)
         .collect();
-    let med = median(&default_rates);
+    let med = outbox_bench::stats::median(&default_rates).unwrap_or(f64::NAN);
     let _ = writeln!(
         out,
         "\n**Median of {} run(s) with the defaults (window 256, batches of 500): {:.0} events/s** (goal ≥ 50,000: \

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::RetentionPolicy;
 use clap::{Args, Subcommand, ValueEnum};
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::{ConsumeArgs, Global, parse_duration};
-use crate::consume_cmd::{build_config, classify, forward_signals, run_with};
-use crate::failure::{ExitCode, Failure};
+use crate::consume_cmd::{build_config, connections, finish, run_with};
+use crate::failure::Failure;
+use crate::shutdown::Shutdown;
 
 pub use publisher::{Publisher, PublisherSettings};
 pub use settings::{parse_nats_urls, validate_stream_name, validate_subject_prefix};
@@ -142,6 +142,7 @@ fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Fai
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, spec) = check(&args)?;
+    let shutdown = Shutdown::install()?;
     let database = global.database()?;
     let config = build_config(global, &args.consume)?;
     config
@@ -151,8 +152,8 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let publisher = Publisher::new(PublisherSettings {
         servers,
         prefix: args.subject_prefix.clone(),
-        project: args.consume.project.to_string(),
-        consumer: args.consume.consumer_id.to_string(),
+        project: args.consume.consumer.project.to_string(),
+        consumer: args.consume.consumer.consumer_id.to_string(),
         window: args.max_in_flight as usize,
         publish_timeout: args.publish_timeout,
         connect_timeout: args.nats_connect_timeout,
@@ -169,32 +170,12 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     }
     drop(js);
 
-    drop(database.connect().await?);
-    let pool = database.pool(4);
-    let mut listen = database.config.clone();
-    listen.application_name("outbox-listener");
-    let listen = (!args.consume.no_listen).then_some(listen);
-
-    let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(forward_signals(shutdown.clone()));
-    let result = run_with(pool, listen, config, publisher, shutdown).await;
-    signals.abort();
-    match result {
-        Ok(summary) => {
-            tracing::info!(
-                delivered = summary.delivered,
-                cursor = ?summary.cursor,
-                generation = summary.generation,
-                "relay stopped"
-            );
-            Ok(())
-        }
-        Err(e) => {
-            let failure = classify(e);
-            Err(match failure.code {
-                ExitCode::Usage => Failure::usage(failure.message),
-                _ => failure,
-            })
-        }
-    }
+    let (pool, listen) = connections(&database, args.consume.no_listen).await?;
+    let result = run_with(pool, listen, config, publisher, shutdown.token()).await;
+    finish(
+        result,
+        "relay",
+        args.consume.live_query.is_some(),
+        "outbox relay nats --nats-url URL",
+    )
 }
