@@ -6,23 +6,9 @@ use std::time::Duration;
 use outbox_tests::consumer_kit::{
     SeedCursor, SeedEvent, eventually, seed_consumer, seed_delivery, write_event,
 };
-use outbox_tests::process_kit::{OutboxProcess, run_outbox};
+use outbox_tests::process_kit::{OutboxProcess, outbox_json, outbox_on as outbox};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
-
-async fn outbox(db: &TestDb, args: &[&str]) -> (i32, String, String) {
-    let mut all = vec!["--database-url", db.url.as_str()];
-    all.extend_from_slice(args);
-    run_outbox(&all).await
-}
-
-async fn outbox_json(db: &TestDb, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--output", "json"]);
-    let (code, out, err) = outbox(db, &all).await;
-    assert_eq!(code, 0, "outbox {args:?} failed: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
 
 /// A consumer `c` of project `p` with one dead letter at sequence 1.
 async fn with_dead_letter(db: &TestDb) -> String {

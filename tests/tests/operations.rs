@@ -10,25 +10,9 @@ use outbox_tests::consumer_kit::{
     Recorder, SeedCursor, SeedEvent, WAIT, cursor, eventually, fast_config, seed_consumer,
     seed_delivery, start, write_event,
 };
-use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+use outbox_tests::process_kit::{ConsumeProcess, outbox_json, outbox_on as outbox, run_outbox};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
-
-/// `outbox --database-url <db> ARGS`: (exit code, stdout, stderr).
-async fn outbox(db: &TestDb, args: &[&str]) -> (i32, String, String) {
-    let mut all = vec!["--database-url", db.url.as_str()];
-    all.extend_from_slice(args);
-    run_outbox(&all).await
-}
-
-/// Runs a command expected to succeed and parses its JSON document.
-async fn outbox_json(db: &TestDb, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--output", "json"]);
-    let (code, out, err) = outbox(db, &all).await;
-    assert_eq!(code, 0, "outbox {args:?} failed: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
-}
 
 /// Runs a command expected to fail with `code`; returns its stderr.
 async fn outbox_fails(db: &TestDb, code: i32, args: &[&str]) -> String {
