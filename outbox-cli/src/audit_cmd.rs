@@ -1,5 +1,6 @@
 //! `outbox audit`: who parked, replayed, resolved, retired or reconciled what, and when.
 
+use chrono::{DateTime, Utc};
 use clap::Args;
 use outbox_core::{Admin, AuditEntry, AuditFilter, AuditKind, EventId, Listing, MAX_LIMIT};
 use serde::Serialize;
@@ -8,6 +9,7 @@ use crate::args::ConsumerFilter;
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
 use crate::output::{Render, Table, opt, print, time};
+use crate::shutdown::Shutdown;
 
 /// `outbox audit`.
 #[derive(Debug, Args)]
@@ -17,12 +19,24 @@ pub struct AuditArgs {
     pub filter: ConsumerFilter,
     /// Only these kinds (repeat or separate with commas), with or without the
     /// `lifecycle-observation:` prefix: consumer-poisoned, consumer-replayed,
-    /// dead-letter-resolved, consumer-retired, consumer-reactivated, reconciled, pruned.
+    /// dead-letter-replay-requested, dead-letter-resolved, consumer-retired,
+    /// consumer-reactivated, reconciled, pruned.
     #[arg(long, value_delimiter = ',')]
     pub kind: Vec<AuditKind>,
     /// Only rows about this event.
     #[arg(long)]
     pub event_id: Option<EventId>,
+    /// Only rows recorded since then: a duration ago (30m, 2h, 7d) or an RFC 3339 time
+    /// (2026-12-01T09:00:00Z).
+    #[arg(long, value_parser = parse_since)]
+    pub since: Option<Since>,
+    /// Keep running and print new rows as they are recorded (oldest first), until
+    /// interrupted; the table header is printed once.
+    #[arg(long)]
+    pub follow: bool,
+    /// How often --follow looks for new rows.
+    #[arg(long, value_parser = crate::cli::parse_duration, default_value = "1s")]
+    pub follow_interval: std::time::Duration,
     /// At most this many rows, newest first.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
     pub limit: i64,
@@ -31,25 +45,140 @@ pub struct AuditArgs {
     pub output: Output,
 }
 
+/// Where `--since` starts: a moment, or a duration before now.
+#[derive(Debug, Clone, Copy)]
+pub enum Since {
+    /// An absolute time.
+    At(DateTime<Utc>),
+    /// This long ago.
+    Ago(std::time::Duration),
+}
+
+impl Since {
+    fn moment(self) -> Result<DateTime<Utc>, Failure> {
+        match self {
+            Since::At(at) => Ok(at),
+            Since::Ago(ago) => chrono::Duration::from_std(ago)
+                .ok()
+                .and_then(|ago| Utc::now().checked_sub_signed(ago))
+                .ok_or_else(|| Failure::usage("invalid --since: too far in the past")),
+        }
+    }
+}
+
+/// Parses `--since`: an RFC 3339 time, or a duration ago.
+fn parse_since(text: &str) -> Result<Since, String> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(Since::At(at.with_timezone(&Utc)));
+    }
+    humantime::parse_duration(text)
+        .map(Since::Ago)
+        .map_err(|_| {
+            format!(
+                "invalid --since {text:?}: give a duration ago (30m, 2h, 7d) or an RFC 3339 time \
+             (2026-12-01T09:00:00Z)"
+            )
+        })
+}
+
 pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
+    let shutdown = args.follow.then(Shutdown::install).transpose()?;
     let mut client = global.database()?.connect().await?;
-    let filter = AuditFilter {
+    let mut filter = AuditFilter {
         project: args.filter.project,
         consumer: args.filter.consumer_id,
         kinds: args.kind,
         event: args.event_id,
+        since: args.since.map(Since::moment).transpose()?,
+        after_id: None,
         limit: args.limit,
     };
-    let listing = Admin::new(&global.schema)
-        .audit_trail(&mut client, &filter)
-        .await?;
-    print(
-        args.output,
-        &AuditList {
-            listing,
-            limit: args.limit,
-        },
-    )
+    let admin = Admin::new(&global.schema);
+    let listing = admin.audit_trail(&mut client, &filter).await?;
+    let Some(shutdown) = shutdown else {
+        return print(
+            args.output,
+            &AuditList {
+                listing,
+                limit: args.limit,
+            },
+        );
+    };
+    // Following: what exists now, oldest first, then each new row as it is recorded.
+    let mut rows = listing.items;
+    rows.reverse();
+    let mut first = true;
+    loop {
+        if let Some(last) = rows.last() {
+            filter.after_id = Some(last.id);
+        }
+        follow_print(args.output, &rows, first)?;
+        first = false;
+        tokio::select! {
+            _ = shutdown.requested() => return Ok(()),
+            _ = tokio::time::sleep(args.follow_interval) => {}
+        }
+        filter.since = None;
+        filter.limit = MAX_LIMIT;
+        let mut listing = admin.audit_trail(&mut client, &filter).await?;
+        listing.items.reverse();
+        rows = listing.items;
+    }
+}
+
+/// Prints followed rows: table lines (the header only the first time) or one JSON object
+/// per line.
+fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(), Failure> {
+    let mut text = String::new();
+    match output {
+        Output::Json => {
+            for entry in rows {
+                let line = serde_json::to_string(entry)
+                    .map_err(|e| Failure::runtime(format!("cannot encode an audit row: {e}")))?;
+                text.push_str(&line);
+                text.push('\n');
+            }
+        }
+        Output::Table => {
+            let table = audit_table(rows).render();
+            let mut lines = table.lines();
+            if !header {
+                lines.next();
+            }
+            for line in lines {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+    }
+    if text.is_empty() {
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    std::io::Write::write_all(&mut out, text.as_bytes())
+        .and_then(|()| std::io::Write::flush(&mut out))
+        .map_err(|e| Failure::runtime(format!("cannot write to stdout ({e})")))
+}
+
+/// The audit table of `rows`.
+fn audit_table(rows: &[AuditEntry]) -> Table {
+    let mut table = Table::new(&[
+        "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT_ID", "ACTOR", "COUNT", "REASON",
+    ]);
+    for entry in rows {
+        table.row(vec![
+            entry.id.to_string(),
+            time(Some(entry.recorded_at)),
+            entry.kind.short_name().to_owned(),
+            opt(entry.project_id.as_deref()),
+            opt(entry.consumer_id.as_deref()),
+            opt(entry.event_id.as_deref()),
+            opt(entry.actor.as_deref()),
+            opt(entry.count),
+            opt(entry.reason.as_deref()),
+        ]);
+    }
+    table
 }
 
 /// The audit trail as listed: `{"audit": [...], "truncated": bool}`.
@@ -68,22 +197,7 @@ struct AuditListJson<'a> {
 
 impl Render for AuditList {
     fn table(&self) -> String {
-        let mut table = Table::new(&[
-            "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT", "ACTOR", "COUNT",
-        ]);
-        for entry in &self.listing.items {
-            table.row(vec![
-                entry.id.to_string(),
-                time(Some(entry.recorded_at)),
-                entry.kind.short_name().to_owned(),
-                opt(entry.project_id.as_deref()),
-                opt(entry.consumer_id.as_deref()),
-                opt(entry.event_id.as_deref()),
-                opt(entry.actor.as_deref()),
-                opt(entry.count),
-            ]);
-        }
-        table.render()
+        audit_table(&self.listing.items).render()
     }
 
     fn json(&self) -> impl Serialize + '_ {

@@ -3,10 +3,12 @@
 use outbox_consumer::{Consumer, ConsumerConfig, ConsumerError, RetrySchedule, StartFrom};
 use tokio_util::sync::CancellationToken;
 
+use crate::child::ChildSink;
 use crate::cli::{ConsumeArgs, Global, StartFromArg};
+use crate::db::DatabaseUrl;
 use crate::failure::{ExitCode, Failure};
 use crate::shutdown::Shutdown;
-use crate::sink::{ChildSink, StdoutSink};
+use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let shutdown = Shutdown::install()?;
@@ -16,41 +18,99 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
 
-    // Fail fast, naming the (redacted) URL, when the database cannot be reached at all;
-    // once running, the consumer rides out outages instead.
+    let (pool, listen) = connections(&database, args.no_listen).await?;
+
+    let consumer_id = args.consumer.consumer_id.to_string();
+    let args_live_query = args.live_query.is_some();
+    let token = shutdown.token();
+    let result = match args.child {
+        Some(command) => {
+            let sink = ChildSink::new(
+                command,
+                consumer_id,
+                args.child_timeout,
+                args.child_stop_grace,
+                token.clone(),
+            );
+            let force = sink.clone();
+            shutdown.on_force(move || force.kill_now());
+            let result = run_with(pool, listen, config, sink.clone(), token).await;
+            sink.close().await;
+            result
+        }
+        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
+    };
+    finish(result, "consumer", args_live_query, "outbox consume")
+}
+
+/// The consumer's pool and, unless `no_listen`, its LISTEN connection's configuration. Fails
+/// fast, naming the (redacted) URL, when the database cannot be reached at all; once running,
+/// the consumer rides out outages instead.
+pub(crate) async fn connections(
+    database: &DatabaseUrl,
+    no_listen: bool,
+) -> Result<(deadpool_postgres::Pool, Option<tokio_postgres::Config>), Failure> {
     drop(database.connect().await?);
     let pool = database.pool(4)?;
     let mut listen = database.config.clone();
     listen.application_name("outbox-listener");
-    let listen = (!args.no_listen).then_some(listen);
+    Ok((pool, (!no_listen).then_some(listen)))
+}
 
-    let consumer_id = args.consumer.consumer_id.to_string();
-    let token = shutdown.token();
-    let result = match args.child {
-        Some(command) => {
-            let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, config, sink, token).await
-        }
-        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
-    };
+/// Logs how a run of `what` (consumer, relay) ended, or turns its error into the command's
+/// failure (see [`classify`]).
+pub(crate) fn finish(
+    result: Result<outbox_consumer::RunSummary, ConsumerError>,
+    what: &str,
+    custom_live_query: bool,
+    command: &str,
+) -> Result<(), Failure> {
     match result {
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
                 cursor = ?summary.cursor,
                 generation = summary.generation,
-                "consumer stopped"
+                "{what} stopped"
             );
             Ok(())
         }
-        Err(e) => Err(classify(e)),
+        Err(e) => Err(classify(e, custom_live_query, command)),
     }
 }
 
-fn classify(e: ConsumerError) -> Failure {
+/// Maps a consumer error to the command's failure; `custom_live_query` says whether the
+/// live query came from --live-query (else it is the default, which the message then shows);
+/// `command` is what a retired consumer is told to run again with --reactivate.
+fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure {
     let code = match &e {
+        ConsumerError::LiveQueryInvalid(problem) if custom_live_query => {
+            return Failure::usage(format!("invalid --live-query: {problem}"));
+        }
+        ConsumerError::LiveQueryInvalid(problem) => {
+            return Failure::usage(format!(
+                "the default live query ({}) does not fit this database: {problem}; give the \
+                 query of your schema with --live-query",
+                outbox_consumer::DEFAULT_LIVE_QUERY
+            ));
+        }
         ConsumerError::Config(_) => ExitCode::Usage,
-        ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
+        ConsumerError::Retired {
+            project,
+            consumer,
+            by,
+            reason,
+        } => {
+            return Failure {
+                code: ExitCode::Conflict,
+                message: format!(
+                    "consumer {consumer} of project {project} is retired (by {by}: {reason}); to \
+                     resume it (it reconciles first), run: {command} --project {project} \
+                     --consumer-id {consumer} --reactivate"
+                ),
+            };
+        }
+        ConsumerError::LeaseHeld { .. } => ExitCode::Conflict,
         _ => ExitCode::Runtime,
     };
     Failure {
@@ -74,6 +134,7 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
     config.listen = !args.no_listen;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
+    config.exit_when_caught_up = args.exit_when_caught_up;
     config.shutdown_grace = args.shutdown_grace;
     config.prune_interval = (!args.no_prune).then_some(args.prune_interval);
     config.retention = args.retention;
@@ -82,6 +143,11 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
         StartFromArg::Earliest => StartFrom::Earliest,
     };
     if let Some(query) = &args.live_query {
+        if !query.contains("$1") {
+            return Err(Failure::usage(
+                "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
+            ));
+        }
         config.live_query = query.clone();
     }
     config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
@@ -127,6 +193,13 @@ impl<S: outbox_consumer::Handler> outbox_consumer::Handler for SharedSink<S> {
 
     async fn before_ack(&self) -> Result<(), outbox_consumer::HandlerFailure> {
         self.0.before_ack().await
+    }
+
+    async fn before_ack_prefix(
+        &self,
+        handled: &[outbox_consumer::ObservedEvent],
+    ) -> Result<(), outbox_consumer::PartialAck> {
+        self.0.before_ack_prefix(handled).await
     }
 }
 

@@ -87,7 +87,7 @@ impl Render for ConsumerList {
             "LEASE_OWNER",
             "GEN",
             "HEARTBEAT_AGE",
-            "DEAD",
+            "DEAD_LETTERS",
             "REPLAY_REQUESTED",
             "CREATED",
             "RETIRED",

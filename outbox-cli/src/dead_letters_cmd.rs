@@ -11,6 +11,7 @@ use crate::args::{ConsumerFilter, ConsumerRef, Operator};
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
 use crate::output::{Render, Table, fields, opt, print, time};
+use outbox_core::OperatorName;
 
 /// `outbox dead-letters ...`.
 #[derive(Debug, Subcommand)]
@@ -45,15 +46,41 @@ pub struct ListArgs {
     pub output: Output,
 }
 
-/// The dead letter an operation is about.
+/// The dead letter an operation is about: by event ID or by the sequence `list` shows.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("letter").required(true).args(["event_id", "sequence"])))]
 pub struct Letter {
     /// The consumer whose delivery failed.
     #[command(flatten)]
     pub consumer: ConsumerRef,
     /// The event (task-deleted:<task>:<deleted_at>).
     #[arg(long)]
-    pub event_id: EventId,
+    pub event_id: Option<EventId>,
+    /// The event's sequence, instead of its ID.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub sequence: Option<i64>,
+}
+
+impl Letter {
+    /// The event ID, looking up a sequence when that is what was given.
+    async fn event_id(
+        &self,
+        admin: &Admin,
+        client: &mut tokio_postgres::Client,
+    ) -> Result<EventId, Failure> {
+        match (&self.event_id, self.sequence) {
+            (Some(event), _) => Ok(event.clone()),
+            (None, Some(sequence)) => Ok(admin
+                .dead_letter_at(
+                    client,
+                    &self.consumer.project,
+                    &self.consumer.consumer_id,
+                    sequence,
+                )
+                .await?),
+            (None, None) => Err(Failure::usage("give --event-id or --sequence")),
+        }
+    }
 }
 
 /// `outbox dead-letters show`.
@@ -69,7 +96,7 @@ pub struct ShowArgs {
 
 /// `outbox dead-letters replay`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("which").required(true).args(["event_id", "all"])))]
+#[command(group(ArgGroup::new("which").required(true).args(["event_id", "sequence", "all"])))]
 pub struct ReplayArgs {
     /// The consumer whose dead letters to replay.
     #[command(flatten)]
@@ -77,9 +104,16 @@ pub struct ReplayArgs {
     /// One dead letter.
     #[arg(long)]
     pub event_id: Option<EventId>,
+    /// One dead letter, by its event's sequence.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub sequence: Option<i64>,
     /// Every dead letter of the consumer.
     #[arg(long)]
     pub all: bool,
+    /// Who asks for the replay (recorded in the audit trail, with the replay's outcome): A-Z
+    /// a-z 0-9 . _ : @ -, at most 64.
+    #[arg(long, value_name = "OPERATOR")]
+    pub by: OperatorName,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -118,31 +152,38 @@ pub async fn run(global: &Global, command: DeadLettersCommand) -> Result<(), Fai
             print(args.output, &list)
         }
         DeadLettersCommand::Show(args) => {
-            let (c, event) = (&args.letter.consumer, &args.letter.event_id);
+            let event = args.letter.event_id(&admin, &mut client).await?;
+            let c = &args.letter.consumer;
             let detail = admin
-                .dead_letter(&mut client, &c.project, &c.consumer_id, event)
+                .dead_letter(&mut client, &c.project, &c.consumer_id, &event)
                 .await?;
             print(args.output, &detail)
         }
         DeadLettersCommand::Replay(args) => {
-            let which = match args.event_id {
-                Some(event) => ReplayTarget::One(event),
-                None => ReplayTarget::AllDead,
-            };
             let c = &args.consumer;
+            let which = match (args.event_id, args.sequence) {
+                (Some(event), _) => ReplayTarget::One(event),
+                (None, Some(sequence)) => ReplayTarget::One(
+                    admin
+                        .dead_letter_at(&mut client, &c.project, &c.consumer_id, sequence)
+                        .await?,
+                ),
+                (None, None) => ReplayTarget::AllDead,
+            };
             let request = admin
-                .request_replay(&mut client, &c.project, &c.consumer_id, &which)
+                .request_replay(&mut client, &c.project, &c.consumer_id, &which, &args.by)
                 .await?;
             print(args.output, &request)
         }
         DeadLettersCommand::Resolve(args) => {
-            let (c, event) = (&args.letter.consumer, &args.letter.event_id);
+            let event = args.letter.event_id(&admin, &mut client).await?;
+            let c = &args.letter.consumer;
             let resolution = admin
                 .resolve(
                     &mut client,
                     &c.project,
                     &c.consumer_id,
-                    event,
+                    &event,
                     &args.operator.by,
                     &args.operator.reason,
                 )
@@ -171,8 +212,8 @@ impl Render for DeadLetterList {
         let mut table = Table::new(&[
             "PROJECT",
             "CONSUMER",
-            "EVENT",
-            "SEQ",
+            "EVENT_ID",
+            "SEQUENCE",
             "STATE",
             "ATTEMPTS",
             "LAST_FAILURE",
@@ -220,7 +261,7 @@ impl Render for DeadLetterDetail {
         let mut pairs = vec![
             ("project", d.project_id.clone()),
             ("consumer", d.consumer_id.clone()),
-            ("event", d.event_id.clone()),
+            ("event_id", d.event_id.clone()),
             ("sequence", d.sequence.to_string()),
             ("state", d.state.to_string()),
             ("attempts", d.attempts.to_string()),
@@ -238,10 +279,10 @@ impl Render for DeadLetterDetail {
                 ("event_type", e.event_type.clone()),
                 ("task_id", e.task_id.clone()),
                 ("deleted_at", outbox_core::format_timestamp(e.deleted_at)),
-                ("writer", e.writer_process_id.clone()),
+                ("writer_process_id", e.writer_process_id.clone()),
                 ("occurred_at", time(Some(e.occurred_at))),
                 ("payload_version", e.payload_version.to_string()),
-                ("payload", e.payload.to_string()),
+                ("prior", e.prior.to_string()),
             ]),
             None => pairs.push(("event", "pruned by retention".to_owned())),
         }
@@ -262,8 +303,9 @@ impl Render for ReplayRequest {
             )
         } else {
             let mut text = format!(
-                "replay requested for {} dead letter(s) of consumer {} in project {}; the \
+                "replay requested by {} for {} dead letter(s) of consumer {} in project {}; the \
                  consumer re-dispatches them while it runs:\n",
+                self.requested_by,
                 self.requested.len(),
                 self.consumer_id,
                 self.project_id
@@ -323,11 +365,38 @@ mod tests {
     }
 
     #[test]
-    fn replay_needs_exactly_one_of_event_or_all() {
-        let base = ["x", "replay", "--project", "p", "--consumer-id", "c"];
+    fn replay_needs_exactly_one_of_event_sequence_or_all_and_an_operator() {
+        let base = [
+            "x",
+            "replay",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--by",
+            "alice",
+        ];
         assert!(Probe::try_parse_from(base).is_err());
         let both = [&base[..], &["--all", "--event-id", "task-deleted:t:x"]].concat();
         assert!(Probe::try_parse_from(both).is_err());
+        let both = [
+            &base[..],
+            &["--sequence", "3", "--event-id", "task-deleted:t:x"],
+        ]
+        .concat();
+        assert!(Probe::try_parse_from(both).is_err());
+        let nobody = [
+            "x",
+            "replay",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--all",
+        ];
+        assert!(Probe::try_parse_from(nobody).is_err(), "--by is required");
+        let zero = [&base[..], &["--sequence", "0"]].concat();
+        assert!(Probe::try_parse_from(zero).is_err());
         let all = [&base[..], &["--all"]].concat();
         assert!(matches!(
             Probe::try_parse_from(all).unwrap().command,

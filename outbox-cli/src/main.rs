@@ -4,6 +4,7 @@
 
 mod args;
 mod audit_cmd;
+mod child;
 mod cli;
 mod consume_cmd;
 mod consumers_cmd;
@@ -13,6 +14,7 @@ mod failure;
 mod migrate_cmd;
 mod output;
 mod prune_cmd;
+mod relay;
 mod sequence_cmd;
 mod shutdown;
 mod sink;
@@ -46,6 +48,7 @@ fn main() -> std::process::ExitCode {
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
+            Command::Relay(command) => relay::run(&cli.global, command).await,
         }
     });
     match result {

@@ -159,6 +159,26 @@ pub fn age(secs: Option<f64>) -> String {
     if negative { format!("-{text}") } else { text }
 }
 
+/// A configured duration the way it is written on the command line: its largest exact unit
+/// (`30d`, `12h`, `90m`, `45s`, `250ms`).
+pub fn duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 /// Writes `text` to stdout. A closed pipe (`outbox status | head`) is not an error.
 pub fn emit(text: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
@@ -205,6 +225,11 @@ mod tests {
 
     #[test]
     fn ages_use_two_units() {
+        assert_eq!(duration(std::time::Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(duration(std::time::Duration::from_secs(36 * 3600)), "36h");
+        assert_eq!(duration(std::time::Duration::from_secs(90)), "90s");
+        assert_eq!(duration(std::time::Duration::from_millis(250)), "250ms");
+        assert_eq!(duration(std::time::Duration::ZERO), "0s");
         assert_eq!(age(None), "-");
         assert_eq!(age(Some(0.25)), "250ms");
         assert_eq!(age(Some(42.9)), "42s");

@@ -117,27 +117,15 @@ fn render(report: &PruneReport, project: Option<&ProjectId>) -> String {
         }
         return out;
     }
-    let mut table = Table::new(if report.dry_run {
-        &[
-            "PROJECT",
-            "HEAD",
-            "FLOOR",
-            "NEW FLOOR (DRY RUN)",
-            "EVENTS",
-            "DEAD LETTERS",
-            "HELD BY",
-        ]
-    } else {
-        &[
-            "PROJECT",
-            "HEAD",
-            "FLOOR",
-            "NEW FLOOR",
-            "EVENTS",
-            "DEAD LETTERS",
-            "HELD BY",
-        ]
-    });
+    let mut table = Table::new(&[
+        "PROJECT",
+        "HEAD",
+        "FLOOR",
+        "NEW_FLOOR",
+        "EVENTS",
+        "DEAD_LETTERS",
+        "HELD_BY",
+    ]);
     for p in &report.projects {
         table.row(vec![
             p.project_id.clone(),
@@ -158,7 +146,7 @@ fn render(report: &PruneReport, project: Option<&ProjectId>) -> String {
         report.events_pruned,
         report.dead_letters_pruned,
         report.projects.len(),
-        humantime::format_duration(Duration::from_secs(report.retention_secs)),
+        crate::output::duration(Duration::from_secs(report.retention_secs)),
         report.batch_size,
     ));
     out

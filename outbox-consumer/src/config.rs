@@ -57,6 +57,9 @@ pub struct ConsumerConfig {
     pub wait_for_lease: bool,
     /// Reactivate a retired consumer (it then reconciles) instead of refusing to start.
     pub reactivate: bool,
+    /// Stop (returning `Ok`) once every committed event is numbered and handled and no failed
+    /// event is waiting for a retry: for scripts and batch jobs.
+    pub exit_when_caught_up: bool,
     /// How long shutdown waits for a running handler before abandoning its event.
     pub shutdown_grace: Duration,
     /// How often this process runs the retention sweep of its project (also once at start);
@@ -94,6 +97,7 @@ impl ConsumerConfig {
             live_query: DEFAULT_LIVE_QUERY.to_owned(),
             wait_for_lease: true,
             reactivate: false,
+            exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
             prune_interval: Some(Duration::from_secs(3600)),
             retention: outbox_core::DEFAULT_RETENTION,

@@ -330,6 +330,7 @@ async fn reactivate(
 ) -> Result<(), ConsumerError> {
     let project = config.project_id.as_str();
     let consumer = config.consumer_id.as_str();
+    let actor = reactivating_user();
     let tx = client.transaction().await?;
     let changed = tx
         .execute(
@@ -343,8 +344,9 @@ async fn reactivate(
             project_id: project,
             consumer_id: Some(consumer),
             event_id: None,
-            actor: None,
+            actor: Some(&actor),
             count: None,
+            reason: None,
         };
         AuditLog::new(&config.schema).record(&*tx, &record).await?;
     }
@@ -357,6 +359,22 @@ async fn reactivate(
         );
     }
     Ok(())
+}
+
+/// Who reactivates a consumer, for the audit row: the OS user and host running the process
+/// (`alice@worker-3`), as `outbox consume --reactivate` takes no operator name.
+fn reactivating_user() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown-user".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{user}@{host}")
 }
 
 /// Renews the lease every `interval` until `stop`; marks it lost when a renewal is rejected.

@@ -60,6 +60,7 @@ mod event;
 mod handler;
 mod lease;
 mod listener;
+mod live_query;
 mod pool;
 mod retry;
 mod runtime;
@@ -70,7 +71,9 @@ pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
-pub use handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
+pub use handler::{
+    Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
+};
 pub use pool::build_pool;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

@@ -192,10 +192,25 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .into());
         }
         let statements = Arc::new(Statements::new(&self.config.schema));
+        // A live query given explicitly is checked before the lease is claimed, so a wrong one
+        // holds nothing; the default is checked when it is first needed (a consumer that
+        // replays history from the earliest event may never reconcile, and its database need
+        // not have a `tasks` table).
+        if self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
+            let mut client = self.pool.get().await?;
+            crate::live_query::check(&mut client, &self.config.live_query).await?;
+        }
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
         };
+        if claimed.created {
+            tracing::info!(
+                "registering new consumer {} of project {}; it holds retention until retired",
+                self.config.consumer_id,
+                self.config.project_id
+            );
+        }
         let lease = Arc::new(claimed.lease);
         let stop = CancellationToken::new();
         let wake = Arc::new(Notify::new());
@@ -268,7 +283,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         failures = 0;
                         continue;
                     }
-                    Ok(Step::Idle) => failures = 0,
+                    Ok(Step::Idle) => {
+                        failures = 0;
+                        if self.config.exit_when_caught_up
+                            && self
+                                .caught_up(lease, statements, shutdown, progress)
+                                .await?
+                        {
+                            tracing::info!(cursor = ?progress.cursor, "caught up; stopping");
+                            return Ok(());
+                        }
+                    }
                     Err(e @ ConsumerError::LeaseLost { .. }) => return Err(e),
                     Err(e) if e.is_retryable() => {
                         failures = failures.saturating_add(1);
@@ -558,6 +583,45 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         Ok(())
     }
 
+    /// Whether everything committed so far is handled: numbers what has committed (another
+    /// process may be doing that at the same moment: then nothing of the project may still be
+    /// waiting for a number), then finds nothing more to read and no failed event waiting for
+    /// its retry.
+    async fn caught_up(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+    ) -> Result<bool, ConsumerError> {
+        if progress.held.is_some() || progress.handled_through.is_some() {
+            return Ok(false);
+        }
+        {
+            let mut client = self.pool.get().await?;
+            if self.config.sequence_interval.is_some() {
+                Sequencer::new(&self.config.schema)
+                    .drain(&mut client)
+                    .await?;
+            }
+            let waiting: bool = client
+                .query_one(
+                    &statements.has_unsequenced,
+                    &[&self.config.project_id.as_str()],
+                )
+                .await?
+                .try_get("waiting")?;
+            if waiting {
+                return Ok(false);
+            }
+        }
+        Ok(matches!(
+            self.step(lease, statements, shutdown, progress).await?,
+            Step::Idle
+        ) && progress.held.is_none()
+            && progress.handled_through.is_none())
+    }
+
     /// Acknowledges events this run handled but could not yet acknowledge (the write failed,
     /// say, because the database restarted). They are not dispatched again by this process.
     async fn ack_handled(
@@ -665,6 +729,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let project = self.config.project_id.as_str();
         tracing::info!(reason = reason.as_str(), cursor = ?progress.cursor, "reconciling");
         let mut client = self.pool.get().await?;
+        // The run then ends with the error, releasing its lease.
+        crate::live_query::check(&mut client, &self.config.live_query).await?;
         if self.config.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
             Sequencer::new(&self.config.schema)
@@ -678,13 +744,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .start()
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let task_ids: Vec<String> = tx
-            .query(&self.config.live_query, &[&project])
-            .await?
-            .iter()
-            // The live query is the operator's: its one column may have any name.
-            .map(|row| row.try_get(0))
-            .collect::<Result<_, _>>()?;
+        let task_ids = crate::live_query::task_ids(&*tx, &self.config.live_query, project).await?;
         tx.commit().await?;
         drop(client);
         let live = LiveSet {
@@ -694,6 +754,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             reason,
         };
         if let Err(failure) = outbox_core::observe(self.reconciler.reconcile(&live)).await {
+            if let Some(reason) = failure.stop_reason() {
+                return Err(ConsumerError::SinkFailed {
+                    reason: reason.to_owned(),
+                });
+            }
             tracing::error!(class = %failure.class, "reconciler failed; will try again");
             return Err(ConsumerError::ReconcilerFailed {
                 class: failure.class,

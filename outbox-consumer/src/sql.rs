@@ -64,6 +64,20 @@ FOR NO KEY UPDATE";
 /// Advances the cursor. `$5`: the new last acknowledged sequence.
 pub const ACK: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
+SET last_acked_sequence = $5, last_acked_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'";
+
+/// Whether project `$1` has committed events still waiting for a number (the sequencer's work
+/// list is a small partial index).
+pub const HAS_UNSEQUENCED: &str = "
+SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox
+               WHERE project_id = $1 AND sequence IS NULL) AS waiting";
+
+/// Moves the cursor without acknowledging a delivery (past a parked event, or to the floor for
+/// an earliest start). `$5`: the new cursor.
+pub const MOVE_CURSOR: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
 SET last_acked_sequence = $5
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
@@ -136,7 +150,7 @@ WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <
 pub const ACK_CLEARING: &str = "
 WITH acked AS (
     UPDATE {{schema}}.lifecycle_consumer_cursors
-    SET last_acked_sequence = $5
+    SET last_acked_sequence = $5, last_acked_at = now()
     WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
       AND state = 'active'
     RETURNING 1
@@ -156,7 +170,9 @@ SELECT count(*) AS acked FROM acked";
 pub const ACK_AND_RETRY: &str = "
 WITH acked AS (
     UPDATE {{schema}}.lifecycle_consumer_cursors
-    SET last_acked_sequence = $5
+    SET last_acked_sequence = $5,
+        last_acked_at = CASE WHEN $5 IS DISTINCT FROM last_acked_sequence THEN now()
+                             ELSE last_acked_at END
     WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
       AND state = 'active'
     RETURNING 1
@@ -197,14 +213,14 @@ pub const MARK_REPLAYED: &str = "
 UPDATE {{schema}}.lifecycle_deliveries
 SET state = 'replayed', attempts = attempts + 1, updated_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
-RETURNING attempts";
+RETURNING attempts, replay_requested_by";
 
 /// Returns a failed replay to the dead letters. `$3` event, `$4` failure class.
 pub const MARK_REPLAY_FAILED: &str = "
 UPDATE {{schema}}.lifecycle_deliveries
 SET state = 'dead', attempts = attempts + 1, last_failure_class = $4, updated_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
-RETURNING attempts";
+RETURNING attempts, replay_requested_by";
 
 #[cfg(test)]
 mod tests {

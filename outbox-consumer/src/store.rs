@@ -21,6 +21,8 @@ pub(crate) struct Statements {
     pub release: String,
     pub lock_fence: String,
     pub ack: String,
+    pub move_cursor: String,
+    pub has_unsequenced: String,
     pub record_reconciled: String,
     pub bounds: String,
     pub read_batch: String,
@@ -43,6 +45,8 @@ impl Statements {
             release: schema.render(sql::RELEASE),
             lock_fence: schema.render(sql::LOCK_FENCE),
             ack: schema.render(sql::ACK),
+            move_cursor: schema.render(sql::MOVE_CURSOR),
+            has_unsequenced: schema.render(sql::HAS_UNSEQUENCED),
             record_reconciled: schema.render(sql::RECORD_RECONCILED),
             bounds: schema.render(sql::PROJECT_BOUNDS),
             read_batch: schema.render(sql::READ_BATCH),
@@ -212,7 +216,7 @@ pub(crate) fn decode(
         event_id: row.try_get("event_id")?,
         task_id: row.try_get("task_id")?,
         deleted_at: row.try_get::<_, DateTime<Utc>>("deleted_at")?,
-        origin_writer: row.try_get("writer_process_id")?,
+        writer_process_id: row.try_get("writer_process_id")?,
         occurred_at: row.try_get::<_, DateTime<Utc>>("occurred_at")?,
         payload_version: row.try_get("payload_version")?,
         prior,
@@ -273,10 +277,11 @@ pub(crate) async fn record_failure(
                 lease,
                 Some(&event.event_id),
                 Some(i64::from(attempts)),
+                None,
             )
             .await?;
             if tx
-                .execute(&statements.ack, &[p, c, o, g, &event.sequence])
+                .execute(&statements.move_cursor, &[p, c, o, g, &event.sequence])
                 .await?
                 != 1
             {
@@ -341,28 +346,28 @@ pub(crate) async fn record_replay(
 ) -> Result<(), ConsumerError> {
     let [p, c, _, _] = lease.fence.params();
     // The operator may have resolved the letter meanwhile: then nothing is recorded.
-    let attempts: Option<i32> = match result {
-        Ok(()) => tx
-            .query_opt(&statements.mark_replayed, &[p, c, &event.event_id])
-            .await?
-            .map(|row| row.try_get("attempts"))
-            .transpose()?,
-        Err(failure) => tx
-            .query_opt(
+    let row = match result {
+        Ok(()) => {
+            tx.query_opt(&statements.mark_replayed, &[p, c, &event.event_id])
+                .await?
+        }
+        Err(failure) => {
+            tx.query_opt(
                 &statements.mark_replay_failed,
                 &[p, c, &event.event_id, &failure.class.as_str()],
             )
             .await?
-            .map(|row| row.try_get("attempts"))
-            .transpose()?,
+        }
     };
-    let Some(attempts) = attempts else {
+    let Some(row) = row else {
         tracing::warn!(
             event_id = %event.event_id,
             "dead letter left the replay_requested state during its replay; outcome not recorded"
         );
         return Ok(());
     };
+    let attempts: i32 = row.try_get("attempts")?;
+    let requested_by: Option<String> = row.try_get("replay_requested_by")?;
     let kind = if result.is_ok() {
         AuditKind::ConsumerReplayed
     } else {
@@ -375,11 +380,13 @@ pub(crate) async fn record_replay(
         lease,
         Some(&event.event_id),
         Some(i64::from(attempts)),
+        requested_by.as_deref(),
     )
     .await
 }
 
-/// Appends an audit row for this consumer (the runtime acts as no operator: no actor).
+/// Appends an audit row for this consumer. The runtime acts as no operator; `actor` names
+/// the operator its action answers (who asked for a replay), if any.
 pub(crate) async fn audit(
     client: &impl GenericClient,
     statements: &Statements,
@@ -387,14 +394,16 @@ pub(crate) async fn audit(
     lease: &Lease,
     event_id: Option<&str>,
     count: Option<i64>,
+    actor: Option<&str>,
 ) -> Result<(), ConsumerError> {
     let record = AuditRecord {
         kind,
         project_id: &lease.fence.project,
         consumer_id: Some(&lease.fence.consumer),
         event_id,
-        actor: None,
+        actor,
         count,
+        reason: None,
     };
     statements.audit.record(client, &record).await?;
     Ok(())
@@ -415,7 +424,7 @@ pub(crate) async fn set_cursor(
     let statement = if reconciled.is_some() {
         &statements.record_reconciled
     } else {
-        &statements.ack
+        &statements.move_cursor
     };
     tx.execute(statement, &[p, c, o, g, &cursor]).await?;
     tx.execute(&statements.clear_passed_retries, &[p, c, &cursor])
@@ -428,6 +437,7 @@ pub(crate) async fn set_cursor(
             lease,
             None,
             Some(live),
+            None,
         )
         .await?;
     }

@@ -55,8 +55,10 @@ mod election;
 mod error;
 mod event;
 mod ids;
+pub mod libpq_env;
 mod migrate;
 mod observed;
+mod redact;
 pub mod retention;
 mod schema;
 mod sequencer;
@@ -83,6 +85,7 @@ pub use ids::{
 };
 pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
 pub use observed::{in_observed_dispatch, observe};
+pub use redact::redact_connection_string;
 pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
     PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,

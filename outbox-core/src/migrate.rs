@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         template: include_str!("../../sql/0001_init.sql"),
     },
     Migration {
+        version: 3,
+        name: "sharp_edges",
+        template: include_str!("../../sql/0003_sharp_edges.sql"),
+    },
+    Migration {
         version: 4,
         name: "sequencer_lease",
         template: include_str!("../../sql/0004_sequencer_lease.sql"),

@@ -121,8 +121,11 @@ text_enum!(
     AuditKind, "audit kind" {
         /// A poison event was parked (or a replay failed and it went back to `dead`).
         ConsumerPoisoned => "lifecycle-observation:consumer-poisoned" | "consumer-poisoned",
-        /// A dead letter was replayed successfully.
+        /// A dead letter was replayed successfully (actor: who asked for the replay).
         ConsumerReplayed => "lifecycle-observation:consumer-replayed" | "consumer-replayed",
+        /// An operator asked for a dead letter to be replayed.
+        DeadLetterReplayRequested =>
+            "lifecycle-observation:dead-letter-replay-requested" | "dead-letter-replay-requested",
         /// An operator resolved a dead letter.
         DeadLetterResolved =>
             "lifecycle-observation:dead-letter-resolved" | "dead-letter-resolved",
@@ -160,9 +163,17 @@ text_enum!(
         /// An event has been failing and holding the cursor for longer than
         /// `max_retrying_age`.
         StuckRetrying => "stuck_retrying",
-        /// The lease is held, but its last heartbeat is older than `max_heartbeat_age` (the
-        /// holder is hung, partitioned or crashed without releasing).
+        /// The lease is held and not yet expired, but its last heartbeat is older than
+        /// `max_heartbeat_age` (the holder is hung or partitioned). Once the lease expires
+        /// this becomes `not_running`.
         StaleHeartbeat => "stale_heartbeat",
+        /// No process holds the lease and the last heartbeat is older than
+        /// `max_heartbeat_age`, while events wait for this consumer.
+        NotRunning => "not_running",
+        /// The consumer has no cursor or has never acknowledged an event, no process runs it,
+        /// and events wait: it holds retention back for nothing (a mistyped `--consumer-id`
+        /// creates exactly this; retire it).
+        NeverAcknowledged => "never_acknowledged",
         /// The consumer has unresolved dead letters waiting for an operator.
         DeadLetters => "dead_letters",
         /// Committed events have waited for a number longer than `max_unsequenced_age`: no
@@ -237,7 +248,7 @@ mod tests {
             Ok(AuditKind::Pruned)
         );
         assert!("retired".parse::<AuditKind>().is_err());
-        assert_eq!(AuditKind::ALL.len(), 7);
+        assert_eq!(AuditKind::ALL.len(), 8);
         assert_eq!(AuditKind::ConsumerRetired.short_name(), "consumer-retired");
         for state in DeliveryState::ALL {
             assert_eq!(state.as_str().parse::<DeliveryState>(), Ok(*state));

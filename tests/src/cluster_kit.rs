@@ -4,6 +4,10 @@
 
 use std::process::Command;
 
+use chrono::Utc;
+use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
+use tokio_postgres::{Config, NoTls};
+
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
 /// The socket's port number. The socket lives in the cluster's own directory, so clusters
 /// of different tests (and worktrees) never meet on it.
@@ -34,6 +38,40 @@ impl PrivateCluster {
     pub fn resume(&self) {
         pg(&self.dir, "up");
     }
+
+    /// Migrates the default schema; returns the cluster's connection configuration.
+    pub async fn migrate(&self) -> Config {
+        let config: Config = self.url.parse().expect("cluster URL parses");
+        let mut client = crate::connect(&config).await;
+        outbox_core::migrate(&mut client, &Schema::default())
+            .await
+            .expect("migrate the private cluster");
+        config
+    }
+}
+
+/// Writes and commits one event of `project` on a connection of its own; `Err` when the
+/// outcome is unknown (the database went away), for writers that keep going across a restart.
+pub async fn try_write(config: &Config, project: &str, task: &str) -> Result<String, ()> {
+    let (mut client, connection) = config.connect(NoTls).await.map_err(|_| ())?;
+    tokio::spawn(connection);
+    let tx = client.transaction().await.map_err(|_| ())?;
+    let event = TaskDeleted::new(
+        ProjectId::new(project).map_err(|_| ())?,
+        TaskId::new(task).map_err(|_| ())?,
+        Utc::now(),
+        Prior::default(),
+    )
+    .map_err(|_| ())?;
+    Writer::new(
+        &Schema::default(),
+        WriterProcessId::new("w").expect("valid"),
+    )
+    .record(&tx, &event)
+    .await
+    .map_err(|_| ())?;
+    tx.commit().await.map_err(|_| ())?;
+    Ok(event.event_id())
 }
 
 impl Drop for PrivateCluster {

@@ -9,6 +9,7 @@
 
 pub mod cluster_kit;
 pub mod consumer_kit;
+pub mod nats_kit;
 pub mod process_kit;
 
 use std::process::Command;

@@ -40,6 +40,22 @@ pub async fn run_outbox(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Runs `outbox --database-url <db> ARGS` to completion; returns (exit code, stdout, stderr).
+pub async fn outbox_on(db: &crate::TestDb, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["--database-url", db.url.as_str()];
+    all.extend_from_slice(args);
+    run_outbox(&all).await
+}
+
+/// Runs a command on `db` that must succeed with `--output json`, and parses its document.
+pub async fn outbox_json(db: &crate::TestDb, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--output", "json"]);
+    let (code, out, err) = outbox_on(db, &all).await;
+    assert_eq!(code, 0, "outbox {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
+}
+
 /// One line of `outbox consume` output with the moment the test read it.
 #[derive(Debug, Clone)]
 pub struct Line {

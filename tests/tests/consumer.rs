@@ -53,7 +53,7 @@ async fn delivers_every_event_in_order_and_releases_the_lease() {
     assert_eq!(recorder.sequences(), (1..=8).collect::<Vec<_>>());
     let first = &recorder.events()[0];
     assert!(first.observed);
-    assert_eq!(first.origin_writer, "test-writer");
+    assert_eq!(first.writer_process_id, "test-writer");
     assert_eq!(first.consumer_id.as_str(), "c1");
     assert_eq!(first.task_id, "t0");
     assert_eq!(first.event_type, "task:deleted");

@@ -1208,8 +1208,13 @@ async fn outbox_prune_prints_what_it_removed() {
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "PROJECT", "HEAD", "FLOOR", "NEW", "FLOOR", "(DRY", "RUN)", "EVENTS", "DEAD",
-            "LETTERS", "HELD", "BY"
+            "PROJECT",
+            "HEAD",
+            "FLOOR",
+            "NEW_FLOOR",
+            "EVENTS",
+            "DEAD_LETTERS",
+            "HELD_BY"
         ]
     );
     assert!(
@@ -1222,7 +1227,7 @@ async fn outbox_prune_prints_what_it_removed() {
     assert!(
         out.contains(
             "dry run: would prune 9 event(s) and 1 dead letter(s) in 2 project(s) \
-                      (retention 30days, batches of 4)"
+                      (retention 30d, batches of 4)"
         ),
         "{out}"
     );

@@ -4,24 +4,13 @@
 
 use std::time::Duration;
 
-use outbox_core::Schema;
 use outbox_tests::cluster_kit::PrivateCluster;
-use outbox_tests::connect;
 use outbox_tests::process_kit::OutboxProcess;
 use tokio::time::Instant;
-use tokio_postgres::Config;
 
 /// How long a stop may take: the consumer's shutdown grace below is 1 s, everything else is
 /// a select on the shutdown signal.
 const PROMPT: Duration = Duration::from_secs(5);
-
-async fn migrated(cluster: &PrivateCluster) {
-    let config: Config = cluster.url.parse().unwrap();
-    let mut client = connect(&config).await;
-    outbox_core::migrate(&mut client, &Schema::default())
-        .await
-        .unwrap();
-}
 
 /// Stops the database under the running `process`, lets it notice, then sends SIGTERM and
 /// expects a clean exit within [`PROMPT`].
@@ -52,7 +41,7 @@ async fn sigterm_while_database_down(cluster: &PrivateCluster, mut process: Outb
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequence_every_stops_on_sigterm_while_the_database_is_down() {
     let cluster = PrivateCluster::start("shutdown-sequence");
-    migrated(&cluster).await;
+    cluster.migrate().await;
     let process = OutboxProcess::spawn_command(&cluster.url, "sequence", &["--every", "50ms"]);
     sigterm_while_database_down(&cluster, process).await;
 }
@@ -60,7 +49,7 @@ async fn sequence_every_stops_on_sigterm_while_the_database_is_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_stops_on_sigterm_while_the_database_is_down() {
     let cluster = PrivateCluster::start("shutdown-consume");
-    migrated(&cluster).await;
+    cluster.migrate().await;
     let process = OutboxProcess::spawn(
         &cluster.url,
         &[

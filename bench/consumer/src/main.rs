@@ -18,18 +18,15 @@
 #![forbid(unsafe_code)]
 
 mod catchup;
-mod db;
 mod latency;
 mod procfs;
 mod report;
-mod stats;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Errors of a benchmark binary: reported, never matched on.
-pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use outbox_bench::{BoxResult, db, stats};
 
 /// Consumer benchmarks: catch-up throughput and peak RSS, and commit-to-handler latency.
 #[derive(Debug, Parser)]

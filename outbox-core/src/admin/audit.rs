@@ -28,8 +28,13 @@ pub struct AuditEntry {
     pub event_id: Option<String>,
     /// The operator, for operator actions.
     pub actor: Option<String>,
-    /// Attempts, events or tasks, depending on the kind.
+    /// Depends on the kind: attempts (`consumer-poisoned`, `consumer-replayed`,
+    /// `dead-letter-resolved`, `dead-letter-replay-requested`), unresolved dead letters
+    /// (`consumer-retired`), live tasks (`reconciled`), events pruned (`pruned`); none for
+    /// `consumer-reactivated`.
     pub count: Option<i64>,
+    /// The operator's reason (`consumer-retired`, `dead-letter-resolved`).
+    pub reason: Option<String>,
 }
 
 impl AuditEntry {
@@ -44,6 +49,7 @@ impl AuditEntry {
             event_id: row.try_get("event_id")?,
             actor: row.try_get("actor")?,
             count: row.try_get("count")?,
+            reason: row.try_get("reason")?,
         })
     }
 }
@@ -59,6 +65,10 @@ pub struct AuditFilter {
     pub kinds: Vec<AuditKind>,
     /// Only this event.
     pub event: Option<EventId>,
+    /// Only rows recorded at or after this moment.
+    pub since: Option<DateTime<Utc>>,
+    /// Only rows after this one (by [`AuditEntry::id`]), for following the trail.
+    pub after_id: Option<i64>,
     /// At most this many rows, newest first (`1..=MAX_LIMIT`).
     pub limit: i64,
 }
@@ -70,6 +80,8 @@ impl Default for AuditFilter {
             consumer: None,
             kinds: Vec::new(),
             event: None,
+            since: None,
+            after_id: None,
             limit: 50,
         }
     }
@@ -89,8 +101,10 @@ pub struct AuditRecord<'a> {
     pub event_id: Option<&'a str>,
     /// The operator (or sweep) that acted; `None` for the consumer runtime's own rows.
     pub actor: Option<&'a str>,
-    /// Attempts, events or tasks, depending on the kind.
+    /// Attempts, events or tasks, depending on the kind (see [`AuditEntry::count`]).
     pub count: Option<i64>,
+    /// The operator's reason, for the actions that take one.
+    pub reason: Option<&'a str>,
 }
 
 /// Appends to the audit trail of one schema: the only writer of `lifecycle_audit` rows.
@@ -125,6 +139,7 @@ impl AuditLog {
                     &record.event_id,
                     &record.actor,
                     &record.count,
+                    &record.reason,
                 ],
             )
             .await?
@@ -157,6 +172,8 @@ impl Admin {
                     &filter.consumer.as_ref().map(ConsumerId::as_str),
                     &kinds,
                     &filter.event.as_ref().map(EventId::as_str),
+                    &filter.since,
+                    &filter.after_id,
                     &(filter.limit + 1),
                 ],
             )
@@ -171,20 +188,24 @@ impl Admin {
 }
 
 /// Appends an audit row: `$1` kind, `$2` project, `$3` consumer (or NULL), `$4` event (or
-/// NULL), `$5` actor (or NULL), `$6` count (or NULL). Returns its ID.
+/// NULL), `$5` actor (or NULL), `$6` count (or NULL), `$7` reason (or NULL). Returns its ID.
 const AUDIT: &str = "
-INSERT INTO {{schema}}.lifecycle_audit (kind, project_id, consumer_id, event_id, actor, count)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO {{schema}}.lifecycle_audit
+    (kind, project_id, consumer_id, event_id, actor, count, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING id";
 
 /// The audit trail, newest first: `$1` project or NULL, `$2` consumer or NULL, `$3` kinds,
-/// `$4` event or NULL, `$5` row limit.
+/// `$4` event or NULL, `$5` earliest time or NULL, `$6` last ID already seen or NULL, `$7` row
+/// limit.
 pub(super) const AUDIT_TRAIL: &str = "
-SELECT id, recorded_at, kind, project_id, consumer_id, event_id, actor, count
+SELECT id, recorded_at, kind, project_id, consumer_id, event_id, actor, count, reason
 FROM {{schema}}.lifecycle_audit
 WHERE ($1::text IS NULL OR project_id = $1)
   AND ($2::text IS NULL OR consumer_id = $2)
   AND kind = ANY($3::text[])
   AND ($4::text IS NULL OR event_id = $4)
+  AND ($5::timestamptz IS NULL OR recorded_at >= $5)
+  AND ($6::bigint IS NULL OR id > $6)
 ORDER BY id DESC
-LIMIT $5";
+LIMIT $7";

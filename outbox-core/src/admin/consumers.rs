@@ -60,6 +60,10 @@ pub struct ConsumerInfo {
     pub heartbeat_age_secs: Option<f64>,
     /// When the consumer first claimed.
     pub created_at: DateTime<Utc>,
+    /// How long ago that was, in seconds.
+    pub created_age_secs: f64,
+    /// When it last acknowledged an event; `None` if it never has.
+    pub last_acked_at: Option<DateTime<Utc>>,
     /// When it last reconciled.
     pub reconciled_at: Option<DateTime<Utc>>,
     /// When it was retired.
@@ -238,6 +242,7 @@ impl Admin {
                     event_id: None,
                     actor: Some(by.as_str()),
                     count: Some(unresolved),
+                    reason: Some(reason.as_str()),
                 },
             )
             .await?;
@@ -291,6 +296,8 @@ fn decode_consumer(row: &Row) -> Result<ConsumerInfo, AdminError> {
         heartbeat_at: row.try_get("heartbeat_at")?,
         heartbeat_age_secs: row.try_get("heartbeat_age")?,
         created_at: row.try_get("created_at")?,
+        created_age_secs: row.try_get("created_age")?,
+        last_acked_at: row.try_get("last_acked_at")?,
         reconciled_at: row.try_get("reconciled_at")?,
         retired_at: row.try_get("retired_at")?,
         retired_by: row.try_get("retired_by")?,
@@ -309,7 +316,8 @@ SELECT c.project_id, c.consumer_id, c.state, c.last_acked_sequence,
        (c.lease_owner IS NOT NULL AND c.lease_expires_at > now()) AS lease_live,
        c.heartbeat_at,
        extract(epoch FROM now() - c.heartbeat_at)::float8 AS heartbeat_age,
-       c.created_at, c.reconciled_at, c.retired_at, c.retired_by, c.retired_reason,
+       c.created_at, extract(epoch FROM now() - c.created_at)::float8 AS created_age,
+       c.last_acked_at, c.reconciled_at, c.retired_at, c.retired_by, c.retired_reason,
        r.event_id AS retrying_event_id, r.sequence AS retrying_sequence,
        r.attempts AS retrying_attempts, r.next_attempt_at AS retrying_next_attempt_at,
        r.first_failed_at AS retrying_first_failed_at,

@@ -61,8 +61,8 @@ pub struct EventFields {
     pub occurred_at: DateTime<Utc>,
     /// Payload layout version.
     pub payload_version: i32,
-    /// The payload (the task's prior column and status).
-    pub payload: serde_json::Value,
+    /// The task's state before deletion (its column and status), as `consume` prints it.
+    pub prior: serde_json::Value,
     /// When it was numbered.
     pub sequenced_at: Option<DateTime<Utc>>,
 }
@@ -117,6 +117,8 @@ pub struct ReplayRequest {
     pub project_id: String,
     /// The consumer.
     pub consumer_id: String,
+    /// Who asked.
+    pub requested_by: String,
     /// Dead letters now `replay_requested`.
     pub requested: Vec<String>,
     /// Dead letters left `dead` because retention already pruned their events (`AllDead`
@@ -152,6 +154,7 @@ pub(super) struct Statements {
     dead_for_update: String,
     request_replay: String,
     resolve: String,
+    dead_letter_at: String,
 }
 
 impl Statements {
@@ -163,6 +166,7 @@ impl Statements {
             dead_for_update: schema.render(DEAD_FOR_UPDATE),
             request_replay: schema.render(REQUEST_REPLAY),
             resolve: schema.render(RESOLVE),
+            dead_letter_at: schema.render(DEAD_LETTER_AT),
         }
     }
 }
@@ -235,7 +239,7 @@ impl Admin {
                 writer_process_id: row.try_get("writer_process_id")?,
                 occurred_at: row.try_get("occurred_at")?,
                 payload_version: row.try_get("payload_version")?,
-                payload: row.try_get("payload")?,
+                prior: row.try_get("payload")?,
                 sequenced_at: row.try_get("sequenced_at")?,
             }),
         };
@@ -245,17 +249,50 @@ impl Admin {
         })
     }
 
+    /// The event ID of the consumer's dead letter (or retrying delivery) at `sequence`, so
+    /// operators can name a letter by the sequence `list` shows.
+    pub async fn dead_letter_at(
+        &self,
+        client: &mut Client,
+        project: &ProjectId,
+        consumer: &ConsumerId,
+        sequence: i64,
+    ) -> Result<EventId, AdminError> {
+        let tx = Self::snapshot(client).await?;
+        let row = tx
+            .query_opt(
+                &self.dead_letters.dead_letter_at,
+                &[&project.as_str(), &consumer.as_str(), &sequence],
+            )
+            .await?;
+        let Some(row) = row else {
+            let target = match self.consumer_exists(&tx, project, consumer).await? {
+                true => Target::DeadLetterAt {
+                    project: project.clone(),
+                    consumer: consumer.clone(),
+                    sequence,
+                },
+                false => Target::consumer(project, consumer),
+            };
+            return Err(AdminError::NotFound { target });
+        };
+        tx.commit().await?;
+        Ok(EventId::new(row.try_get::<_, String>("event_id")?)?)
+    }
+
     /// Asks the consumer's lease holder to re-dispatch dead letters: `dead` becomes
     /// `replay_requested`. The runtime then marks each `replayed` (audited
-    /// `consumer-replayed`) or, if it fails again, `dead` with its attempt count (audited
-    /// `consumer-poisoned`). Refused for a retired consumer, for a letter that is not `dead`
-    /// and for one whose event retention already pruned.
+    /// `consumer-replayed`, naming `by`) or, if it fails again, `dead` with its attempt count
+    /// (audited `consumer-poisoned`). The request itself is audited
+    /// (`dead-letter-replay-requested`, one row per letter). Refused for a retired consumer,
+    /// for a letter that is not `dead` and for one whose event retention already pruned.
     pub async fn request_replay(
         &self,
         client: &mut Client,
         project: &ProjectId,
         consumer: &ConsumerId,
         which: &ReplayTarget,
+        by: &OperatorName,
     ) -> Result<ReplayRequest, AdminError> {
         let tx = Self::write(client).await?;
         let row = self.lock_consumer(&tx, project, consumer, false).await?;
@@ -321,13 +358,36 @@ impl Admin {
             }
         };
         if !requested.is_empty() {
-            let changed = tx
-                .execute(
+            let rows = tx
+                .query(
                     &self.dead_letters.request_replay,
-                    &[&project.as_str(), &consumer.as_str(), &requested],
+                    &[
+                        &project.as_str(),
+                        &consumer.as_str(),
+                        &requested,
+                        &by.as_str(),
+                    ],
                 )
                 .await?;
-            debug_assert_eq!(changed as usize, requested.len(), "rows were locked");
+            debug_assert_eq!(rows.len(), requested.len(), "rows were locked");
+            for row in &rows {
+                let event_id: String = row.try_get("event_id")?;
+                let attempts: i32 = row.try_get("attempts")?;
+                self.audit
+                    .record(
+                        &tx,
+                        &AuditRecord {
+                            kind: AuditKind::DeadLetterReplayRequested,
+                            project_id: project.as_str(),
+                            consumer_id: Some(consumer.as_str()),
+                            event_id: Some(&event_id),
+                            actor: Some(by.as_str()),
+                            count: Some(i64::from(attempts)),
+                            reason: None,
+                        },
+                    )
+                    .await?;
+            }
         }
         tx.commit().await?;
         tracing::info!(
@@ -337,6 +397,7 @@ impl Admin {
         Ok(ReplayRequest {
             project_id: project.to_string(),
             consumer_id: consumer.to_string(),
+            requested_by: by.to_string(),
             requested,
             skipped_pruned,
         })
@@ -416,6 +477,7 @@ impl Admin {
                     event_id: Some(params[2]),
                     actor: Some(by.as_str()),
                     count: Some(i64::from(attempts)),
+                    reason: Some(reason.as_str()),
                 },
             )
             .await?;
@@ -481,6 +543,13 @@ LEFT JOIN {{schema}}.lifecycle_outbox AS o
   ON o.project_id = d.project_id AND o.event_id = d.event_id
 WHERE d.project_id = $1 AND d.consumer_id = $2 AND d.event_id = $3";
 
+/// The event ID of a consumer's delivery at a sequence: `$1` project, `$2` consumer, `$3`
+/// sequence.
+const DEAD_LETTER_AT: &str = "
+SELECT event_id
+FROM {{schema}}.lifecycle_deliveries
+WHERE project_id = $1 AND consumer_id = $2 AND sequence = $3";
+
 /// One delivery, locked, with whether its event is still retained: `$1` project,
 /// `$2` consumer, `$3` event.
 const DELIVERY_FOR_UPDATE: &str = "
@@ -506,8 +575,9 @@ FOR UPDATE OF d";
 /// consumer, `$3` events. Only rows still `dead` change.
 const REQUEST_REPLAY: &str = "
 UPDATE {{schema}}.lifecycle_deliveries
-SET state = 'replay_requested', updated_at = now()
-WHERE project_id = $1 AND consumer_id = $2 AND event_id = ANY($3::text[]) AND state = 'dead'";
+SET state = 'replay_requested', replay_requested_by = $4, updated_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND event_id = ANY($3::text[]) AND state = 'dead'
+RETURNING event_id, attempts";
 
 /// Resolves a dead letter without delivering it: `$1` project, `$2` consumer, `$3` event,
 /// `$4` operator, `$5` reason. Returns the attempt count and the resolution time.

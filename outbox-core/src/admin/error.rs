@@ -57,6 +57,15 @@ pub enum Target {
         /// The event.
         event: EventId,
     },
+    /// One consumer's delivery state of the event at a sequence.
+    DeadLetterAt {
+        /// The project.
+        project: ProjectId,
+        /// The consumer.
+        consumer: ConsumerId,
+        /// The event's sequence.
+        sequence: i64,
+    },
 }
 
 impl Target {
@@ -90,6 +99,14 @@ impl fmt::Display for Target {
             } => write!(
                 f,
                 "dead letter {event} of consumer {consumer} in project {project}"
+            ),
+            Target::DeadLetterAt {
+                project,
+                consumer,
+                sequence,
+            } => write!(
+                f,
+                "dead letter at sequence {sequence} of consumer {consumer} in project {project}"
             ),
         }
     }

@@ -191,12 +191,23 @@ pub fn consumer_health(consumer: &ConsumerInfo, thresholds: &HealthThresholds) -
     {
         problems.push(Health::StuckRetrying);
     }
-    if consumer.lease_owner.is_some()
-        && consumer
-            .heartbeat_age_secs
-            .is_none_or(|age| age > thresholds.max_heartbeat_age.as_secs_f64())
-    {
+    let heartbeat_old = consumer
+        .heartbeat_age_secs
+        .is_none_or(|age| age > thresholds.max_heartbeat_age.as_secs_f64());
+    let events_wait = consumer.head_sequence > consumer.cursor.unwrap_or(0);
+    if consumer.lease_live && heartbeat_old {
         problems.push(Health::StaleHeartbeat);
+    }
+    if !consumer.lease_live && heartbeat_old && events_wait {
+        problems.push(Health::NotRunning);
+    }
+    let never_acknowledged = consumer.cursor.is_none() || consumer.last_acked_at.is_none();
+    if never_acknowledged
+        && events_wait
+        && !consumer.lease_live
+        && consumer.created_age_secs > thresholds.max_heartbeat_age.as_secs_f64()
+    {
+        problems.push(Health::NeverAcknowledged);
     }
     if consumer.dead_letters > 0 {
         problems.push(Health::DeadLetters);
@@ -429,6 +440,8 @@ mod tests {
             heartbeat_at: None,
             heartbeat_age_secs: Some(1.0),
             created_at: Utc::now(),
+            created_age_secs: 3600.0,
+            last_acked_at: Some(Utc::now()),
             reconciled_at: None,
             retired_at: None,
             retired_by: None,
@@ -477,9 +490,44 @@ mod tests {
         // A released lease has no heartbeat to be stale; a missing cursor has no lag.
         let mut released = healthy.clone();
         released.lease_owner = None;
+        released.lease_live = false;
         released.heartbeat_age_secs = Some(3600.0);
         released.lag = None;
         assert_eq!(consumer_health(&released, &t), vec![Health::Ok]);
+
+        // Nobody runs it while events wait: not running. An expired lease is no longer a
+        // stale heartbeat, it is not running.
+        let mut stopped = released.clone();
+        stopped.head_sequence = 8;
+        stopped.lag = Some(3);
+        assert_eq!(consumer_health(&stopped, &t), vec![Health::NotRunning]);
+        let mut expired = stopped.clone();
+        expired.lease_owner = Some("host:1:ab".into());
+        assert_eq!(consumer_health(&expired, &t), vec![Health::NotRunning]);
+        let mut recent = stopped.clone();
+        recent.heartbeat_age_secs = Some(5.0);
+        assert_eq!(consumer_health(&recent, &t), vec![Health::Ok]);
+
+        // Never acknowledged anything (or no cursor at all), and holding events back.
+        let mut typo = stopped.clone();
+        typo.last_acked_at = None;
+        assert_eq!(
+            consumer_health(&typo, &t),
+            vec![Health::NotRunning, Health::NeverAcknowledged]
+        );
+        typo.cursor = None;
+        typo.lag = None;
+        assert_eq!(
+            consumer_health(&typo, &t),
+            vec![Health::NotRunning, Health::NeverAcknowledged]
+        );
+        // A brand-new consumer gets its heartbeat's grace first.
+        typo.created_age_secs = 1.0;
+        assert_eq!(consumer_health(&typo, &t), vec![Health::NotRunning]);
+        // Nothing waiting: nothing held back.
+        let mut idle = typo.clone();
+        idle.cursor = Some(8);
+        assert_eq!(consumer_health(&idle, &t), vec![Health::Ok]);
 
         // Retired consumers hold nothing back.
         let mut retired = sick.clone();

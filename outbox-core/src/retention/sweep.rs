@@ -595,6 +595,7 @@ async fn add_audit(
             .record(
                 tx,
                 &AuditRecord {
+                    reason: None,
                     kind: AuditKind::Pruned,
                     project_id: project,
                     consumer_id: consumer,
