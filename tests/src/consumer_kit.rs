@@ -2,6 +2,8 @@
 //! events, seeding consumer and delivery rows directly, waiting.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -289,4 +291,64 @@ pub async fn cursor(db: &TestDb, project: &str, consumer: &str) -> Option<i64> {
         .await
         .unwrap()
         .and_then(|row| row.get(0))
+}
+
+/// Writers that commit events until stopped, spread over `projects`, each pausing a random
+/// number of milliseconds from `pause` between commits.
+pub struct Writers {
+    /// Set to stop them.
+    stop: Arc<AtomicBool>,
+    /// (project, event ID) of every committed event.
+    committed: Arc<Mutex<Vec<(String, String)>>>,
+    /// The writer tasks.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Writers {
+    /// Starts `count` writers.
+    pub fn start(
+        db: &TestDb,
+        count: usize,
+        projects: &'static [&'static str],
+        pause: Range<u64>,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..count)
+            .map(|w| {
+                let (db, stop, committed) = (db.clone(), stop.clone(), committed.clone());
+                let pause = pause.clone();
+                tokio::spawn(async move {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let project = projects[(w + i) % projects.len()];
+                        let id = write_event(&db, project, &format!("w{w}-{i}")).await;
+                        committed.lock().unwrap().push((project.to_owned(), id));
+                        i += 1;
+                        let ms = rand::random_range(pause.clone());
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            committed,
+            tasks,
+        }
+    }
+
+    /// How many events were committed so far.
+    pub fn count(&self) -> usize {
+        self.committed.lock().unwrap().len()
+    }
+
+    /// Stops the writers; returns (project, event ID) of every committed event.
+    pub async fn stop(self) -> Vec<(String, String)> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        self.committed.lock().unwrap().clone()
+    }
 }

@@ -56,6 +56,16 @@ pub async fn outbox_json(db: &crate::TestDb, args: &[&str]) -> serde_json::Value
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
 }
 
+/// Sends the signal `name` (`KILL`, `TERM`, `INT`, `STOP`, `CONT`) to process `pid`.
+pub fn send_signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
 /// One line of `outbox consume` output with the moment the test read it.
 #[derive(Debug, Clone)]
 pub struct Line {
@@ -166,12 +176,7 @@ impl OutboxProcess {
 
     /// Sends a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
     pub fn signal(&self, name: &str) {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
+        send_signal(self.pid(), name);
     }
 
     /// Waits for exit (after output is drained) and returns the exit code (-1 for a signal).

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::{ElectedSequencer, Schema, Sequencer};
-use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, eventually, write_event};
+use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, Writers, eventually};
 use outbox_tests::process_kit::OutboxProcess;
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
 
-const PROJECTS: [&str; 3] = ["red", "green", "blue"];
+const PROJECTS: &[&str] = &["red", "green", "blue"];
 
 /// Starts one candidate: `outbox sequence --every 20ms --lease-ttl TTL`.
 fn candidate(db: &TestDb, ttl: &str) -> OutboxProcess {
@@ -23,54 +23,6 @@ fn candidate(db: &TestDb, ttl: &str) -> OutboxProcess {
         "sequence",
         &["--every", "20ms", "--lease-ttl", ttl, "--batch-size", "7"],
     )
-}
-
-/// Writers committing events into [`PROJECTS`] until stopped.
-struct Writers {
-    stop: Arc<AtomicBool>,
-    committed: Arc<Mutex<Vec<(String, String)>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Writers {
-    fn start(db: &TestDb, count: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let committed = Arc::new(Mutex::new(Vec::new()));
-        let tasks = (0..count)
-            .map(|w| {
-                let (db, stop, committed) = (db.clone(), stop.clone(), committed.clone());
-                tokio::spawn(async move {
-                    let mut i = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let project = PROJECTS[(w + i) % PROJECTS.len()];
-                        let id = write_event(&db, project, &format!("w{w}-{i}")).await;
-                        committed.lock().unwrap().push((project.to_owned(), id));
-                        i += 1;
-                        let pause = rand::rng().random_range(2..12);
-                        tokio::time::sleep(Duration::from_millis(pause)).await;
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            committed,
-            tasks,
-        }
-    }
-
-    /// How many events were committed so far.
-    fn count(&self) -> usize {
-        self.committed.lock().unwrap().len()
-    }
-
-    async fn stop(self) -> Vec<(String, String)> {
-        self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.unwrap();
-        }
-        self.committed.lock().unwrap().clone()
-    }
 }
 
 /// The lease row: (owner, generation, whether it is unexpired).
@@ -193,7 +145,7 @@ async fn assert_numbered_exactly_once(db: &TestDb, committed: &[(String, String)
 async fn kill_9_of_the_leader_under_writers_loses_and_doubles_nothing() {
     let db = fresh_db().await;
     let mut processes: Vec<OutboxProcess> = (0..3).map(|_| candidate(&db, "1s")).collect();
-    let writers = Writers::start(&db, 4);
+    let writers = Writers::start(&db, 4, PROJECTS, 2..12);
     let mut generation = 0;
     for round in 0..2 {
         let (index, held) = leader(&db, &processes, generation).await;
@@ -224,7 +176,7 @@ async fn kill_9_of_the_leader_under_writers_loses_and_doubles_nothing() {
 async fn a_paused_leader_is_replaced_and_resumes_without_harm() {
     let db = fresh_db().await;
     let processes: Vec<OutboxProcess> = (0..2).map(|_| candidate(&db, "1s")).collect();
-    let writers = Writers::start(&db, 4);
+    let writers = Writers::start(&db, 4, PROJECTS, 2..12);
     let (index, generation) = leader(&db, &processes, 0).await;
     let paused = &processes[index];
     paused.signal("STOP");
@@ -257,7 +209,7 @@ async fn a_paused_leader_is_replaced_and_resumes_without_harm() {
 async fn candidates_racing_for_an_expired_lease_elect_one_at_a_time() {
     let db = fresh_db().await;
     let processes: Vec<OutboxProcess> = (0..3).map(|_| candidate(&db, "1s")).collect();
-    let writers = Writers::start(&db, 4);
+    let writers = Writers::start(&db, 4, PROJECTS, 2..12);
     let (_, mut generation) = leader(&db, &processes, 0).await;
     let client = db.connect().await;
     for _ in 0..3 {
@@ -323,7 +275,7 @@ async fn two_leaders_after_a_lease_expiry_number_one_at_a_time() {
         "the old leader has not found out"
     );
 
-    let writers = Writers::start(&db, 4);
+    let writers = Writers::start(&db, 4, PROJECTS, 2..12);
     let stop = Arc::new(AtomicBool::new(false));
     let race = [(old, old_client), (new, new_client)].map(|(mut elected, mut client)| {
         let stop = stop.clone();

@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
-use outbox_tests::process_kit::{ConsumeProcess, outbox_binary, run_outbox};
+use outbox_tests::process_kit::{ConsumeProcess, outbox_binary, run_outbox, send_signal};
 use outbox_tests::{TestDb, fresh_db};
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
@@ -322,7 +322,7 @@ async fn a_hanging_child_is_ended_with_its_whole_process_group() {
     assert!(hang_left.len() <= 1, "grandchildren linger: {hang_left:?}");
 
     // And shutdown ends the current one.
-    nix_kill(consumer.id().unwrap(), "TERM");
+    send_signal(consumer.id().unwrap(), "TERM");
     let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(processes_with(&marker), Vec::<String>::new());
@@ -338,15 +338,6 @@ async fn a_hanging_child_is_ended_with_its_whole_process_group() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(classes, vec!["child_timeout".to_owned()]);
-}
-
-fn nix_kill(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 #[tokio::test]
@@ -372,7 +363,7 @@ async fn nothing_new_starts_after_a_shutdown_signal() {
         attempts().await >= 5
     })
     .await;
-    nix_kill(consumer.id().unwrap(), "INT");
+    send_signal(consumer.id().unwrap(), "INT");
     let at_signal = attempts().await;
     let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(10)).await;
     assert_eq!(code, 0, "{stderr}");
@@ -414,9 +405,9 @@ async fn a_second_signal_ends_the_process_at_once_with_a_nonzero_exit() {
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = consumer.id().unwrap();
-    nix_kill(pid, "INT");
+    send_signal(pid, "INT");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    nix_kill(pid, "INT");
+    send_signal(pid, "INT");
     let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(5)).await;
     assert_ne!(code, 0, "{stderr}");
     assert!(stderr.contains("second signal"), "{stderr}");
