@@ -3,9 +3,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
-use outbox_core::Schema;
-
-pub use crate::args::ConsumerRef;
+use outbox_core::{ConsumerId, ProjectId, Schema};
 
 use crate::db::DatabaseUrl;
 
@@ -189,12 +187,47 @@ pub enum StartFromArg {
     Earliest,
 }
 
+/// Which consumers `outbox consume` runs: every consumer ID for every project. One project
+/// and one ID is a lone consumer; anything more is a consumer set in one process.
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeTargets {
+    /// The project to consume; repeat it to consume several in one process.
+    #[arg(
+        long = "project",
+        value_name = "PROJECT",
+        required_unless_present = "all_projects"
+    )]
+    pub projects: Vec<ProjectId>,
+    /// Follow every project, including projects whose first event is numbered while this
+    /// process runs (found by the fallback poll, and sooner by their first notification).
+    #[arg(long, conflicts_with = "projects")]
+    pub all_projects: bool,
+    /// The consumer's explicit, stable ID (never generated); repeat it to run several
+    /// consumers of each project.
+    #[arg(long = "consumer-id", value_name = "CONSUMER_ID", required = true)]
+    pub consumer_ids: Vec<ConsumerId>,
+}
+
+impl ConsumeTargets {
+    /// The one (project, consumer) pair, when that is all that was asked for.
+    pub fn single(&self) -> Option<(&ProjectId, &ConsumerId)> {
+        match (
+            self.all_projects,
+            &self.projects[..],
+            &self.consumer_ids[..],
+        ) {
+            (false, [project], [consumer]) => Some((project, consumer)),
+            _ => None,
+        }
+    }
+}
+
 /// `outbox consume`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// The consumer to run (`--project`, `--consumer-id`).
+    /// The consumers to run (`--project`, `--all-projects`, `--consumer-id`).
     #[command(flatten)]
-    pub consumer: ConsumerRef,
+    pub targets: ConsumeTargets,
     /// Drive this command (run with sh -c, in its own process group): one event line on its
     /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
     /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
@@ -211,6 +244,10 @@ pub struct ConsumeArgs {
     /// Poll only; no LISTEN connection (for poolers in transaction mode).
     #[arg(long)]
     pub no_listen: bool,
+    /// Connections in the pool, shared by every consumer of the process (which holds one
+    /// more, for LISTEN). At least 3.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(3..=100))]
+    pub pool_size: u16,
     /// Exit at once (code 4) if another process holds this consumer's lease.
     #[arg(long)]
     pub no_wait: bool,

@@ -1,6 +1,10 @@
-//! `outbox consume`: run one durable consumer with a built-in sink.
+//! `outbox consume`: run one durable consumer, or a set of them in one process, with a
+//! built-in sink.
 
-use outbox_consumer::{Consumer, ConsumerConfig, ConsumerError, RetrySchedule, StartFrom};
+use outbox_consumer::{
+    Consumer, ConsumerConfig, ConsumerError, ConsumerSet, Projects, RetrySchedule, StartFrom,
+};
+use outbox_core::{ConsumerId, ProjectId};
 use tokio_util::sync::CancellationToken;
 
 use crate::child::ChildSink;
@@ -11,16 +15,19 @@ use crate::shutdown::Shutdown;
 use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    let Some((project, consumer)) = args.targets.single() else {
+        return run_set(global, args).await;
+    };
     let shutdown = Shutdown::install()?;
     let database = global.database()?;
-    let config = build_config(global, &args)?;
+    let config = build_config(global, &args, project.clone(), consumer.clone())?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
 
-    let (pool, listen) = connections(&database, args.no_listen).await?;
+    let (pool, listen) = connections(&database, args.no_listen, args.pool_size).await?;
 
-    let consumer_id = args.consumer.consumer_id.to_string();
+    let consumer_id = consumer.to_string();
     let args_live_query = args.live_query.is_some();
     let token = shutdown.token();
     let result = match args.child {
@@ -43,15 +50,87 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     finish(result, "consumer", args_live_query, "outbox consume")
 }
 
+/// Several projects, every project, or several consumer IDs: one [`ConsumerSet`] on one pool
+/// and one LISTEN connection, printing the same lines as a lone consumer (each names its
+/// project and consumer). A pair that fails is logged and stops alone; the process ends with
+/// the first such failure's exit code once it stops.
+async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    if args.child.is_some() {
+        return Err(Failure::usage(
+            "--child drives one consumer; with several projects, --all-projects or several \
+             consumer IDs, run one `outbox consume --child` per consumer instead",
+        ));
+    }
+    let shutdown = Shutdown::install()?;
+    let database = global.database()?;
+    let targets = &args.targets;
+    let first_project = match targets.projects.first() {
+        Some(project) => project.clone(),
+        None => ProjectId::new("all-projects").expect("a valid project ID"),
+    };
+    let template = build_config(
+        global,
+        &args,
+        first_project,
+        targets.consumer_ids[0].clone(),
+    )?;
+    template
+        .validate()
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let projects = match targets.all_projects {
+        true => Projects::All,
+        false => Projects::Listed(targets.projects.clone()),
+    };
+    let (pool, listen) = connections(&database, args.no_listen, args.pool_size).await?;
+    let sink = std::sync::Arc::new(StdoutSink::new(String::new()));
+    let factory = move |_: &ProjectId, consumer: &ConsumerId| {
+        let sink = std::sync::Arc::new(sink.for_consumer(consumer.to_string()));
+        (SharedSink(sink.clone()), SharedSink(sink))
+    };
+    let set = ConsumerSet::new(
+        pool,
+        listen,
+        template,
+        projects,
+        targets.consumer_ids.clone(),
+        factory,
+    );
+    let custom_live_query = args.live_query.is_some();
+    let outcomes = set
+        .run(shutdown.token())
+        .await
+        .map_err(|e| classify(e, custom_live_query, "outbox consume"))?;
+    let total = outcomes.len();
+    let mut failures = outcomes.into_iter().filter_map(|o| o.result.err());
+    match failures.next() {
+        None => {
+            tracing::info!(consumers = total, "consumer set stopped");
+            Ok(())
+        }
+        Some(first) => {
+            let mut failure = classify(first, custom_live_query, "outbox consume");
+            let others = failures.count();
+            if others > 0 {
+                failure.message = format!(
+                    "{} (and {others} more of the {total} consumers failed; see the log)",
+                    failure.message
+                );
+            }
+            Err(failure)
+        }
+    }
+}
+
 /// The consumer's pool and, unless `no_listen`, its LISTEN connection's configuration. Fails
 /// fast, naming the (redacted) URL, when the database cannot be reached at all; once running,
 /// the consumer rides out outages instead.
 pub(crate) async fn connections(
     database: &DatabaseUrl,
     no_listen: bool,
+    pool_size: u16,
 ) -> Result<(deadpool_postgres::Pool, Option<tokio_postgres::Config>), Failure> {
     drop(database.connect().await?);
-    let pool = database.pool(4)?;
+    let pool = database.pool(usize::from(pool_size))?;
     let mut listen = database.config.clone();
     listen.application_name("outbox-listener");
     Ok((pool, (!no_listen).then_some(listen)))
@@ -119,11 +198,15 @@ fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure
     }
 }
 
-pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(
-        args.consumer.project.clone(),
-        args.consumer.consumer_id.clone(),
-    );
+/// The configuration of `consumer` of `project` from the command's options (for a set, the
+/// template every pair's configuration is made from).
+pub fn build_config(
+    global: &Global,
+    args: &ConsumeArgs,
+    project: ProjectId,
+    consumer: ConsumerId,
+) -> Result<ConsumerConfig, Failure> {
+    let mut config = ConsumerConfig::new(project, consumer);
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
     config.lease_ttl = args.lease_ttl;

@@ -114,6 +114,11 @@ impl Lease {
         !self.lost.is_cancelled() && Instant::now() < *self.valid_until.lock().expect("lease lock")
     }
 
+    /// True once the lease is known to be lost (not merely expired locally).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
     /// The local deadline.
     #[cfg(test)]
     pub fn valid_until(&self) -> Instant {

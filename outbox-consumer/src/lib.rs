@@ -64,6 +64,7 @@ mod live_query;
 mod pool;
 mod retry;
 mod runtime;
+mod set;
 mod sql;
 mod store;
 
@@ -77,3 +78,4 @@ pub use handler::{
 pub use pool::build_pool;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};
+pub use set::{ConsumerSet, PairFactory, PairOutcome, Projects};

@@ -1,7 +1,8 @@
 //! Wake-ups: a dedicated, unpooled connection LISTENs on the sequencer's channel.
 //!
-//! A notification is only a hint that the project's head moved; the cursor scan is the
-//! authority. The connection is checked with TCP keepalives and a periodic `SELECT 1`; when it
+//! A notification (its payload is a project ID) is only a hint that the project's head moved;
+//! the cursor scan is the authority. Where a notification goes is the [`Wake`]'s business:
+//! one consumer, or every consumer of the project in a [`ConsumerSet`](crate::ConsumerSet). The connection is checked with TCP keepalives and a periodic `SELECT 1`; when it
 //! dies it is re-opened with capped, jittered backoff, and every (re)connect wakes the loop so
 //! that whatever was missed meanwhile is scanned.
 
@@ -10,23 +11,50 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::Rng;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{TaskGuard, backoff};
+use crate::runtime::Signals;
 
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a check may take before the connection is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
-/// Listens until `stop`, calling `wake.notify_one()` for each notification about `project`
-/// and after each (re)connect.
+/// Where the listener's wake-ups go.
+pub(crate) trait Wake: Send + Sync + 'static {
+    /// A notification arrived: the head of project `payload` moved.
+    fn notified(&self, payload: &str);
+    /// The listener (re)connected: anything may have been missed meanwhile.
+    fn connected(&self);
+}
+
+/// The wake-up of a single consumer: notifications about its project.
+pub(crate) struct ProjectWake {
+    /// The consumer's project.
+    pub project: String,
+    /// The consumer loop's wake-up.
+    pub signals: Arc<Signals>,
+}
+
+impl Wake for ProjectWake {
+    fn notified(&self, payload: &str) {
+        if payload == self.project {
+            self.signals.wake.notify_one();
+        }
+    }
+
+    fn connected(&self) {
+        self.signals.wake.notify_one();
+    }
+}
+
+/// Listens until `stop`, passing every notification and every (re)connect to `wake`.
 pub(crate) async fn listen(
     mut config: Config,
     channel: String,
-    project: String,
-    wake: Arc<Notify>,
+    wake: Arc<dyn Wake>,
     stop: CancellationToken,
 ) {
     if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
@@ -39,7 +67,7 @@ pub(crate) async fn listen(
     loop {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = session(&config, &channel, &project, &wake) => outcome,
+            outcome = session(&config, &channel, &*wake) => outcome,
         };
         match outcome {
             Ok(()) => failures = 0,
@@ -58,12 +86,7 @@ pub(crate) async fn listen(
 
 /// One connection's lifetime. `Ok` when a working session ended (the connection died after
 /// LISTEN succeeded), `Err` when it could not be set up.
-async fn session(
-    config: &Config,
-    channel: &str,
-    project: &str,
-    wake: &Notify,
-) -> Result<(), String> {
+async fn session(config: &Config, channel: &str, wake: &dyn Wake) -> Result<(), String> {
     let (client, mut connection) = config
         .connect(NoTls)
         .await
@@ -93,15 +116,14 @@ async fn session(
         .map_err(|e| format!("LISTEN: {}", outbox_core::describe(&e)))?;
     tracing::debug!(channel, "listening");
     // Anything committed while we were not listening must be scanned now.
-    wake.notify_one();
+    wake.connected();
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.tick().await;
     loop {
         tokio::select! {
             payload = notifications.recv() => match payload {
-                Some(payload) if payload == project => wake.notify_one(),
-                Some(_) => {}
+                Some(payload) => wake.notified(&payload),
                 None => return Ok(()),
             },
             _ = ping.tick() => {

@@ -2,6 +2,7 @@
 //! delivering events in order from the cursor.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -19,6 +20,7 @@ use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
+use crate::set::Hub;
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
@@ -87,6 +89,26 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             reconciler,
         }
     }
+}
+
+/// How the delivery loop of one run is reached from outside.
+#[derive(Default)]
+pub(crate) struct Signals {
+    /// Woken by the listener (and, in a set, by the shared fallback poll) when the project's
+    /// head may have moved.
+    pub wake: Notify,
+    /// Set when dead letters may be waiting for replay: by the loop's own timer, or in a set
+    /// by the shared poll, which has seen a request.
+    pub replay_due: AtomicBool,
+}
+
+/// What a run shares with other runs: nothing (its own background tasks, its own fallback
+/// poll), or a consumer set's [`Hub`].
+struct Wiring {
+    /// The run's wake-ups.
+    signals: Arc<Signals>,
+    /// Whether the loop polls on its own timer; in a set the hub polls for every consumer.
+    polls_itself: bool,
 }
 
 /// Per-run delivery state.
@@ -182,6 +204,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// the grace period, acknowledges what was handled and releases the lease), or until the
     /// lease is lost or a non-transient error occurs.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RunSummary, ConsumerError> {
+        self.run_in(None, shutdown).await
+    }
+
+    /// [`Consumer::run`] on its own (`hub` `None`: it starts its own heartbeat, sequencer,
+    /// sweep and listener) or as a member of a consumer set, whose hub renews its lease, polls
+    /// and wakes it, and runs the rest once for all members.
+    pub(crate) async fn run_in(
+        &self,
+        hub: Option<&Arc<Hub>>,
+        shutdown: CancellationToken,
+    ) -> Result<RunSummary, ConsumerError> {
         self.config.validate()?;
         let pool_size = self.pool.status().max_size;
         if pool_size < MIN_POOL_SIZE {
@@ -191,7 +224,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ))
             .into());
         }
-        let statements = Arc::new(Statements::new(&self.config.schema));
+        let statements = match hub {
+            Some(hub) => hub.statements.clone(),
+            None => Arc::new(Statements::new(&self.config.schema)),
+        };
         // A live query given explicitly is checked before the lease is claimed, so a wrong one
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
@@ -200,7 +236,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             let mut client = self.pool.get().await?;
             crate::live_query::check(&mut client, &self.config.live_query).await?;
         }
-        let owner = owner_token();
+        let owner = hub.map_or_else(owner_token, |hub| hub.owner.clone());
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
         };
@@ -213,16 +249,32 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         let lease = Arc::new(claimed.lease);
         let stop = CancellationToken::new();
-        let wake = Arc::new(Notify::new());
-        let tasks = background::spawn(
-            &self.pool,
-            self.listen_config.as_ref(),
-            &self.config,
-            &lease,
-            &statements,
-            &wake,
-            &stop,
-        );
+        let (wiring, tasks) = match hub {
+            Some(hub) => {
+                let wiring = Wiring {
+                    signals: hub.register(&lease),
+                    polls_itself: false,
+                };
+                (wiring, Vec::new())
+            }
+            None => {
+                let signals = Arc::new(Signals::default());
+                let tasks = background::spawn(
+                    &self.pool,
+                    self.listen_config.as_ref(),
+                    &self.config,
+                    &lease,
+                    &statements,
+                    &signals,
+                    &stop,
+                );
+                let wiring = Wiring {
+                    signals,
+                    polls_itself: true,
+                };
+                (wiring, tasks)
+            }
+        };
 
         let mut progress = Progress {
             cursor: claimed.cursor,
@@ -242,7 +294,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             generation = lease.fence.generation,
         );
         let mut result = self
-            .deliver_loop(&lease, &statements, &wake, &shutdown, &mut progress)
+            .deliver_loop(&lease, &statements, &wiring, &shutdown, &mut progress)
             .instrument(span)
             .await;
         if result.is_ok() && progress.handled_through.is_some() {
@@ -253,6 +305,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         stop.cancel();
         for task in tasks {
             task.join().await;
+        }
+        if let Some(hub) = hub {
+            hub.unregister(&lease);
         }
         if !matches!(result, Err(ConsumerError::LeaseLost { .. })) {
             lease::release(&self.pool, &lease, &statements.release).await;
@@ -268,7 +323,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
-        wake: &Notify,
+        wiring: &Wiring,
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<(), ConsumerError> {
@@ -278,7 +333,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(());
             }
             if lease.is_valid() {
-                match self.step(lease, statements, shutdown, progress).await {
+                match self
+                    .step(lease, statements, wiring, shutdown, progress)
+                    .await
+                {
                     Ok(Step::More) => {
                         failures = 0;
                         continue;
@@ -287,7 +345,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         failures = 0;
                         if self.config.exit_when_caught_up
                             && self
-                                .caught_up(lease, statements, shutdown, progress)
+                                .caught_up(lease, statements, wiring, shutdown, progress)
                                 .await?
                         {
                             tracing::info!(cursor = ?progress.cursor, "caught up; stopping");
@@ -311,7 +369,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     Err(e) => return Err(e),
                 }
             }
-            let mut deadline = Instant::now() + self.config.poll_interval;
+            // In a set nothing needs a timer of its own while idle: the hub's poll wakes it.
+            let poll = match wiring.polls_itself {
+                true => self.config.poll_interval,
+                false => NO_POLL,
+            };
+            let mut deadline = Instant::now() + poll;
             if let Some(held) = &progress.held {
                 deadline = deadline.min(held.ready_at);
             }
@@ -324,7 +387,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = lease.lost() => return Err(lease.lost_error()),
-                _ = wake.notified() => {}
+                _ = wiring.signals.wake.notified() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
         }
@@ -336,6 +399,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
+        wiring: &Wiring,
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<Step, ConsumerError> {
@@ -357,8 +421,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(Step::More);
             }
         }
-        if Instant::now() >= progress.next_replay_check {
+        if wiring.polls_itself && Instant::now() >= progress.next_replay_check {
             progress.next_replay_check = Instant::now() + self.config.poll_interval;
+            wiring.signals.replay_due.store(true, Ordering::Relaxed);
+        }
+        if wiring.signals.replay_due.swap(false, Ordering::Relaxed) {
             self.replay_requested(lease, statements, shutdown).await?;
         }
         if let Some(held) = &progress.held {
@@ -591,6 +658,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
+        wiring: &Wiring,
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<bool, ConsumerError> {
@@ -616,7 +684,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
         }
         Ok(matches!(
-            self.step(lease, statements, shutdown, progress).await?,
+            self.step(lease, statements, wiring, shutdown, progress)
+                .await?,
             Step::Idle
         ) && progress.held.is_none()
             && progress.handled_through.is_none())
@@ -833,6 +902,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 }
 
+/// How long an idle member of a set waits with no wake-up at all: in effect forever, since
+/// the set's hub polls every project's head on the set's behalf and wakes whoever needs it.
+const NO_POLL: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Retry waits at most this long are slept precisely (and without going back round the
 /// loop) when the rest of the batch is in memory: tokio's timers fire on whole milliseconds,
 /// which would nearly double a 1 ms retry delay.
@@ -881,7 +954,7 @@ fn take_pending(progress: &mut Progress, cursor: i64) -> Option<Vec<ObservedEven
 
 /// Names this process run in `lease_owner`: host, PID and a random suffix. It identifies a
 /// lease holder, never the consumer (whose ID is explicit and stable).
-fn owner_token() -> String {
+pub(crate) fn owner_token() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()

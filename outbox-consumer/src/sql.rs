@@ -222,6 +222,31 @@ SET state = 'dead', attempts = attempts + 1, last_failure_class = $4, updated_at
 WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
 RETURNING attempts, replay_requested_by";
 
+/// Extends every lease a consumer set holds, in one statement however many it holds: `$1`
+/// projects, `$2` consumers and `$3` generations (parallel arrays), `$4` the set's lease
+/// owner, `$5` lease seconds. Returns the pairs renewed; a pair missing from the answer lost
+/// its lease (claimed by another process, retired or gone).
+pub const HEARTBEAT_SET: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors AS c
+SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS h(project_id, consumer_id, generation)
+WHERE c.project_id = h.project_id AND c.consumer_id = h.consumer_id
+  AND c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
+RETURNING c.project_id, c.consumer_id";
+
+/// A consumer set's fallback poll, one statement for all its consumers: the head of every
+/// project in `$1` (every project with a head when `$1` is NULL, which is how a set following
+/// all projects discovers new ones), with the consumers among `$2` that have a dead letter
+/// waiting for replay.
+pub const POLL_SET: &str = "
+SELECT h.project_id, h.head_sequence,
+       ARRAY(SELECT DISTINCT d.consumer_id
+             FROM {{schema}}.lifecycle_deliveries AS d
+             WHERE d.project_id = h.project_id AND d.consumer_id = ANY($2::text[])
+               AND d.state = 'replay_requested') AS replay_requested
+FROM {{schema}}.lifecycle_project_heads AS h
+WHERE $1::text[] IS NULL OR h.project_id = ANY($1::text[])";
+
 #[cfg(test)]
 mod tests {
     use outbox_core::{AuditKind, ConsumerState, DeliveryState};

@@ -118,6 +118,12 @@ fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Fai
             "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
         ));
     }
+    if args.consume.targets.single().is_none() {
+        return Err(Failure::usage(
+            "`relay nats` relays one project as one consumer: give --project and --consumer-id \
+             once each (run one relay per project)",
+        ));
+    }
     let servers = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
     validate_subject_prefix(&args.subject_prefix).map_err(Failure::usage)?;
     validate_stream_name(&args.stream).map_err(Failure::usage)?;
@@ -144,7 +150,12 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
     let database = global.database()?;
-    let config = build_config(global, &args.consume)?;
+    let (project, consumer) = args
+        .consume
+        .targets
+        .single()
+        .expect("checked: one project, one consumer");
+    let config = build_config(global, &args.consume, project.clone(), consumer.clone())?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
@@ -152,8 +163,8 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let publisher = Publisher::new(PublisherSettings {
         servers,
         prefix: args.subject_prefix.clone(),
-        project: args.consume.consumer.project.to_string(),
-        consumer: args.consume.consumer.consumer_id.to_string(),
+        project: project.to_string(),
+        consumer: consumer.to_string(),
         window: args.max_in_flight as usize,
         publish_timeout: args.publish_timeout,
         connect_timeout: args.nats_connect_timeout,
@@ -170,7 +181,8 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     }
     drop(js);
 
-    let (pool, listen) = connections(&database, args.consume.no_listen).await?;
+    let (pool, listen) =
+        connections(&database, args.consume.no_listen, args.consume.pool_size).await?;
     let result = run_with(pool, listen, config, publisher, shutdown.token()).await;
     finish(
         result,
