@@ -11,6 +11,7 @@ pub mod cluster_kit;
 pub mod consumer_kit;
 pub mod nats_kit;
 pub mod process_kit;
+pub mod set_kit;
 
 use std::process::Command;
 use std::str::FromStr;
