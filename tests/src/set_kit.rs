@@ -111,8 +111,11 @@ pub async fn connections_named(db: &TestDb, application: &str) -> i64 {
         .get(0)
 }
 
-/// Event lines of a process grouped by (project, consumer): (sequence, event ID) in order.
-pub fn events_by_pair(lines: &[Line]) -> BTreeMap<(String, String), Vec<(i64, String)>> {
+/// Events by (project, consumer): (sequence, event ID) in delivery order.
+pub type PairEvents = BTreeMap<(String, String), Vec<(i64, String)>>;
+
+/// Event lines of a process grouped by (project, consumer).
+pub fn events_by_pair(lines: &[Line]) -> PairEvents {
     let mut pairs: BTreeMap<_, Vec<_>> = BTreeMap::new();
     for line in lines.iter().filter(|l| l.value["type"] == "event") {
         let v = &line.value;
