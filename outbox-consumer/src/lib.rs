@@ -45,6 +45,10 @@
 //!   snapshot's head.
 //! - **Sequencer.** The runtime also runs the sequencer, so a deployment needs no other
 //!   process.
+//! - **Many consumers, one process.** A [`ConsumerSet`] runs many (project, consumer) pairs,
+//!   each a consumer as above with its own lease and cursor, on one pool and one LISTEN
+//!   connection, with one statement renewing every lease and one polling every project's
+//!   head; with [`Projects::All`] it follows projects that appear later.
 //! - **Retention.** The runtime also runs the retention sweep of its project
 //!   ([`outbox_core::Pruner`]) at start and every [`ConsumerConfig::prune_interval`]; a failed
 //!   sweep is logged and retried at the next interval.

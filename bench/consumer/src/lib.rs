@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod db;
+pub mod procfs;
 pub mod stats;
 
 /// Errors of a benchmark binary: reported, never matched on.
