@@ -20,7 +20,7 @@ use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
-use crate::set::Hub;
+use crate::set::{Batch, Hub};
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
@@ -51,6 +51,9 @@ pub struct Consumer<D, R> {
     dispatch: D,
     /// Receives the live set when the consumer falls back to reconciliation.
     reconciler: R,
+    /// The consumer set this consumer runs in, if any: its hub renews the lease, polls, wakes
+    /// the loop, shares reads of the project and groups acknowledgements.
+    hub: Option<Arc<Hub>>,
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -68,6 +71,7 @@ impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
             config,
             dispatch: Plain(handler),
             reconciler,
+            hub: None,
         }
     }
 }
@@ -87,6 +91,7 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             config,
             dispatch: InTransaction(handler),
             reconciler,
+            hub: None,
         }
     }
 }
@@ -186,10 +191,10 @@ enum Read {
     Gap,
     /// The first event's payload cannot be decoded; it fails with this class.
     Undecodable(Box<ObservedEvent>, FailureClass),
-    /// Contiguous, decoded events, and how many rows the read returned.
+    /// Contiguous, decoded events, and whether more may follow at once.
     Events {
         events: Vec<ObservedEvent>,
-        rows: usize,
+        more: bool,
     },
 }
 
@@ -200,21 +205,21 @@ enum Step {
 }
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
+    /// Makes this consumer a member of the set whose hub this is.
+    pub(crate) fn in_set(mut self, hub: Arc<Hub>) -> Self {
+        self.hub = Some(hub);
+        self
+    }
+
     /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
     /// the grace period, acknowledges what was handled and releases the lease), or until the
     /// lease is lost or a non-transient error occurs.
+    ///
+    /// On its own a consumer starts its own heartbeat, sequencer, sweep and listener; as a
+    /// member of a consumer set, the set's hub renews its lease, polls and wakes it, and runs
+    /// the rest once for all members.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RunSummary, ConsumerError> {
-        self.run_in(None, shutdown).await
-    }
-
-    /// [`Consumer::run`] on its own (`hub` `None`: it starts its own heartbeat, sequencer,
-    /// sweep and listener) or as a member of a consumer set, whose hub renews its lease, polls
-    /// and wakes it, and runs the rest once for all members.
-    pub(crate) async fn run_in(
-        &self,
-        hub: Option<&Arc<Hub>>,
-        shutdown: CancellationToken,
-    ) -> Result<RunSummary, ConsumerError> {
+        let hub = self.hub.as_ref();
         self.config.validate()?;
         let pool_size = self.pool.status().max_size;
         if pool_size < MIN_POOL_SIZE {
@@ -454,10 +459,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await?;
                 Ok(Step::More)
             }
-            Read::Events { events, rows } => {
-                // Go round again at once after a full batch, or one cut short by an
-                // undecodable event.
-                let more = rows as i64 == self.config.batch_size || events.len() < rows;
+            Read::Events { events, more } => {
                 self.dispatch_batch(lease, statements, shutdown, progress, events, more)
                     .await
             }
@@ -497,21 +499,41 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     ) -> Result<Read, ConsumerError> {
         let project = &self.config.project_id;
         let consumer = &self.config.consumer_id;
-        let rows = {
-            let client = self.pool.get().await?;
-            client
-                .query(
-                    &statements.read_batch,
-                    &[&project.as_str(), &cursor, &self.config.batch_size],
-                )
-                .await?
+        let limit = self.config.batch_size;
+        let Batch {
+            events: decoded,
+            full,
+        } = match &self.hub {
+            Some(hub) => {
+                hub.reads
+                    .read(&self.pool, statements, project, consumer, cursor, limit)
+                    .await?
+            }
+            None => {
+                let client = self.pool.get().await?;
+                let rows = client
+                    .query(
+                        &statements.read_batch,
+                        &[&project.as_str(), &cursor, &limit],
+                    )
+                    .await?;
+                let events = rows
+                    .iter()
+                    .map(|row| store::decode(row, project, consumer, false, 1))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Batch {
+                    full: events.len() as i64 == limit,
+                    events,
+                }
+            }
         };
-        if rows.is_empty() {
+        if decoded.is_empty() {
             return Ok(Read::Empty);
         }
-        let mut events = Vec::with_capacity(rows.len());
-        for (index, row) in rows.iter().enumerate() {
-            let sequence: i64 = row.try_get("sequence")?;
+        let read = decoded.len();
+        let mut events = Vec::with_capacity(read);
+        for (index, (mut event, undecodable)) in decoded.into_iter().enumerate() {
+            let sequence = event.sequence;
             if sequence != cursor + 1 + index as i64 {
                 if index == 0 {
                     tracing::error!(
@@ -523,11 +545,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 }
                 break;
             }
-            let attempt = match &progress.held {
+            event.attempt = match &progress.held {
                 Some(held) if held.sequence == sequence => held.attempts + 1,
                 _ => 1,
             };
-            let (event, undecodable) = store::decode(row, project, consumer, false, attempt)?;
             if let Some(class) = undecodable {
                 // Deliver what precedes it; the undecodable event then fails on its own.
                 if events.is_empty() {
@@ -537,10 +558,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             events.push(event);
         }
-        Ok(Read::Events {
-            events,
-            rows: rows.len(),
-        })
+        // Go round again at once after a full batch, or one cut short by an undecodable event.
+        let more = full || events.len() < read;
+        Ok(Read::Events { events, more })
     }
 
     /// Dispatch: hands the events to the dispatch mode, acknowledges the handled prefix and
@@ -703,8 +723,22 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return Ok(());
         };
         let held = progress.held.as_ref().map(|h| h.sequence);
-        let mut client = self.pool.get().await?;
-        store::ack(&mut client, statements, lease, held, through).await?;
+        let clears_retry = held.is_some_and(|held| held <= through);
+        let grouped = match &self.hub {
+            Some(hub) if !clears_retry => hub.acks.ack(&lease.fence, through).await,
+            _ => None,
+        };
+        match grouped {
+            Some(true) => {}
+            Some(false) => {
+                let client = self.pool.get().await?;
+                return Err(lease.lose_after_rejection(&**client).await);
+            }
+            None => {
+                let mut client = self.pool.get().await?;
+                store::ack(&mut client, statements, lease, held, through).await?;
+            }
+        }
         progress.handled_through = None;
         progress.advance(through, count);
         Ok(())

@@ -234,6 +234,19 @@ WHERE c.project_id = h.project_id AND c.consumer_id = h.consumer_id
   AND c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
 RETURNING c.project_id, c.consumer_id";
 
+/// Acknowledges for many consumers of a set in one statement: `$1` projects, `$2`
+/// consumers, `$3` generations, `$4` new cursors (parallel arrays, one consumer at most once),
+/// `$5` the set's lease owner. Fenced per consumer like [`ACK`]; returns the pairs it
+/// acknowledged, so a pair missing from the answer lost its lease.
+pub const ACK_SET: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors AS c
+SET last_acked_sequence = a.through, last_acked_at = now()
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+     AS a(project_id, consumer_id, generation, through)
+WHERE c.project_id = a.project_id AND c.consumer_id = a.consumer_id
+  AND c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
+RETURNING c.project_id, c.consumer_id";
+
 /// A consumer set's fallback poll, one statement for all its consumers: the head of every
 /// project in `$1` (every project with a head when `$1` is NULL, which is how a set following
 /// all projects discovers new ones), with the consumers among `$2` that have a dead letter

@@ -1,5 +1,6 @@
 //! What the consumers of a set share: one lease heartbeat, one fallback poll, one listener
-//! routing notifications by project, and project discovery.
+//! routing notifications by project, project discovery, reads of each project's events
+//! ([`SharedReads`]) and grouped acknowledgements ([`GroupAcks`]).
 //!
 //! The hub is what keeps a thousand idle consumers cheap. On its own a consumer renews its
 //! lease every heartbeat interval and polls its project every poll interval; in a set, one
@@ -17,6 +18,8 @@ use outbox_core::Schema;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::acks::{AckQueue, GroupAcks};
+use super::reads::SharedReads;
 use crate::background::backoff;
 use crate::error::ConsumerError;
 use crate::lease::Lease;
@@ -54,6 +57,14 @@ pub(crate) struct Hub {
     followed: Mutex<HashSet<String>>,
     /// Where newly discovered projects go, when the set follows every project.
     discovered: Option<mpsc::UnboundedSender<String>>,
+    /// Each project's latest read, shared by its consumers.
+    pub reads: SharedReads,
+    /// Acknowledgements gathered into one statement.
+    pub acks: GroupAcks,
+    /// The acknowledging task's queue, until [`Hub::ack_task`] takes it.
+    ack_queue: Mutex<Option<AckQueue>>,
+    /// [`sql::ACK_SET`], rendered.
+    ack_set: String,
 }
 
 impl Hub {
@@ -66,6 +77,7 @@ impl Hub {
         discovered: Option<mpsc::UnboundedSender<String>>,
     ) -> Self {
         let followed = listed.iter().flatten().cloned().collect();
+        let (acks, ack_queue) = GroupAcks::new();
         Self {
             owner: crate::runtime::owner_token(),
             statements: Arc::new(Statements::new(schema)),
@@ -77,7 +89,22 @@ impl Hub {
             heads: Mutex::new(HashMap::new()),
             followed: Mutex::new(followed),
             discovered,
+            reads: SharedReads::default(),
+            acks,
+            ack_queue: Mutex::new(Some(ack_queue)),
+            ack_set: schema.render(sql::ACK_SET),
         }
+    }
+
+    /// The task sending grouped acknowledgements until `stop` (once; `None` after that).
+    pub fn ack_task(
+        &self,
+        pool: Pool,
+        stop: CancellationToken,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let queue = self.ack_queue.lock().expect("hub lock").take()?;
+        let (statement, owner) = (self.ack_set.clone(), self.owner.clone());
+        Some(GroupAcks::run(queue, pool, statement, owner, stop))
     }
 
     /// Adds a member holding `lease`; its first round checks for replay requests.
@@ -114,8 +141,9 @@ impl Hub {
             .is_some_and(|list| list.iter().any(|m| Arc::ptr_eq(&m.lease, lease)))
     }
 
-    /// Wakes every member of `project`.
+    /// Wakes every member of `project`, after marking its shared read stale.
     fn wake_project(&self, project: &str) {
+        self.reads.signal(project);
         if let Some(list) = self.members.lock().expect("hub lock").get(project) {
             for member in list {
                 member.signals.wake.notify_one();
@@ -257,6 +285,9 @@ impl Hub {
                 .expect("hub lock")
                 .insert(project.clone(), head)
                 != Some(head);
+            if moved {
+                self.reads.signal(&project);
+            }
             let members = self.members.lock().expect("hub lock");
             for member in members.get(&project).into_iter().flatten() {
                 if replay.contains(&member.lease.fence.consumer) {
@@ -281,6 +312,7 @@ impl Wake for Hub {
     }
 
     fn connected(&self) {
+        self.reads.signal_all();
         for list in self.members.lock().expect("hub lock").values() {
             for member in list {
                 member.signals.wake.notify_one();

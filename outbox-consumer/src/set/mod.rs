@@ -8,7 +8,9 @@
 //! statement each for the whole set, which keeps an idle set of a thousand consumers at a few
 //! statements a second.
 
+mod acks;
 mod hub;
+mod reads;
 
 use std::sync::Arc;
 
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub(crate) use hub::Hub;
+pub(crate) use reads::Batch;
 
 use crate::background::{self, TaskGuard};
 use crate::config::{ConfigError, ConsumerConfig};
@@ -205,11 +208,12 @@ impl<F: PairFactory> ConsumerSet<F> {
             config.project_id = project.clone();
             config.consumer_id = consumer_id.clone();
             let (handler, reconciler) = self.factory.make(project, consumer_id);
-            let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler);
-            let (hub, shutdown) = (hub.clone(), shutdown.clone());
+            let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
+                .in_set(hub.clone());
+            let shutdown = shutdown.clone();
             let (project_id, consumer_id) = (project.clone(), consumer_id.clone());
             pairs.spawn(async move {
-                let result = consumer.run_in(Some(&hub), shutdown).await;
+                let result = consumer.run(shutdown).await;
                 PairOutcome {
                     project_id,
                     consumer_id,
@@ -230,6 +234,9 @@ impl<F: PairFactory> ConsumerSet<F> {
                 async move { hub.heartbeat(pool, ttl, interval, stop).await }
                     .instrument(tracing::info_span!("set-heartbeat")),
             ));
+        }
+        if let Some(task) = hub.ack_task(self.pool.clone(), stop.clone()) {
+            tasks.push(TaskGuard::spawn(task));
         }
         {
             let (hub, pool, stop) = (hub.clone(), self.pool.clone(), stop.clone());
