@@ -703,6 +703,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(false);
             }
         }
+        if let Some(hub) = &self.hub {
+            // What the drain just numbered is announced later; the read below must not trust
+            // a shared copy from before it.
+            hub.reads.signal(self.config.project_id.as_str());
+        }
         Ok(matches!(
             self.step(lease, statements, wiring, shutdown, progress)
                 .await?,

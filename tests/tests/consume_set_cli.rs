@@ -210,3 +210,36 @@ async fn kill_9_of_a_consumer_set_then_restart_loses_nothing() {
         "several killed runs delivered something"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_set_exits_when_every_consumer_has_caught_up() {
+    let db = fresh_db().await;
+    for i in 0..30 {
+        write_event(&db, "a", &format!("a{i}")).await;
+        write_event(&db, "b", &format!("b{i}")).await;
+    }
+    let mut process = spawn(
+        &db,
+        &args(&[
+            "--project",
+            "a",
+            "--project",
+            "b",
+            "--consumer-id",
+            "c1",
+            "--consumer-id",
+            "c2",
+            "--exit-when-caught-up",
+        ]),
+    );
+    let code = tokio::time::timeout(WAIT, process.wait())
+        .await
+        .expect("the set stops by itself");
+    assert_eq!(code, 0, "{}", process.stderr());
+    let pairs = events_by_pair(&process.lines());
+    assert_eq!(pairs.len(), 4);
+    for (pair, events) in pairs {
+        let sequences: Vec<i64> = events.iter().map(|e| e.0).collect();
+        assert_eq!(sequences, (1..=30).collect::<Vec<_>>(), "{pair:?}");
+    }
+}
