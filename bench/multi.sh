@@ -11,6 +11,7 @@
 #   MULTI_POOL_SIZE                   the process's --pool-size (default 8: 9 connections)
 #   MULTI_RATE, MULTI_SECONDS         load: events/s over all projects, seconds (2000, 10)
 #   MULTI_IDLE_SECONDS                idle window (20; 10 quick)
+#   MULTI_REPS                        repetitions of both windows, medians reported (3; 1 quick)
 #   OUTBOX_BENCH_PG_DIR               cluster directory (default <project>/.pg-bench-multi)
 #   OUTBOX_BENCH_PG_PORT              cluster port (default 54335)
 #
@@ -30,6 +31,7 @@ pool_size=${MULTI_POOL_SIZE:-8}
 rate=${MULTI_RATE:-2000}
 seconds=${MULTI_SECONDS:-$([ "$quick" = 1 ] && echo 3 || echo 10)}
 idle_seconds=${MULTI_IDLE_SECONDS:-$([ "$quick" = 1 ] && echo 10 || echo 20)}
+reps=${MULTI_REPS:-$([ "$quick" = 1 ] && echo 1 || echo 3)}
 results=$root/bench/RESULTS-multi.md
 
 bench_name=multi.sh
@@ -57,7 +59,7 @@ sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 figures=$("$root/target/release/outbox-multi-bench" --database-url "$DATABASE_URL" \
     --outbox "$outbox" --projects "$projects" --consumers "$consumers" \
-    --pool-size "$pool_size" --idle-seconds "$idle_seconds" --rate "$rate" --seconds "$seconds")
+    --pool-size "$pool_size" --idle-seconds "$idle_seconds" --rate "$rate" --seconds "$seconds" --reps "$reps")
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 revision=$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)
 
@@ -73,7 +75,7 @@ $projects \`--project\` and $consumers \`--consumer-id\` options ($((projects * 
 consumers, \`--start-from earliest\`, \`--pool-size $pool_size\`, every other option at its
 default: LISTEN, elected sequencer, 1 s fallback poll, 10 s heartbeat). \`outbox-multi-bench\`
 (\`bench/consumer/src/multi.rs\`) waits until every consumer holds its lease and has a cursor,
-then measures an idle window of ${idle_seconds} s (statements: \`pg_stat_statements\` calls of
+then, $reps times on the same process, measures an idle window of ${idle_seconds} s (statements: \`pg_stat_statements\` calls of
 everything but its own queries; transactions: the \`pg_stat_database\` delta over the window
 plus 11 s, since idle backends report late), then writes $rate events/s for ${seconds} s, round
 robin over the projects, each in its own transaction from 8 writer connections on an

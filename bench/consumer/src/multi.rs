@@ -18,7 +18,9 @@
 //!    reads and timestamps. Latency = line read − the writer's `COMMIT` returning, on this
 //!    process's monotonic clock (so it includes the pipe, a fraction of a millisecond).
 //!
-//! The markdown report goes to stdout; progress to stderr.
+//! Both windows are repeated `--reps` times on the same process; the report gives the
+//! medians against the goals, then every repetition. The markdown goes to stdout; progress
+//! to stderr.
 
 #![forbid(unsafe_code)]
 
@@ -67,6 +69,9 @@ struct Cli {
     /// Seconds of writing.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Repetitions of the idle and load windows (on the same process); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
 }
 
 /// Deliveries read from the process: (event ID, when read).
@@ -90,25 +95,72 @@ async fn main() -> BoxResult<()> {
     // Let the start-up reads, the first sweep and the first polls settle.
     tokio::time::sleep(Duration::from_secs(5)).await;
 
-    eprintln!("multi: idle window of {} s", cli.idle_seconds);
-    let idle = measure_idle(&client, cli.idle_seconds).await?;
-    let connections = connections(&client).await?;
-    let idle_memory = procfs::memory(pid)?;
-    let idle_cpu = procfs::cpu_seconds(pid)?;
-
-    eprintln!("multi: {} events/s for {} s", cli.rate, cli.seconds);
-    let load = load(&cli, &config, &received).await?;
-    let busy_connections = connections_max(&client, &load.connections).await;
+    let mut reps = Vec::with_capacity(cli.reps);
+    for rep in 1..=cli.reps {
+        eprintln!("multi: rep {rep}: idle window of {} s", cli.idle_seconds);
+        let idle = measure_idle(&client, cli.idle_seconds).await?;
+        let idle_connections = connections(&client).await?;
+        let idle_rss_kib = procfs::memory(pid)?.current_kib;
+        let cpu_before = procfs::cpu_seconds(pid)?;
+        eprintln!(
+            "multi: rep {rep}: {} events/s for {} s",
+            cli.rate, cli.seconds
+        );
+        let load = load(&cli, &config, &received).await?;
+        let busy_connections = connections_max(&client, &load.connections).await;
+        let cpu = procfs::cpu_seconds(pid)? - cpu_before;
+        reps.push(Rep {
+            idle,
+            idle_connections,
+            idle_rss_kib,
+            load,
+            busy_connections,
+            cpu,
+        });
+        // Back to idle before the next window.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
     let memory = procfs::memory(pid)?;
-    let cpu = procfs::cpu_seconds(pid)? - idle_cpu;
-
     let _ = child.start_kill();
     let _ = child.wait().await;
+    report(&cli, pairs, startup, &reps, memory);
+    Ok(())
+}
 
+/// One repetition: an idle window, then a load window.
+struct Rep {
+    idle: Idle,
+    idle_connections: i64,
+    idle_rss_kib: u64,
+    load: Load,
+    busy_connections: i64,
+    /// Process CPU seconds during the load window.
+    cpu: f64,
+}
+
+/// The markdown tables: medians over the repetitions against the goals, then each repetition.
+fn report(cli: &Cli, pairs: usize, startup: Duration, reps: &[Rep], memory: procfs::Memory) {
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let mib = |kib: u64| kib as f64 / 1024.0;
     let verdict = |met: bool| if met { "**met**" } else { "**not met**" };
-    let latency = load.latency;
+    let median = |f: &dyn Fn(&Rep) -> f64| {
+        stats::median(&reps.iter().map(f).collect::<Vec<_>>()).unwrap_or(f64::NAN)
+    };
+    let statements = median(&|r| r.idle.statements_per_s);
+    let transactions = median(&|r| r.idle.transactions_per_s);
+    let most_connections = reps
+        .iter()
+        .map(|r| r.idle_connections.max(r.busy_connections))
+        .max()
+        .unwrap_or(0);
+    let p50 = median(&|r| ms(r.load.latency.p50));
+    let p99 = median(&|r| ms(r.load.latency.p99));
+    let max = median(&|r| ms(r.load.latency.max));
+    println!(
+        "Medians of {} repetitions (connections: the most seen):",
+        reps.len()
+    );
+    println!();
     println!("| figure | value | goal | |");
     println!("|---|---:|---:|---|");
     println!(
@@ -120,55 +172,60 @@ async fn main() -> BoxResult<()> {
         startup.as_secs_f64()
     );
     println!(
-        "| idle statements/s (`pg_stat_statements` calls) | {:.1} | ≤ 100 | {} |",
-        idle.statements_per_s,
-        verdict(idle.statements_per_s <= 100.0)
+        "| idle statements/s (`pg_stat_statements` calls) | {statements:.1} | ≤ 100 | {} |",
+        verdict(statements <= 100.0)
+    );
+    println!("| idle transactions/s (`pg_stat_database`) | {transactions:.1} | | |");
+    println!(
+        "| connections (pool + listener), idle and under load | {most_connections} | ≤ 10 | {} |",
+        verdict(most_connections <= 10)
     );
     println!(
-        "| idle transactions/s (`pg_stat_database`) | {:.1} | | |",
-        idle.transactions_per_s
-    );
-    println!(
-        "| connections, idle / most under load | {connections} / {busy_connections} | ≤ 10 | {} |",
-        verdict(connections.max(busy_connections) <= 10)
-    );
-    println!(
-        "| RSS idle / after load / peak | {:.1} / {:.1} / {:.1} MiB | ≤ 64 MiB | {} |",
-        mib(idle_memory.current_kib),
+        "| RSS at the end / peak over the run | {:.1} / {:.1} MiB | ≤ 64 MiB | {} |",
         mib(memory.current_kib),
         mib(memory.peak_kib),
         verdict(mib(memory.peak_kib) <= 64.0)
     );
     println!(
-        "| commit → handler p50 / p99 / max at {} events/s ({} deliveries) | {:.1} / {:.1} / {:.1} ms | p99 ≤ 25 ms | {} |",
+        "| commit → handler p50 / p99 / max at {} events/s | {p50:.1} / {p99:.1} / {max:.1} ms | p99 ≤ 25 ms | {} |",
         cli.rate,
-        latency.count,
-        ms(latency.p50),
-        ms(latency.p99),
-        ms(latency.max),
-        verdict(latency.p99 <= Duration::from_millis(25))
-    );
-    println!(
-        "| events/s achieved by the writers | {:.0} | | |",
-        load.achieved_rate
-    );
-    println!(
-        "| deliveries missing after the window | {} | 0 | |",
-        load.missing
-    );
-    println!(
-        "| process CPU during the load window | {:.1} s for {:.0} s of writing | | |",
-        cpu, cli.seconds
+        verdict(p99 <= 25.0)
     );
     println!();
-    println!("Top statements while idle (calls/s):");
+    println!("Each repetition:");
+    println!();
+    println!(
+        "| rep | idle statements/s | idle transactions/s | connections idle / load | RSS idle | \
+         deliveries | p50 ms | p99 ms | max ms | events/s written | missing | process CPU s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, r) in reps.iter().enumerate() {
+        let l = &r.load;
+        println!(
+            "| {} | {:.1} | {:.1} | {} / {} | {:.1} MiB | {} | {:.1} | {:.1} | {:.1} | {:.0} | {} | {:.1} |",
+            i + 1,
+            r.idle.statements_per_s,
+            r.idle.transactions_per_s,
+            r.idle_connections,
+            r.busy_connections,
+            mib(r.idle_rss_kib),
+            l.latency.count,
+            ms(l.latency.p50),
+            ms(l.latency.p99),
+            ms(l.latency.max),
+            l.achieved_rate,
+            l.missing,
+            r.cpu
+        );
+    }
+    println!();
+    println!("Top statements in the last idle window (calls/s):");
     println!();
     println!("| calls/s | statement |");
     println!("|---:|---|");
-    for (rate, query) in &idle.top {
+    for (rate, query) in reps.last().map(|r| r.idle.top.as_slice()).unwrap_or(&[]) {
         println!("| {rate:.2} | `{query}` |");
     }
-    Ok(())
 }
 
 /// Starts the measured process; a task reads its stdout and timestamps each event line.

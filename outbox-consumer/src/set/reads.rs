@@ -108,12 +108,11 @@ impl SharedReads {
         if !current {
             let epoch = reads.epoch.load(Ordering::SeqCst);
             let rows = {
+                // Prepared once per pooled connection: this read runs on every wake-up.
                 let client = pool.get().await?;
+                let statement = client.prepare_cached(&statements.read_batch).await?;
                 client
-                    .query(
-                        &statements.read_batch,
-                        &[&project.as_str(), &cursor, &limit],
-                    )
+                    .query(&statement, &[&project.as_str(), &cursor, &limit])
                     .await?
             };
             let events = rows
