@@ -236,8 +236,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // A live query given explicitly is checked before the lease is claimed, so a wrong one
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
-        // not have a `tasks` table).
-        if self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
+        // not have a `tasks` table). A consumer set checks it once for all its members.
+        if hub.is_none() && self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
             let mut client = self.pool.get().await?;
             crate::live_query::check(&mut client, &self.config.live_query).await?;
         }
