@@ -78,6 +78,10 @@ pub enum Command {
     DeadLetters(crate::dead_letters_cmd::DeadLettersCommand),
     /// The audit trail: who parked, replayed, resolved or retired what, and when.
     Audit(crate::audit_cmd::AuditArgs),
+    /// Run durable consumers (one per --project) and serve them over HTTP: an SSE event
+    /// stream per project, Prometheus /metrics, /healthz and /readyz, and an operator
+    /// dashboard at /.
+    Serve(Box<crate::serve::ServeArgs>),
 }
 
 /// `outbox migrate`.
@@ -151,9 +155,10 @@ pub enum StartFromArg {
 /// `outbox consume`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// Project whose stream to consume.
-    #[arg(long)]
-    pub project: ProjectId,
+    /// Project whose stream to consume (`outbox serve`: repeat to follow several, one durable
+    /// consumer each).
+    #[arg(long, required = true)]
+    pub project: Vec<ProjectId>,
     /// The consumer's explicit, stable ID (required; never generated).
     #[arg(long)]
     pub consumer_id: ConsumerId,
@@ -215,4 +220,7 @@ pub struct ConsumeArgs {
     /// Retention period of the sweep (see `outbox prune --help`).
     #[arg(long, value_parser = crate::prune_cmd::parse_retention, default_value = "30d")]
     pub retention: Duration,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }

@@ -9,7 +9,12 @@ use crate::sink::{ChildSink, StdoutSink};
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let database = global.database()?;
-    let config = build_config(global, &args)?;
+    let [project] = args.project.as_slice() else {
+        return Err(Failure::usage(
+            "outbox consume follows one --project; use outbox serve to follow several",
+        ));
+    };
+    let config = build_config(global, &args, project)?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
@@ -23,16 +28,33 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let listen = (!args.no_listen).then_some(listen);
 
     let shutdown = CancellationToken::new();
+    let metrics = match args.metrics_addr {
+        Some(addr) => Some(crate::serve::metrics_only(addr, shutdown.clone()).await?),
+        None => None,
+    };
     let signals = tokio::spawn(forward_signals(shutdown.clone()));
     let consumer_id = args.consumer_id.to_string();
     let result = match args.child {
         Some(command) => {
             let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, config, sink, shutdown).await
+            run_with(pool, listen, config, sink, shutdown.clone()).await
         }
-        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), shutdown).await,
+        None => {
+            run_with(
+                pool,
+                listen,
+                config,
+                StdoutSink::new(consumer_id),
+                shutdown.clone(),
+            )
+            .await
+        }
     };
     signals.abort();
+    shutdown.cancel();
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     match result {
         Ok(summary) => {
             tracing::info!(
@@ -47,7 +69,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     }
 }
 
-fn classify(e: ConsumerError) -> Failure {
+pub(crate) fn classify(e: ConsumerError) -> Failure {
     let code = match &e {
         ConsumerError::Config(_) => ExitCode::Usage,
         ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
@@ -59,8 +81,13 @@ fn classify(e: ConsumerError) -> Failure {
     }
 }
 
-fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(args.project.clone(), args.consumer_id.clone());
+/// The consumer configuration `args` describe, for `project` (one of `args.project`).
+pub(crate) fn build_config(
+    global: &Global,
+    args: &ConsumeArgs,
+    project: &outbox_core::ProjectId,
+) -> Result<ConsumerConfig, Failure> {
+    let mut config = ConsumerConfig::new(project.clone(), args.consumer_id.clone());
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
     config.lease_ttl = args.lease_ttl;
@@ -87,7 +114,7 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
 
 /// SIGINT or SIGTERM cancels `shutdown`: the consumer finishes or abandons its current event
 /// within the grace period, releases its lease and exits 0.
-async fn forward_signals(shutdown: CancellationToken) {
+pub(crate) async fn forward_signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),

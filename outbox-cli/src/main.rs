@@ -13,6 +13,7 @@ mod migrate_cmd;
 mod output;
 mod prune_cmd;
 mod sequence_cmd;
+mod serve;
 mod sink;
 mod status_cmd;
 
@@ -44,6 +45,7 @@ fn main() -> std::process::ExitCode {
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
+            Command::Serve(args) => serve::run(&cli.global, *args).await,
         }
     });
     match result {

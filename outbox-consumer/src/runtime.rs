@@ -15,9 +15,11 @@ use tracing::Instrument;
 use crate::config::{ConfigError, ConsumerConfig, StartFrom};
 use crate::dispatch::{BatchOutcome, DispatchContext, DispatchMode, InTransaction, Plain};
 use crate::error::ConsumerError;
+use crate::gauges;
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
 use crate::listener;
+use crate::probe::Probe;
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
@@ -48,6 +50,8 @@ pub struct Consumer<D, R> {
     dispatch: D,
     /// Receives the live set when the consumer falls back to reconciliation.
     reconciler: R,
+    /// Lease and liveness, for the hosting process's readiness probe.
+    probe: Arc<Probe>,
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -65,6 +69,7 @@ impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
             config,
             dispatch: Plain(handler),
             reconciler,
+            probe: Arc::default(),
         }
     }
 }
@@ -84,6 +89,7 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             config,
             dispatch: InTransaction(handler),
             reconciler,
+            probe: Arc::default(),
         }
     }
 }
@@ -135,6 +141,11 @@ enum Step {
 }
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
+    /// Whether this consumer holds its lease and when it last polled; shared with the run.
+    pub fn probe(&self) -> Arc<Probe> {
+        self.probe.clone()
+    }
+
     /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
     /// the grace period, acknowledges what was handled and releases the lease), or until the
     /// lease is lost or a non-transient error occurs.
@@ -154,6 +165,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return Ok(RunSummary::default());
         };
         let lease = Arc::new(claimed.lease);
+        let lease_labels = [
+            ("project", self.config.project_id.to_string()),
+            ("consumer", self.config.consumer_id.to_string()),
+        ];
+        self.probe.claimed(lease.fence.generation);
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(1.0);
+        metrics::gauge!("outbox_lease_generation", &lease_labels)
+            .set(lease.fence.generation as f64);
         let stop = CancellationToken::new();
         let wake = Arc::new(Notify::new());
         let tasks = self.spawn_background(&lease, &statements, &wake, &stop);
@@ -189,6 +208,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if !matches!(result, Err(ConsumerError::LeaseLost { .. })) {
             lease::release(&self.pool, &lease, &statements.release).await;
         }
+        self.probe.released();
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(0.0);
         result.map(|()| RunSummary {
             generation: lease.fence.generation,
             delivered: progress.delivered,
@@ -237,6 +258,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Err(e) => tracing::error!(error = %e, "retention sweep disabled"),
             }
         }
+        {
+            let (pool, stop) = (self.pool.clone(), stop.clone());
+            let (schema, interval) = (self.config.schema.clone(), self.config.poll_interval);
+            let project = self.config.project_id.clone();
+            let consumer = self.config.consumer_id.clone();
+            tasks.push(TaskGuard(Some(tokio::spawn(async move {
+                gauges::sample(pool, schema, project, consumer, interval, stop).await
+            }))));
+        }
         if let (true, Some(config)) = (self.config.listen, self.listen_config.clone()) {
             let channel = self.config.schema.channel();
             let project = self.config.project_id.to_string();
@@ -264,10 +294,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             if lease.is_valid() {
                 match self.step(lease, statements, shutdown, progress).await {
                     Ok(Step::More) => {
+                        self.probe.polled();
                         failures = 0;
                         continue;
                     }
-                    Ok(Step::Idle) => failures = 0,
+                    Ok(Step::Idle) => {
+                        self.probe.polled();
+                        failures = 0;
+                    }
                     Err(e @ ConsumerError::LeaseLost { .. }) => return Err(e),
                     Err(e) if e.is_retryable() => {
                         failures = failures.saturating_add(1);
@@ -403,6 +437,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
         }
 
+        for event in events.iter().filter(|e| e.attempt == 1) {
+            // Writer's transaction start to dispatch, on this host's clock.
+            let waited = (chrono::Utc::now() - event.occurred_at).num_microseconds();
+            metrics::histogram!("outbox_commit_to_dispatch_seconds")
+                .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
+        }
         let full_batch = rows.len() as i64 == self.config.batch_size;
         let ctx = DispatchContext {
             pool: &self.pool,
@@ -472,7 +512,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ("project", self.config.project_id.to_string()),
             ("consumer", self.config.consumer_id.to_string()),
         ];
-        metrics::counter!("outbox_consumer_delivered_total", &labels).increment(count);
+        metrics::counter!("outbox_events_delivered_total", &labels).increment(count);
         metrics::gauge!("outbox_consumer_cursor", &labels).set(last as f64);
     }
 
@@ -502,7 +542,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ("project", self.config.project_id.to_string()),
             ("consumer", self.config.consumer_id.to_string()),
         ];
-        metrics::counter!("outbox_consumer_failures_total", &labels).increment(1);
+        let class_labels = [
+            ("project", self.config.project_id.to_string()),
+            ("consumer", self.config.consumer_id.to_string()),
+            ("class", class.to_string()),
+        ];
+        metrics::counter!("outbox_delivery_failures_total", &class_labels).increment(1);
         match delay {
             Some(delay) => {
                 tracing::warn!(
@@ -520,7 +565,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     sequence = event.sequence, event_id = %event.event_id, attempts,
                     class = %class, "event parked as a dead letter; the stream moves on"
                 );
-                metrics::counter!("outbox_consumer_dead_letters_total", &labels).increment(1);
+                metrics::counter!("outbox_dead_letters_parked_total", &labels).increment(1);
                 progress.held = None;
                 progress.cursor = Some(event.sequence);
             }

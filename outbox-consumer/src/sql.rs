@@ -159,3 +159,35 @@ RETURNING attempts";
 pub const AUDIT: &str = "
 INSERT INTO {{schema}}.lifecycle_audit (kind, project_id, consumer_id, event_id, actor, count)
 VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// Retained events `$2 < sequence <= $3`, at most `$4`, in order: read-only history for
+/// ephemeral followers (SSE clients), which own no cursor.
+pub const READ_RANGE: &str = "
+SELECT sequence, event_type, event_id, task_id, deleted_at, writer_process_id, occurred_at,
+       payload_version, payload
+FROM {{schema}}.lifecycle_outbox
+WHERE project_id = $1 AND sequence > $2 AND sequence <= $3
+ORDER BY sequence
+LIMIT $4";
+
+/// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,
+/// its dead letters, and the unsequenced backlog of the whole outbox with the age of its
+/// oldest event (the sequencer is shared by every project). Both go through the partial index
+/// on unsequenced rows; arrival order stands in for age.
+pub const GAUGES: &str = "
+SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
+                 WHERE project_id = $1), 0) AS head,
+       (SELECT last_acked_sequence FROM {{schema}}.lifecycle_consumer_cursors
+        WHERE project_id = $1 AND consumer_id = $2) AS cursor,
+       (SELECT count(*) FROM {{schema}}.lifecycle_deliveries
+        WHERE project_id = $1 AND consumer_id = $2 AND state = 'dead') AS dead_letters,
+       (SELECT count(*) FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS unsequenced,
+       (SELECT GREATEST(extract(epoch FROM now() - occurred_at), 0)::float8
+        FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL
+        ORDER BY id LIMIT 1) AS oldest_unsequenced";
+
+/// A consumer's acknowledged cursor (NULL while missing), read without taking its lease.
+pub const CURSOR: &str = "
+SELECT last_acked_sequence
+FROM {{schema}}.lifecycle_consumer_cursors
+WHERE project_id = $1 AND consumer_id = $2";
