@@ -9,6 +9,7 @@
 
 pub mod consumer_kit;
 pub mod process_kit;
+pub mod serve_kit;
 
 use std::process::Command;
 use std::str::FromStr;

@@ -170,6 +170,13 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         configs.push(config);
     }
     let live_query = configs[0].live_query.clone();
+    if (args.client_queue as i64) < consume.batch_size {
+        return Err(Failure::usage(format!(
+            "--client-queue {} is smaller than --batch-size {}: every client would be dropped \
+             by the first full batch",
+            args.client_queue, consume.batch_size
+        )));
+    }
 
     // Bind first: a used address is a usage error, reported before anything else happens.
     let listener = http::bind(args.listen, "--listen").await?;

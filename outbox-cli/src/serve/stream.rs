@@ -237,26 +237,29 @@ impl Client {
         Bytes::from(format!("event: lagged\ndata: {data}\n\n"))
     }
 
-    /// The resume of a client that named a position: history up to the ring, then the ring.
+    /// The resume of a client that named a position: below the retention floor a
+    /// reconciliation first (even when the ring still holds the events: the stream's
+    /// contract is by floor, not by what this process happens to remember), then history up
+    /// to the ring, then the ring.
     async fn catch_up(&mut self, after: i64) -> Result<(), String> {
         let backlog = std::mem::take(&mut self.subscription.backlog);
-        let covered_by_ring = self
-            .subscription
-            .ring_first
-            .is_some_and(|first| first <= after + 1);
-        if !covered_by_ring {
-            let through = match (
-                self.subscription.ring_first,
-                self.subscription.handled_through,
-            ) {
-                (Some(first), _) => first - 1,
-                (None, Some(handled)) => handled,
-                // Nothing handled by this process yet: what the consumer acknowledged.
-                (None, None) => self.acknowledged().await?.unwrap_or(after),
-            };
-            if through > after {
-                self.history(after, through).await?;
-            }
+        let through = match (
+            self.subscription.ring_first,
+            self.subscription.handled_through,
+        ) {
+            // The ring covers everything after the position: only the floor is checked.
+            (Some(first), _) if first <= after + 1 => after,
+            (Some(first), _) => first - 1,
+            (None, Some(handled)) => handled,
+            // Nothing handled by this process yet: what the consumer acknowledged.
+            (None, None) => self.acknowledged().await?.unwrap_or(after),
+        };
+        let behind = match backlog.last() {
+            Some(last) => last.sequence > after,
+            None => through > after,
+        };
+        if behind {
+            self.history(after, through).await?;
         }
         for frame in backlog {
             self.send(frame);
