@@ -11,6 +11,12 @@ trap 'bash scripts/pg.sh down || true' EXIT
 export OUTBOX_TEST_DATABASE_URL=$url
 echo "test cluster: $url"
 
+# The dashboard's browser test needs Chromium; installed here when missing (fails loudly when
+# it cannot be).
+OUTBOX_CHROMIUM=$(bash scripts/chromium.sh)
+export OUTBOX_CHROMIUM
+echo "chromium: $OUTBOX_CHROMIUM"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
