@@ -323,6 +323,7 @@ async fn run(args: Args) -> BoxResult<()> {
     );
 
     let cpu_before = procfs::cpu_seconds(pid)?;
+    let harness_before = procfs::cpu_seconds(std::process::id())?;
     let config = tokio_postgres::Config::from_str(&args.database_url)?;
     let start = Instant::now();
     // The writers get a thread and runtime of their own, so that the clients' work never
@@ -383,6 +384,7 @@ async fn run(args: Args) -> BoxResult<()> {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu = procfs::cpu_seconds(pid)? - cpu_before;
+    let harness = procfs::cpu_seconds(std::process::id())? - harness_before;
     let elapsed = start.elapsed();
     let memory = procfs::memory(pid)?;
     let (_, text) = get(addr, "/metrics").await?;
@@ -421,7 +423,7 @@ async fn run(args: Args) -> BoxResult<()> {
     let p = stats::percentiles(&mut all).ok_or("no samples")?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1}% | {} of {} | {} | {} | {:.1} | {:.2} | {} |",
+        "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1}% | {} of {} | {} | {} | {:.1} | {:.2} | {:.2} | {} |",
         args.label,
         args.clients,
         args.slow_clients,
@@ -436,6 +438,7 @@ async fn run(args: Args) -> BoxResult<()> {
         gaps + ended as u64,
         memory.peak_kib as f64 / 1024.0,
         cpu / elapsed.as_secs_f64(),
+        harness / elapsed.as_secs_f64(),
         load,
     );
     Ok(())
