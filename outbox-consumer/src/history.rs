@@ -59,8 +59,8 @@ impl History {
     }
 
     /// Up to `limit` retained events with `after < sequence <= through`, in order, as
-    /// `consumer` observed them. An event whose payload cannot be decoded is left out: the
-    /// durable consumer parks such an event instead of handling it.
+    /// `consumer` observed them. Events `consumer` parked as dead letters are left out, and
+    /// so is an event whose payload cannot be decoded (the consumer parks such an event).
     pub async fn read(
         &self,
         client: &impl GenericClient,
@@ -73,7 +73,13 @@ impl History {
         let rows = client
             .query(
                 &self.read_range,
-                &[&project.as_str(), &after, &through, &limit],
+                &[
+                    &project.as_str(),
+                    &after,
+                    &through,
+                    &limit,
+                    &consumer.as_str(),
+                ],
             )
             .await?;
         Ok(rows

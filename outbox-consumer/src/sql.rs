@@ -161,13 +161,19 @@ INSERT INTO {{schema}}.lifecycle_audit (kind, project_id, consumer_id, event_id,
 VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// Retained events `$2 < sequence <= $3`, at most `$4`, in order: read-only history for
-/// ephemeral followers (SSE clients), which own no cursor.
+/// ephemeral followers (SSE clients), which own no cursor. Events consumer `$5` parked
+/// without handling them (dead, waiting for a replay, or resolved by hand) are left out: the
+/// followers see what that consumer handled.
 pub const READ_RANGE: &str = "
-SELECT sequence, event_type, event_id, task_id, deleted_at, writer_process_id, occurred_at,
-       payload_version, payload
-FROM {{schema}}.lifecycle_outbox
-WHERE project_id = $1 AND sequence > $2 AND sequence <= $3
-ORDER BY sequence
+SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload
+FROM {{schema}}.lifecycle_outbox AS o
+WHERE o.project_id = $1 AND o.sequence > $2 AND o.sequence <= $3
+  AND NOT EXISTS (
+      SELECT 1 FROM {{schema}}.lifecycle_deliveries AS d
+      WHERE d.project_id = o.project_id AND d.consumer_id = $5 AND d.event_id = o.event_id
+        AND d.state IN ('dead', 'replay_requested', 'resolved'))
+ORDER BY o.sequence
 LIMIT $4";
 
 /// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,

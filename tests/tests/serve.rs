@@ -884,3 +884,99 @@ async fn admin_actions_need_the_token_and_are_audited() {
         "{out}"
     );
 }
+
+/// A child that records every line it gets and acknowledges each, except events of task
+/// `poison`, which it fails.
+const CHILD: &str = r#"
+while IFS= read -r line; do
+  printf '%s\n' "$line" >> "$CHILD_LOG"
+  seq=$(printf '%s' "$line" | sed -n -E 's/.*"(head_)?sequence":([0-9]*).*/\2/p')
+  case "$line" in
+    *'"task_id":"poison"'*) printf '{"fail": %s, "class": "poison_pill"}\n' "$seq" ;;
+    *) printf '{"ack": %s}\n' "$seq" ;;
+  esac
+done
+"#;
+
+#[tokio::test]
+async fn with_a_child_the_stream_carries_what_the_child_acknowledged() {
+    let db = fresh_db().await;
+    let log = std::env::temp_dir().join(format!("outbox-serve-child-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let log_path = log.display().to_string();
+    let server = ServeProcess::start_with_env(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--start-from",
+            "earliest",
+            "--child",
+            CHILD,
+            "--max-attempts",
+            "1",
+        ]),
+        &[("CHILD_LOG", log_path.as_str())],
+    )
+    .await;
+    ready(&server).await;
+    let live = SseClient::open(server.addr, "/v1/projects/p1/events", &[]).await;
+    for task in ["a", "poison", "b"] {
+        write_event(&db, "p1", task).await;
+    }
+    eventually(
+        Duration::from_secs(15),
+        "events 1 and 3 on the stream",
+        || {
+            let done = live.sequences() == vec![1, 3];
+            async move { done }
+        },
+    )
+    .await;
+    let child_saw = std::fs::read_to_string(&log).unwrap_or_default();
+    for task in [
+        "\"task_id\":\"a\"",
+        "\"task_id\":\"poison\"",
+        "\"task_id\":\"b\"",
+    ] {
+        assert!(
+            child_saw.contains(task),
+            "the child never got {task}: {child_saw}"
+        );
+    }
+    // The parked event is not history either: a resume from 0 skips it.
+    let resumed = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "0")],
+    )
+    .await;
+    write_event(&db, "p1", "c").await;
+    eventually(Duration::from_secs(10), "event 4 on both", || {
+        let done = live.sequences() == vec![1, 3, 4] && resumed.sequences() == vec![1, 3, 4];
+        async move { done }
+    })
+    .await;
+    let m = server.metrics().await;
+    assert_eq!(
+        m.get(
+            "outbox_delivery_failures_total",
+            &[
+                ("project", "p1"),
+                ("consumer", "feed"),
+                ("class", "poison_pill")
+            ]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        m.get(
+            "outbox_events_delivered_total",
+            &[("project", "p1"), ("consumer", "feed")]
+        ),
+        Some(3.0)
+    );
+    let _ = std::fs::remove_file(&log);
+}
