@@ -560,6 +560,10 @@ async fn refusals_404_400_503_and_usage_errors() {
     let retry: u64 = headers["retry-after"].parse().unwrap();
     assert!(retry >= 1);
     assert!(body.contains("--max-clients"), "{body}");
+    // The dashboard's own stream takes a slot too.
+    let (status, headers, body) = get(addr, "/v1/dashboard/stream", &[]).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(headers.contains_key("retry-after"));
 
     // The address in use.
     let listen = addr.to_string();

@@ -415,14 +415,19 @@ pub async fn page(State(state): State<Arc<AppState>>) -> Response {
 
 /// `GET /v1/dashboard/stream`: the page's sections, re-rendered every `--dashboard-refresh`.
 pub async fn stream(State(state): State<Arc<AppState>>) -> Response {
-    let stream = futures_util::stream::unfold((state, true), |(state, first)| async move {
+    if let Err(refusal) = super::stream::reserve(&state) {
+        return refusal;
+    }
+    let slot = Slot(state.clone());
+    let stream = futures_util::stream::unfold((slot, true), |(slot, first)| async move {
+        let state = &slot.0;
         if !first {
             tokio::select! {
                 _ = state.shutdown.cancelled() => return None,
                 _ = tokio::time::sleep(state.dashboard_refresh) => {}
             }
         }
-        let chunk = match sections(&state).await {
+        let chunk = match sections(state).await {
             Ok(s) => {
                 let data = json!({
                     "status": s.status,
@@ -435,7 +440,7 @@ pub async fn stream(State(state): State<Arc<AppState>>) -> Response {
         };
         Some((
             Ok::<_, std::convert::Infallible>(Bytes::from(chunk)),
-            (state, false),
+            (slot, false),
         ))
     });
     let mut response = Response::new(Body::from_stream(stream));
@@ -446,6 +451,15 @@ pub async fn stream(State(state): State<Arc<AppState>>) -> Response {
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
+}
+
+/// A dashboard stream's `--max-clients` slot, given back when the stream is dropped.
+struct Slot(Arc<AppState>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        super::stream::release(&self.0);
+    }
 }
 
 /// The operator to credit, or the response refusing the request.

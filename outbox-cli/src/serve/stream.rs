@@ -85,17 +85,8 @@ pub async fn events(
     if state.shutdown.is_cancelled() {
         return busy(&state, "the server is shutting down");
     }
-    // Reserve a client slot, or refuse.
-    let taken = state.clients.fetch_add(1, Ordering::AcqRel);
-    if taken >= state.max_clients {
-        state.clients.fetch_sub(1, Ordering::AcqRel);
-        return busy(
-            &state,
-            &format!(
-                "this server already has {} SSE clients (--max-clients)",
-                state.max_clients
-            ),
-        );
+    if let Err(refusal) = reserve(&state) {
+        return refusal;
     }
     let connection = connection.map(|c| (*c.0.0).clone()).unwrap_or_default();
     let subscription = hub.subscribe(after, connection);
@@ -117,7 +108,7 @@ pub async fn events(
     response
 }
 
-fn busy(state: &AppState, message: &str) -> Response {
+pub(super) fn busy(state: &AppState, message: &str) -> Response {
     let mut response = error(
         StatusCode::SERVICE_UNAVAILABLE,
         message.to_owned(),
@@ -128,6 +119,29 @@ fn busy(state: &AppState, message: &str) -> Response {
         HeaderValue::from(state.retry_after.as_secs().max(1)),
     );
     response.into_response()
+}
+
+/// Takes one of the `--max-clients` SSE slots (event streams and dashboard streams alike),
+/// or answers 503; the caller gives the slot back with [`release`].
+#[allow(clippy::result_large_err)]
+pub(super) fn reserve(state: &AppState) -> Result<(), Response> {
+    let taken = state.clients.fetch_add(1, Ordering::AcqRel);
+    if taken >= state.max_clients {
+        state.clients.fetch_sub(1, Ordering::AcqRel);
+        return Err(busy(
+            state,
+            &format!(
+                "this server already has {} SSE clients (--max-clients)",
+                state.max_clients
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Gives back a slot taken with [`reserve`].
+pub(super) fn release(state: &AppState) {
+    state.clients.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// One client's stream.
@@ -152,7 +166,7 @@ struct Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        self.state.clients.fetch_sub(1, Ordering::AcqRel);
+        release(&self.state);
     }
 }
 
