@@ -975,12 +975,16 @@ async fn with_a_child_the_stream_carries_what_the_child_acknowledged() {
         ),
         Some(1.0)
     );
-    assert_eq!(
-        m.get(
-            "outbox_events_delivered_total",
-            &[("project", "p1"), ("consumer", "feed")]
-        ),
-        Some(3.0)
-    );
+    // Counted at acknowledgement, which follows publication.
+    eventually(Duration::from_secs(10), "3 delivered", || {
+        let server = &server;
+        async move {
+            server.metrics().await.get(
+                "outbox_events_delivered_total",
+                &[("project", "p1"), ("consumer", "feed")],
+            ) == Some(3.0)
+        }
+    })
+    .await;
     let _ = std::fs::remove_file(&log);
 }
