@@ -17,10 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sink::{ChildSink, event_line, reconcile_line};
 
-/// How long a dropped client's connection may take to write its `lagged` message before the
-/// server closes the socket: a client that reads nothing at all never receives it.
-const LAGGED_GRACE: Duration = Duration::from_secs(2);
-
 /// One SSE message, rendered once and shared by every client.
 #[derive(Debug, Clone)]
 pub struct Frame {
@@ -146,6 +142,9 @@ pub struct Hub {
     ring_size: usize,
     /// Per-client queue bound, in events.
     queue_limit: usize,
+    /// How long a dropped client's connection may take to write its `lagged` message before
+    /// the server closes the socket: a client that reads nothing at all never receives it.
+    lagged_grace: Duration,
     /// Events handled in the current batch, published at `before_ack`.
     pending: Mutex<Vec<Frame>>,
     /// Ring and clients.
@@ -154,7 +153,13 @@ pub struct Hub {
 
 impl Hub {
     /// An empty hub.
-    pub fn new(project: ProjectId, consumer: String, ring_size: usize, queue_limit: usize) -> Self {
+    pub fn new(
+        project: ProjectId,
+        consumer: String,
+        ring_size: usize,
+        queue_limit: usize,
+        lagged_grace: Duration,
+    ) -> Self {
         let labels = [("project", project.to_string())];
         metrics::gauge!("outbox_sse_clients", &labels).set(0.0);
         metrics::counter!("outbox_sse_dropped_total", &labels).increment(0);
@@ -163,6 +168,7 @@ impl Hub {
             consumer,
             ring_size: ring_size.max(1),
             queue_limit: queue_limit.max(1),
+            lagged_grace,
             pending: Mutex::new(Vec::new()),
             inner: Mutex::new(Inner::default()),
         }
@@ -276,10 +282,11 @@ impl Hub {
                 "SSE client queue full; client dropped"
             );
             for connection in dropped {
+                let grace = self.lagged_grace;
                 tokio::spawn(async move {
                     tokio::select! {
                         _ = connection.cancelled() => {}
-                        _ = tokio::time::sleep(LAGGED_GRACE) => connection.cancel(),
+                        _ = tokio::time::sleep(grace) => connection.cancel(),
                     }
                 });
             }

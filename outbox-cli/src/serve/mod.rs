@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// `event: lagged` and is disconnected.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub client_queue: u64,
+    /// How long a dropped (lagging) client may take to read its final `lagged` message before
+    /// its connection is closed.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub lagged_grace: Duration,
     /// Interval of SSE keep-alive comments.
     #[arg(long, value_parser = parse_duration, default_value = "15s")]
     pub keep_alive: Duration,
@@ -204,6 +208,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             consume.consumer_id.to_string(),
             args.ring_size as usize,
             args.client_queue as usize,
+            args.lagged_grace,
         ));
         let child = consume.child.clone().map(|command| {
             ChildSink::new(

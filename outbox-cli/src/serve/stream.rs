@@ -105,6 +105,9 @@ pub async fn events(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    // An event stream is never followed by another request on its connection; closing it
+    // when the stream ends (after `lagged`, say) frees the socket at once.
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
