@@ -3,76 +3,125 @@
 use outbox_consumer::{Consumer, ConsumerConfig, ConsumerError, RetrySchedule, StartFrom};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{ConsumeArgs, Global, StartFromArg};
+use crate::child::ChildSink;
+use crate::cli::{ConsumeArgs, ConsumerOptions, ConsumerRef, Global, StartFromArg};
+use crate::db::DatabaseUrl;
 use crate::failure::{ExitCode, Failure};
-use crate::sink::{ChildSink, StdoutSink};
+use crate::shutdown::Shutdown;
+use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    let shutdown = Shutdown::install()?;
     let database = global.database()?;
-    let [project] = args.project.as_slice() else {
-        return Err(Failure::usage(
-            "outbox consume follows one --project; use outbox serve to follow several",
-        ));
-    };
-    let config = build_config(global, &args, project)?;
+    let options = &args.options;
+    let config = build_config(global, &args.consumer, options)?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
 
-    // Fail fast, naming the (redacted) URL, when the database cannot be reached at all;
-    // once running, the consumer rides out outages instead.
-    drop(database.connect().await?);
-    let pool = database.pool(4);
-    let mut listen = database.config.clone();
-    listen.application_name("outbox-listener");
-    let listen = (!args.no_listen).then_some(listen);
-
-    let shutdown = CancellationToken::new();
-    let metrics = match args.metrics_addr {
-        Some(addr) => Some(crate::serve::metrics_only(addr, shutdown.clone()).await?),
+    let (pool, listen) = connections(&database, options.no_listen).await?;
+    // The metrics listener stops with the run, whichever way the run ends.
+    let metrics_stop = shutdown.token().child_token();
+    let metrics = match options.metrics_addr {
+        Some(addr) => Some(crate::serve::metrics_only(addr, metrics_stop.clone()).await?),
         None => None,
     };
-    let signals = tokio::spawn(forward_signals(shutdown.clone()));
-    let consumer_id = args.consumer_id.to_string();
-    let result = match args.child {
+
+    let consumer_id = args.consumer.consumer_id.to_string();
+    let args_live_query = options.live_query.is_some();
+    let token = shutdown.token();
+    let result = match options.child.clone() {
         Some(command) => {
-            let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, config, sink, shutdown.clone()).await
+            let sink = ChildSink::new(
+                command,
+                consumer_id,
+                options.child_timeout,
+                options.child_stop_grace,
+                token.clone(),
+            );
+            let force = sink.clone();
+            shutdown.on_force(move || force.kill_now());
+            let result = run_with(pool, listen, config, sink.clone(), token).await;
+            sink.close().await;
+            result
         }
-        None => {
-            run_with(
-                pool,
-                listen,
-                config,
-                StdoutSink::new(consumer_id),
-                shutdown.clone(),
-            )
-            .await
-        }
+        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
     };
-    signals.abort();
-    shutdown.cancel();
+    metrics_stop.cancel();
     if let Some(metrics) = metrics {
         let _ = metrics.await;
     }
+    finish(result, "consumer", args_live_query, "outbox consume")
+}
+
+/// The consumer's pool and, unless `no_listen`, its LISTEN connection's configuration. Fails
+/// fast, naming the (redacted) URL, when the database cannot be reached at all; once running,
+/// the consumer rides out outages instead.
+pub(crate) async fn connections(
+    database: &DatabaseUrl,
+    no_listen: bool,
+) -> Result<(deadpool_postgres::Pool, Option<tokio_postgres::Config>), Failure> {
+    drop(database.connect().await?);
+    let pool = database.pool(4)?;
+    let mut listen = database.config.clone();
+    listen.application_name("outbox-listener");
+    Ok((pool, (!no_listen).then_some(listen)))
+}
+
+/// Logs how a run of `what` (consumer, relay) ended, or turns its error into the command's
+/// failure (see [`classify`]).
+pub(crate) fn finish(
+    result: Result<outbox_consumer::RunSummary, ConsumerError>,
+    what: &str,
+    custom_live_query: bool,
+    command: &str,
+) -> Result<(), Failure> {
     match result {
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
                 cursor = ?summary.cursor,
                 generation = summary.generation,
-                "consumer stopped"
+                "{what} stopped"
             );
             Ok(())
         }
-        Err(e) => Err(classify(e)),
+        Err(e) => Err(classify(e, custom_live_query, command)),
     }
 }
 
-pub(crate) fn classify(e: ConsumerError) -> Failure {
+/// Maps a consumer error to the command's failure; `custom_live_query` says whether the
+/// live query came from --live-query (else it is the default, which the message then shows);
+/// `command` is what a retired consumer is told to run again with --reactivate.
+pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure {
     let code = match &e {
+        ConsumerError::LiveQueryInvalid(problem) if custom_live_query => {
+            return Failure::usage(format!("invalid --live-query: {problem}"));
+        }
+        ConsumerError::LiveQueryInvalid(problem) => {
+            return Failure::usage(format!(
+                "the default live query ({}) does not fit this database: {problem}; give the \
+                 query of your schema with --live-query",
+                outbox_consumer::DEFAULT_LIVE_QUERY
+            ));
+        }
         ConsumerError::Config(_) => ExitCode::Usage,
-        ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
+        ConsumerError::Retired {
+            project,
+            consumer,
+            by,
+            reason,
+        } => {
+            return Failure {
+                code: ExitCode::Conflict,
+                message: format!(
+                    "consumer {consumer} of project {project} is retired (by {by}: {reason}); to \
+                     resume it (it reconciles first), run: {command} --project {project} \
+                     --consumer-id {consumer} --reactivate"
+                ),
+            };
+        }
+        ConsumerError::LeaseHeld { .. } => ExitCode::Conflict,
         _ => ExitCode::Runtime,
     };
     Failure {
@@ -81,22 +130,24 @@ pub(crate) fn classify(e: ConsumerError) -> Failure {
     }
 }
 
-/// The consumer configuration `args` describe, for `project` (one of `args.project`).
-pub(crate) fn build_config(
+/// The configuration of `consumer` running with `args`.
+pub fn build_config(
     global: &Global,
-    args: &ConsumeArgs,
-    project: &outbox_core::ProjectId,
+    consumer: &ConsumerRef,
+    args: &ConsumerOptions,
 ) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(project.clone(), args.consumer_id.clone());
+    let mut config = ConsumerConfig::new(consumer.project.clone(), consumer.consumer_id.clone());
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
     config.lease_ttl = args.lease_ttl;
     config.heartbeat_interval = args.heartbeat_interval;
     config.poll_interval = args.poll_interval;
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
+    config.sequencer_lease_ttl = args.sequencer_lease_ttl;
     config.listen = !args.no_listen;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
+    config.exit_when_caught_up = args.exit_when_caught_up;
     config.shutdown_grace = args.shutdown_grace;
     config.prune_interval = (!args.no_prune).then_some(args.prune_interval);
     config.retention = args.retention;
@@ -105,6 +156,11 @@ pub(crate) fn build_config(
         StartFromArg::Earliest => StartFrom::Earliest,
     };
     if let Some(query) = &args.live_query {
+        if !query.contains("$1") {
+            return Err(Failure::usage(
+                "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
+            ));
+        }
         config.live_query = query.clone();
     }
     config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
@@ -112,26 +168,10 @@ pub(crate) fn build_config(
     Ok(config)
 }
 
-/// SIGINT or SIGTERM cancels `shutdown`: the consumer finishes or abandons its current event
-/// within the grace period, releases its lease and exits 0.
-pub(crate) async fn forward_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("shutdown requested");
-    shutdown.cancel();
-}
-
-/// Runs the consumer with `sink` as both its handler and its reconciler.
-async fn run_with<S>(
+/// Runs the consumer with `sink` as both its handler and its reconciler. SIGINT or SIGTERM
+/// (through `shutdown`) lets the current event finish or be abandoned within the grace
+/// period, releases the lease and ends the run.
+pub async fn run_with<S>(
     pool: deadpool_postgres::Pool,
     listen: Option<tokio_postgres::Config>,
     config: ConsumerConfig,
@@ -166,6 +206,13 @@ impl<S: outbox_consumer::Handler> outbox_consumer::Handler for SharedSink<S> {
 
     async fn before_ack(&self) -> Result<(), outbox_consumer::HandlerFailure> {
         self.0.before_ack().await
+    }
+
+    async fn before_ack_prefix(
+        &self,
+        handled: &[outbox_consumer::ObservedEvent],
+    ) -> Result<(), outbox_consumer::PartialAck> {
+        self.0.before_ack_prefix(handled).await
     }
 }
 

@@ -38,69 +38,41 @@ impl FromStr for DatabaseUrl {
     }
 }
 
-/// Replaces the password in a URL (`user:secret@`) or key=value string (`password=secret`).
+/// Replaces every password in a URL or key=value string (see
+/// [`outbox_core::redact_connection_string`]).
 pub fn redact(text: &str) -> String {
-    if let Some(scheme_end) = text.find("://") {
-        let rest = &text[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &text[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &text[scheme_end + 3 + at..]
-                );
-            }
-        }
-        return redact_query_password(text);
-    }
-    text.split_whitespace()
-        .map(|pair| {
-            if pair.starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn redact_query_password(text: &str) -> String {
-    let Some(q) = text.find('?') else {
-        return text.to_owned();
-    };
-    let (base, query) = text.split_at(q + 1);
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| {
-            if pair.starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect();
-    format!("{base}{}", pairs.join("&"))
+    outbox_core::redact_connection_string(text)
 }
 
 impl DatabaseUrl {
+    /// The connection the libpq variables describe (PGHOST, PGPORT, PGUSER, PGDATABASE,
+    /// PGPASSWORD, ...), or a usage error naming every way to give a database.
+    pub fn from_libpq_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, Failure> {
+        let found = outbox_core::libpq_env::config_from_env(var)
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        let Some(found) = found else {
+            return Err(Failure::usage(
+                "no database given: pass --database-url or set DATABASE_URL (or the libpq \
+                 variables PGHOST, PGPORT, PGUSER, PGDATABASE)",
+            ));
+        };
+        let mut config = found.config;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("outbox");
+        }
+        Ok(Self {
+            config,
+            redacted: found.description,
+        })
+    }
+
     /// A small pool for a consumer runtime or a command.
-    pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        let manager = deadpool_postgres::Manager::from_config(
-            self.config.clone(),
-            NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        deadpool_postgres::Pool::builder(manager)
-            .max_size(size)
-            .build()
-            .expect("a pool without a runtime-specific hook always builds")
+    pub fn pool(&self, size: usize) -> Result<deadpool_postgres::Pool, Failure> {
+        outbox_consumer::build_pool(self.config.clone(), size)
+            .map_err(|e| Failure::runtime(format!("cannot build the connection pool: {e}")))
     }
 
     /// Opens one connection; its driver task ends when the client is dropped.
@@ -124,23 +96,6 @@ impl DatabaseUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("postgresql://app:s3cret@db:5432/x"),
-            "postgresql://app:***@db:5432/x"
-        );
-        assert_eq!(redact("postgresql://app@db/x"), "postgresql://app@db/x");
-        assert_eq!(
-            redact("postgresql:///x?user=a&password=p&host=/tmp"),
-            "postgresql:///x?user=a&password=***&host=/tmp"
-        );
-        assert_eq!(
-            redact("host=db password=p user=a"),
-            "host=db password=*** user=a"
-        );
-    }
 
     #[test]
     fn refuses_garbage() {

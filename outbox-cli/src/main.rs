@@ -2,7 +2,9 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod audit_cmd;
+mod child;
 mod cli;
 mod consume_cmd;
 mod consumers_cmd;
@@ -12,8 +14,10 @@ mod failure;
 mod migrate_cmd;
 mod output;
 mod prune_cmd;
+mod relay;
 mod sequence_cmd;
 mod serve;
+mod shutdown;
 mod sink;
 mod status_cmd;
 
@@ -45,6 +49,7 @@ fn main() -> std::process::ExitCode {
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
+            Command::Relay(command) => relay::run(&cli.global, command).await,
             Command::Serve(args) => serve::run(&cli.global, *args).await,
         }
     });

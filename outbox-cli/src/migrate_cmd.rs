@@ -1,34 +1,61 @@
 //! `outbox migrate`.
 
-use crate::cli::{Global, MigrateArgs, Output};
+use outbox_core::{MigrationReport, Schema};
+use serde::Serialize;
+
+use crate::cli::{Global, MigrateArgs};
 use crate::failure::Failure;
+use crate::output::{Render, print};
+
+/// What a migration run did to one schema.
+struct Migrated<'a> {
+    /// The schema.
+    schema: &'a Schema,
+    /// The migrations applied now and earlier.
+    report: MigrationReport,
+}
+
+/// The JSON form of [`Migrated`].
+#[derive(Serialize)]
+struct MigratedJson<'a> {
+    schema: &'a str,
+    applied: &'a [i32],
+    already_applied: &'a [i32],
+}
+
+impl Render for Migrated<'_> {
+    fn table(&self) -> String {
+        if self.report.applied.is_empty() {
+            format!(
+                "schema {} is up to date ({} migration(s) applied earlier)\n",
+                self.schema,
+                self.report.already_applied.len()
+            )
+        } else {
+            format!(
+                "schema {}: applied migration(s) {:?}\n",
+                self.schema, self.report.applied
+            )
+        }
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        MigratedJson {
+            schema: self.schema.name(),
+            applied: &self.report.applied,
+            already_applied: &self.report.already_applied,
+        }
+    }
+}
 
 pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
     let mut client = global.database()?.connect().await?;
     let report = outbox_core::migrate(&mut client, &global.schema).await?;
-    match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "schema": global.schema.name(),
-                "applied": report.applied,
-                "already_applied": report.already_applied,
-            })
-        ),
-        Output::Table => {
-            if report.applied.is_empty() {
-                println!(
-                    "schema {} is up to date ({} migration(s) applied earlier)",
-                    global.schema,
-                    report.already_applied.len()
-                );
-            } else {
-                println!(
-                    "schema {}: applied migration(s) {:?}",
-                    global.schema, report.applied
-                );
-            }
-        }
-    }
-    Ok(())
+    print(
+        args.output,
+        &Migrated {
+            schema: &global.schema,
+            report,
+        },
+    )
 }

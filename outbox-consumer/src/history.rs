@@ -43,7 +43,7 @@ impl History {
             .query_opt(&self.cursor, &[&project.as_str(), &consumer.as_str()])
             .await?;
         Ok(match row {
-            Some(row) => row.try_get(0)?,
+            Some(row) => row.try_get("last_acked_sequence")?,
             None => None,
         })
     }
@@ -55,7 +55,10 @@ impl History {
         project: &ProjectId,
     ) -> Result<(i64, i64), ConsumerError> {
         let row = client.query_one(&self.bounds, &[&project.as_str()]).await?;
-        Ok((row.try_get(0)?, row.try_get(1)?))
+        Ok((
+            row.try_get("head_sequence")?,
+            row.try_get("pruned_through")?,
+        ))
     }
 
     /// Up to `limit` retained events with `after < sequence <= through`, in order, as
@@ -82,10 +85,14 @@ impl History {
                 ],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| store::decode(row, project, consumer, false, 1).ok())
-            .collect())
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match store::decode(row, project, consumer, false, 1)? {
+                (event, None) => events.push(event),
+                (_, Some(_undecodable)) => {}
+            }
+        }
+        Ok(events)
     }
 
     /// The live task set and the head in one repeatable-read, read-only snapshot, taken with

@@ -52,6 +52,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod background;
 mod config;
 mod dispatch;
 mod error;
@@ -61,6 +62,8 @@ mod handler;
 mod history;
 mod lease;
 mod listener;
+mod live_query;
+mod pool;
 mod probe;
 mod retry;
 mod runtime;
@@ -71,8 +74,11 @@ pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
-pub use handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
+pub use handler::{
+    Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
+};
 pub use history::History;
+pub use pool::build_pool;
 pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

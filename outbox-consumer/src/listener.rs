@@ -14,32 +14,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{TaskGuard, backoff};
+
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a check may take before the connection is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
-/// First and largest reconnect delay.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-
-/// The reconnect delay after `failures` consecutive failures: doubling from 100 ms, capped at
-/// 10 s, with "equal jitter" (half fixed, half random) so restarted fleets do not reconnect in
-/// lock-step.
-pub(crate) fn backoff(failures: u32, random_unit: f64) -> Duration {
-    let exp = BACKOFF_MIN.saturating_mul(1u32 << failures.min(16));
-    let capped = exp.min(BACKOFF_MAX);
-    capped / 2 + capped.mul_f64(random_unit.clamp(0.0, 1.0) / 2.0)
-}
-
-/// Aborts a spawned task when dropped, so no task outlives its owner.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Listens until `stop`, calling `wake.notify_one()` for each notification about `project`
 /// and after each (re)connect.
 pub(crate) async fn listen(
@@ -90,7 +70,7 @@ async fn session(
         .map_err(|e| format!("connect: {}", outbox_core::describe(&e)))?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
     // The connection must be polled while the client runs statements, so it gets its own task.
-    let _driver = AbortOnDrop(tokio::spawn(async move {
+    let _driver = TaskGuard::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {
@@ -106,7 +86,7 @@ async fn session(
                 }
             }
         }
-    }));
+    });
     client
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
@@ -130,24 +110,6 @@ async fn session(
                     _ => return Ok(()),
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        assert_eq!(backoff(0, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(0, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(1, 0.0), Duration::from_millis(100));
-        assert_eq!(backoff(3, 1.0), Duration::from_millis(800));
-        assert_eq!(backoff(30, 0.0), Duration::from_secs(5));
-        assert_eq!(backoff(30, 1.0), Duration::from_secs(10));
-        for f in 0..40 {
-            assert!(backoff(f, 0.5) <= BACKOFF_MAX);
         }
     }
 }

@@ -34,11 +34,23 @@ impl Migration {
 }
 
 /// Every migration this build carries, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    template: include_str!("../../sql/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        template: include_str!("../../sql/0001_init.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "sharp_edges",
+        template: include_str!("../../sql/0003_sharp_edges.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "sequencer_lease",
+        template: include_str!("../../sql/0004_sequencer_lease.sql"),
+    },
+];
 
 /// What a migration run did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -71,9 +83,9 @@ pub async fn migrate_with(
 
     let mut report = MigrationReport::default();
     for row in &applied {
-        let version: i32 = row.get(0);
-        let name: String = row.get(1);
-        let recorded: String = row.get(2);
+        let version: i32 = row.try_get("version")?;
+        let name: String = row.try_get("name")?;
+        let recorded: String = row.try_get("checksum")?;
         let Some(known) = migrations.iter().find(|m| m.version == version) else {
             return Err(Error::UnknownMigration { version, name });
         };

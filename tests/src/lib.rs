@@ -7,7 +7,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster_kit;
 pub mod consumer_kit;
+pub mod nats_kit;
 pub mod process_kit;
 pub mod serve_kit;
 
@@ -36,19 +38,9 @@ impl TestDb {
         connect(&self.config).await
     }
 
-    /// A deadpool pool of at most `size` connections.
+    /// A deadpool pool of at most `size` connections, as `outbox consume` builds it.
     pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        let manager = deadpool_postgres::Manager::from_config(
-            self.config.clone(),
-            NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        deadpool_postgres::Pool::builder(manager)
-            .max_size(size)
-            .build()
-            .expect("pool builds")
+        outbox_consumer::build_pool(self.config.clone(), size).expect("pool builds")
     }
 }
 

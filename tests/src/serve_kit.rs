@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,12 +12,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::process_kit::outbox_binary;
+use crate::process_kit::OutboxProcess;
 
 /// A free TCP port on 127.0.0.1 (bound and released; the kernel does not hand it out again
 /// at once).
@@ -29,14 +26,12 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// A running `outbox serve`.
+/// A running `outbox serve` (an [`OutboxProcess`] with the address it listens on).
 pub struct ServeProcess {
-    /// The process.
-    child: Child,
+    /// The process, its stdout and stderr.
+    process: OutboxProcess,
     /// Where it listens.
     pub addr: SocketAddr,
-    /// Its stderr so far.
-    stderr: Arc<Mutex<String>>,
 }
 
 impl ServeProcess {
@@ -49,37 +44,12 @@ impl ServeProcess {
     /// As [`ServeProcess::start`], with extra environment variables.
     pub async fn start_with_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let mut child = Command::new(outbox_binary())
-            .arg("--database-url")
-            .arg(url)
-            .arg("serve")
-            .arg("--listen")
-            .arg(addr.to_string())
-            .args(args)
-            .env_remove("OUTBOX_ADMIN_TOKEN")
-            .envs(env.iter().copied())
-            .env("OUTBOX_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn outbox serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let err = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(err).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                let mut all = sink.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
+        let listen = addr.to_string();
+        let mut all = vec!["--listen", listen.as_str()];
+        all.extend_from_slice(args);
         let server = Self {
-            child,
+            process: OutboxProcess::spawn_with_env(url, "serve", &all, env),
             addr,
-            stderr,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -97,28 +67,19 @@ impl ServeProcess {
 
     /// Stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
+        self.process.stderr()
     }
 
     /// Sends a signal by name.
     pub fn signal(&self, name: &str) {
-        let pid = self.child.id().expect("running");
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
+        self.process.signal(name);
     }
 
     /// Waits up to 30 s for exit; returns the exit code (-1 for a signal).
     pub async fn wait(&mut self) -> i32 {
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+        tokio::time::timeout(Duration::from_secs(30), self.process.wait())
             .await
             .expect("outbox serve exits within 30 s")
-            .expect("wait for outbox serve");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        status.code().unwrap_or(-1)
     }
 
     /// The current metrics, parsed.

@@ -126,7 +126,7 @@ async fn stream_carries_handled_events_in_order_and_resumes_from_ring_and_histor
         assert_eq!(data["task_id"], format!("T-{sequence}"));
         assert_eq!(data["event_id"], ids[n]);
         assert_eq!(data["replay"], false);
-        assert_eq!(data["origin_writer"], "test-writer");
+        assert_eq!(data["writer_process_id"], "test-writer");
     }
 
     // The ring holds 3..5: a resume after 3 is served from memory.
@@ -660,8 +660,12 @@ async fn refusals_404_400_503_and_usage_errors() {
         "x",
     ])
     .await;
+    // `consume` follows one project (main's ConsumerRef); clap refuses a second --project.
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("use outbox serve to follow several"), "{err}");
+    assert!(
+        err.contains("--project") && err.contains("cannot be used multiple times"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -861,6 +865,13 @@ async fn admin_actions_need_the_token_and_are_audited() {
     assert_eq!(status, 404, "{text}");
 
     let trail = audited().await;
+    assert!(
+        trail
+            .iter()
+            .any(|(k, a)| k.ends_with("dead-letter-replay-requested")
+                && a.as_deref() == Some("alice")),
+        "the replay request is audited under the operator name, as with --by: {trail:?}"
+    );
     assert!(
         trail
             .iter()

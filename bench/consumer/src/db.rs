@@ -49,16 +49,7 @@ pub async fn connect(config: &Config) -> BoxResult<Client> {
 
 /// A pool like the one `outbox consume` builds (fast recycling, `size` connections).
 pub fn pool(config: &Config, size: usize) -> BoxResult<deadpool_postgres::Pool> {
-    let manager = deadpool_postgres::Manager::from_config(
-        config.clone(),
-        NoTls,
-        deadpool_postgres::ManagerConfig {
-            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-        },
-    );
-    Ok(deadpool_postgres::Pool::builder(manager)
-        .max_size(size)
-        .build()?)
+    Ok(outbox_consumer::build_pool(config.clone(), size)?)
 }
 
 /// Drops and re-creates database `name` on the cluster of `admin_url`, migrates it, and

@@ -25,7 +25,7 @@ use super::http::{AppState, error};
 pub struct AdminAuth {
     /// SHA-256 of the token; compared in constant time.
     pub token_digest: [u8; 32],
-    /// Recorded as the actor of resolve and retire.
+    /// Recorded as the actor of replay requests, resolutions and retirements.
     pub operator: OperatorName,
 }
 
@@ -212,19 +212,21 @@ fn render_audit(listing: &Listing<AuditEntry>) -> String {
     }
     let mut html = String::from(
         "<table><thead><tr><th>when</th><th>kind</th><th>project</th><th>consumer</th>\
-         <th>event</th><th>actor</th><th>count</th></tr></thead><tbody>",
+         <th>event</th><th>actor</th><th>count</th><th>reason</th></tr></thead><tbody>",
     );
     for a in &listing.items {
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td></tr>",
             esc(&outbox_core::format_timestamp(a.recorded_at)),
-            esc(&a.kind),
+            esc(a.kind.as_str()),
             opt(&a.project_id),
             opt(&a.consumer_id),
             opt(&a.event_id),
             opt(&a.actor),
-            opt(&a.count)
+            opt(&a.count),
+            opt(&a.reason)
         );
     }
     html.push_str("</tbody></table>");
@@ -312,7 +314,7 @@ const SCRIPT: &str = r#"
     es.addEventListener('task:deleted', function (e) {
       var ev = JSON.parse(e.data);
       add('#' + ev.sequence + ' ' + ev.project_id + ' task ' + ev.task_id + ' deleted at ' +
-          ev.deleted_at + ' by ' + ev.origin_writer);
+          ev.deleted_at + ' by ' + ev.writer_process_id);
     });
     es.addEventListener('reconcile', function (e) {
       var r = JSON.parse(e.data);
@@ -559,14 +561,15 @@ async fn connection(state: &AppState) -> Result<deadpool_postgres::Object, Respo
     })
 }
 
-/// Asks the lease holder to re-dispatch one dead letter, or all of a consumer's.
+/// Asks the lease holder to re-dispatch one dead letter, or all of a consumer's, credited to
+/// the configured operator (as `outbox dead-letters replay --by`).
 pub async fn replay(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let run = async {
-        authorize(&state, &headers)?;
+        let by = authorize(&state, &headers)?;
         let body: ReplayBody = parse(&body)?;
         let (project, consumer) = ids(&body.project, &body.consumer_id)?;
         let target = match (body.event_id, body.all) {
@@ -578,7 +581,7 @@ pub async fn replay(
         };
         let mut client = connection(&state).await?;
         let done = Admin::new(&state.schema)
-            .request_replay(&mut client, &project, &consumer, &target)
+            .request_replay(&mut client, &project, &consumer, &target, by)
             .await
             .map_err(admin_failure)?;
         Ok(axum::Json(done).into_response())

@@ -15,7 +15,8 @@ use outbox_core::ProjectId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::{ChildSink, event_line, reconcile_line};
+use crate::child::ChildSink;
+use crate::sink::{event_line, reconcile_line};
 
 /// One SSE message, rendered once and shared by every client.
 #[derive(Debug, Clone)]

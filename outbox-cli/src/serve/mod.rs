@@ -21,20 +21,28 @@ use std::time::Duration;
 use clap::Args;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use outbox_consumer::{Consumer, History};
-use outbox_core::OperatorName;
+use outbox_core::{ConsumerId, OperatorName, ProjectId};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{ConsumeArgs, Global, parse_duration};
-use crate::consume_cmd::{build_config, classify, forward_signals};
+use crate::child::ChildSink;
+use crate::cli::{ConsumerOptions, ConsumerRef, Global, parse_duration};
+use crate::consume_cmd::{build_config, classify};
 use crate::failure::Failure;
-use crate::sink::ChildSink;
+use crate::shutdown::Shutdown;
 
 /// `outbox serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Every `outbox consume` option; --project may be repeated.
+    /// A project to follow; repeat to follow several (one durable consumer each, all under
+    /// one consumer ID).
+    #[arg(long, required = true)]
+    pub project: Vec<ProjectId>,
+    /// The consumers' explicit, stable ID (never generated).
+    #[arg(long)]
+    pub consumer_id: ConsumerId,
+    /// Every other `outbox consume` option.
     #[command(flatten)]
-    pub consume: ConsumeArgs,
+    pub consume: ConsumerOptions,
     /// Address to serve HTTP on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -159,15 +167,20 @@ pub async fn metrics_only(
 
 /// Runs `outbox serve`.
 pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
+    let signals = Shutdown::install()?;
     let database = global.database()?;
     let admin = admin_auth(&args)?;
     let consume = &args.consume;
-    let mut projects = consume.project.clone();
+    let mut projects = args.project.clone();
     projects.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     projects.dedup();
     let mut configs = Vec::with_capacity(projects.len());
     for project in &projects {
-        let config = build_config(global, consume, project)?;
+        let consumer = ConsumerRef {
+            project: project.clone(),
+            consumer_id: args.consumer_id.clone(),
+        };
+        let config = build_config(global, &consumer, consume)?;
         config
             .validate()
             .map_err(|e| Failure::usage(e.to_string()))?;
@@ -187,13 +200,14 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     drop(database.connect().await?);
     let metrics = install_metrics()?;
 
-    let shutdown = CancellationToken::new();
+    // Cancelled by the first signal, or when any consumer stops.
+    let shutdown = signals.token().child_token();
     let extra_metrics = match consume.metrics_addr {
         Some(addr) => Some(metrics_only(addr, shutdown.clone()).await?),
         None => None,
     };
-    let pool = database.pool(outbox_consumer::MIN_POOL_SIZE * projects.len() + 1);
-    let read_pool = database.pool(4);
+    let pool = database.pool(outbox_consumer::MIN_POOL_SIZE * projects.len() + 1)?;
+    let read_pool = database.pool(4)?;
     let mut listen = database.config.clone();
     listen.application_name("outbox-listener");
     let listen = (!consume.no_listen).then_some(listen);
@@ -201,11 +215,12 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let mut hubs = BTreeMap::new();
     let mut probes = Vec::new();
     let mut consumers = tokio::task::JoinSet::new();
+    let mut children = Vec::new();
     for config in configs {
         let project = config.project_id.clone();
         let hub = Arc::new(hub::Hub::new(
             project.clone(),
-            consume.consumer_id.to_string(),
+            args.consumer_id.to_string(),
             args.ring_size as usize,
             args.client_queue as usize,
             args.lagged_grace,
@@ -213,10 +228,17 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         let child = consume.child.clone().map(|command| {
             ChildSink::new(
                 command,
-                consume.consumer_id.to_string(),
+                args.consumer_id.to_string(),
                 consume.child_timeout,
+                consume.child_stop_grace,
+                shutdown.clone(),
             )
         });
+        if let Some(child) = &child {
+            let force = child.clone();
+            signals.on_force(move || force.kill_now());
+            children.push(child.clone());
+        }
         let sink = Arc::new(hub::HubSink {
             hub: hub.clone(),
             child,
@@ -237,7 +259,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let state = Arc::new(http::AppState {
         hubs,
         probes,
-        consumer_id: consume.consumer_id.clone(),
+        consumer_id: args.consumer_id.clone(),
         schema: global.schema.clone(),
         read_pool,
         history: History::new(&global.schema),
@@ -260,7 +282,6 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         shutdown.clone(),
         args.drain_timeout,
     ));
-    let signals = tokio::spawn(forward_signals(shutdown.clone()));
 
     // The first consumer to stop for a reason other than shutdown stops the whole server.
     let mut failure = None;
@@ -273,7 +294,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             Ok((project, Err(e))) => {
                 tracing::error!(%project, error = %e, "consumer failed; stopping the server");
                 if failure.is_none() {
-                    failure = Some(classify(e));
+                    failure = Some(classify(e, consume.live_query.is_some(), "outbox serve"));
                 }
             }
             Err(e) => {
@@ -284,7 +305,9 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         }
         shutdown.cancel();
     }
-    signals.abort();
+    for child in &children {
+        child.close().await;
+    }
     let _ = server.await;
     if let Some(extra) = extra_metrics {
         let _ = extra.await;
