@@ -8,7 +8,7 @@
 #   BENCH_QUICK=1 bench/serve.sh    smoke run: 3 s per scenario, 200 clients
 #
 # Environment: BENCH_SSE_CLIENTS (1000), BENCH_SSE_RATE (2000), BENCH_SSE_SECONDS (10),
-# OUTBOX_BENCH_PG_DIR (<project>/.pg-bench-serve), OUTBOX_BENCH_PG_PORT (54334).
+# OUTBOX_BENCH_PG_DIR (<project>/.pg-bench-serve), OUTBOX_BENCH_PG_PORT (54335).
 # The report goes to stdout and to bench/RESULTS-serve.md; progress to stderr.
 set -euo pipefail
 
@@ -16,7 +16,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 pg_dir=${OUTBOX_BENCH_PG_DIR:-$root/.pg-bench-serve}
-pg_port=${OUTBOX_BENCH_PG_PORT:-54334}
+pg_port=${OUTBOX_BENCH_PG_PORT:-54335}
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
     clients=${BENCH_SSE_CLIENTS:-200}
     seconds=${BENCH_SSE_SECONDS:-3}
@@ -26,15 +26,16 @@ else
 fi
 rate=${BENCH_SSE_RATE:-2000}
 
-log() { echo "serve.sh: $*" >&2; }
-pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
+bench_name=serve.sh
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
 
 exec 9>"$pg_dir.lock"
 if ! flock -n 9; then
     log "another run is using $pg_dir; set OUTBOX_BENCH_PG_DIR and OUTBOX_BENCH_PG_PORT"
     exit 1
 fi
-trap 'pg down >/dev/null 2>&1 || log "could not stop the bench cluster"' EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Each SSE client is a socket on both ends.

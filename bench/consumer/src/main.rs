@@ -19,14 +19,13 @@
 
 mod catchup;
 mod latency;
-mod procfs;
 mod report;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use outbox_bench::{BoxResult, db, stats};
+use outbox_bench::{BoxResult, db, procfs, stats};
 
 /// Consumer benchmarks: catch-up throughput and peak RSS, and commit-to-handler latency.
 #[derive(Debug, Parser)]

@@ -11,13 +11,6 @@
 
 #![forbid(unsafe_code)]
 
-#[path = "../procfs.rs"]
-#[allow(dead_code)]
-mod procfs;
-#[path = "../stats.rs"]
-#[allow(dead_code)]
-mod stats;
-
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::str::FromStr;
@@ -33,7 +26,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_postgres::NoTls;
 
-type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use outbox_bench::{BoxResult, procfs, stats};
 
 /// Benchmark `outbox serve`'s SSE fan-out.
 #[derive(Debug, Parser)]
