@@ -33,6 +33,30 @@ pub struct Global {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// A pooler between this process and PostgreSQL: `transaction` for PgBouncer (or alike) in
+    /// transaction mode: no session state, unnamed statements only, and no LISTEN (consumers
+    /// poll). TLS settings go in the URL (sslmode, sslrootcert, sslcert, sslkey) or PGSSLMODE
+    /// and PGSSLROOTCERT.
+    #[arg(long, env = "OUTBOX_POOLER", global = true, value_enum, default_value_t = PoolerArg::None)]
+    pub pooler: PoolerArg,
+}
+
+/// `--pooler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PoolerArg {
+    /// A direct connection (or a session-mode pooler).
+    None,
+    /// A transaction-mode pooler such as PgBouncer with `pool_mode = transaction`.
+    Transaction,
+}
+
+impl From<PoolerArg> for outbox_core::Pooler {
+    fn from(arg: PoolerArg) -> Self {
+        match arg {
+            PoolerArg::None => outbox_core::Pooler::None,
+            PoolerArg::Transaction => outbox_core::Pooler::Transaction,
+        }
+    }
 }
 
 /// How logs are written to stderr.
@@ -83,6 +107,9 @@ pub enum Command {
 /// `outbox migrate`.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
+    /// List the pending migrations and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -119,7 +146,9 @@ impl Global {
                 "no database given: pass --database-url or set DATABASE_URL",
             )
         })?;
-        text.parse().map_err(crate::failure::Failure::usage)
+        let mut url: DatabaseUrl = text.parse().map_err(crate::failure::Failure::usage)?;
+        url.check_schema = Some(self.schema.clone());
+        Ok(url.with_pooler(self.pooler.into()))
     }
 }
 
@@ -164,7 +193,7 @@ pub struct ConsumeArgs {
     /// How long the child may take to answer one line.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub child_timeout: Duration,
-    /// Poll only; no LISTEN connection (for poolers in transaction mode).
+    /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,
     /// Exit at once (code 4) if another process holds this consumer's lease.

@@ -16,11 +16,16 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
 
     // Fail fast, naming the (redacted) URL, when the database cannot be reached at all;
     // once running, the consumer rides out outages instead.
+    // The same connection checks that the schema matches this build.
     drop(database.connect().await?);
-    let pool = database.pool(4);
-    let mut listen = database.config.clone();
+    let pool = database.pool(4)?;
+    let connector = database
+        .settings
+        .connector()
+        .map_err(|e| database.failure(e))?;
+    let mut listen = database.settings.wire_config();
     listen.application_name("outbox-listener");
-    let listen = (!args.no_listen).then_some(listen);
+    let listen = config.listen.then_some(listen);
 
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(forward_signals(shutdown.clone()));
@@ -28,9 +33,12 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let result = match args.child {
         Some(command) => {
             let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, config, sink, shutdown).await
+            run_with(pool, listen, connector, config, sink, shutdown).await
         }
-        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), shutdown).await,
+        None => {
+            let sink = StdoutSink::new(consumer_id);
+            run_with(pool, listen, connector, config, sink, shutdown).await
+        }
     };
     signals.abort();
     match result {
@@ -67,7 +75,9 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
     config.heartbeat_interval = args.heartbeat_interval;
     config.poll_interval = args.poll_interval;
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
-    config.listen = !args.no_listen;
+    config.pooler = global.pooler.into();
+    // `--pooler transaction` implies polling only.
+    config.listen = !args.no_listen && config.pooler == outbox_core::Pooler::None;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
     config.shutdown_grace = args.shutdown_grace;
@@ -107,6 +117,7 @@ async fn forward_signals(shutdown: CancellationToken) {
 async fn run_with<S>(
     pool: deadpool_postgres::Pool,
     listen: Option<tokio_postgres::Config>,
+    connector: outbox_core::Connector,
     config: ConsumerConfig,
     sink: S,
     shutdown: CancellationToken,
@@ -122,6 +133,7 @@ where
         SharedSink(sink.clone()),
         SharedSink(sink),
     )
+    .listen_tls(connector)
     .run(shutdown)
     .await
 }

@@ -1,19 +1,24 @@
-//! Database URLs and connections.
+//! Database URLs and connections: a thin shell over outbox-core's connection factory
+//! ([`outbox_core::ConnectSettings`]), which handles TLS and the pooler mode.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use tokio_postgres::{Client, Config, NoTls};
+use outbox_core::{ConnectError, ConnectSettings, Pooler, Schema};
+use tokio_postgres::Client;
 
 use crate::failure::Failure;
 
 /// A parsed `postgresql://` URL (or key=value string), with its text kept for messages.
 #[derive(Debug, Clone)]
 pub struct DatabaseUrl {
-    /// The parsed configuration.
-    pub config: Config,
     /// The URL with any password replaced, safe to print.
     pub redacted: String,
+    /// TLS settings and pooler mode, for the connection factory.
+    pub settings: ConnectSettings,
+    /// The schema whose version every connection checks before use (`None` for `migrate`,
+    /// which brings it up to date itself).
+    pub check_schema: Option<Schema>,
 }
 
 impl FromStr for DatabaseUrl {
@@ -21,8 +26,9 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let redacted = redact(text);
-        let mut config =
-            Config::from_str(text).map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
+        let mut settings = ConnectSettings::parse(text)
+            .map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
+        let config = &mut settings.config;
         if config.get_hosts().is_empty() {
             return Err(format!(
                 "invalid database URL {redacted}: it names no host or socket directory"
@@ -34,7 +40,11 @@ impl FromStr for DatabaseUrl {
         if config.get_application_name().is_none() {
             config.application_name("outbox");
         }
-        Ok(Self { config, redacted })
+        Ok(Self {
+            redacted,
+            settings,
+            check_schema: None,
+        })
     }
 }
 
@@ -88,36 +98,36 @@ fn redact_query_password(text: &str) -> String {
 }
 
 impl DatabaseUrl {
-    /// A small pool for a consumer runtime or a command.
-    pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        let manager = deadpool_postgres::Manager::from_config(
-            self.config.clone(),
-            NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        deadpool_postgres::Pool::builder(manager)
-            .max_size(size)
-            .build()
-            .expect("a pool without a runtime-specific hook always builds")
+    /// The same URL with `pooler` as its statement mode.
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.settings.pooler = pooler;
+        self
     }
 
-    /// Opens one connection; its driver task ends when the client is dropped.
+    /// A small pool for a consumer runtime or a command.
+    pub fn pool(&self, size: usize) -> Result<deadpool_postgres::Pool, Failure> {
+        self.settings.pool(size).map_err(|e| self.failure(e))
+    }
+
+    /// Opens one connection (its driver task ends when the client is dropped) and, unless
+    /// this is `migrate`, checks that the schema matches this build.
     pub async fn connect(&self) -> Result<Client, Failure> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| {
-            Failure::runtime(format!(
-                "cannot connect to {}: {}",
-                self.redacted,
-                outbox_core::describe(&e)
-            ))
-        })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection closed");
-            }
-        });
+        let client = self.settings.connect().await.map_err(|e| self.failure(e))?;
+        if let Some(schema) = &self.check_schema {
+            outbox_core::check_schema_version(&client, schema).await?;
+        }
         Ok(client)
+    }
+
+    /// A connection failure naming the (redacted) URL and the cause; settings that can never
+    /// work are usage errors.
+    pub fn failure(&self, e: ConnectError) -> Failure {
+        match e {
+            ConnectError::Invalid(message) => {
+                Failure::usage(format!("invalid database URL {}: {message}", self.redacted))
+            }
+            other => Failure::runtime(format!("cannot connect to {}: {other}", self.redacted)),
+        }
     }
 }
 

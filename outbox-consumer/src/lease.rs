@@ -6,6 +6,7 @@
 //! once it passes: a paused or partitioned process cannot keep acting on an expired lease
 //! while another process has already claimed it.
 
+use outbox_core::Unnamed as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -139,9 +140,12 @@ impl Lease {
     }
 
     /// After a rejected write: reads the consumer row to say why, and marks the lease lost.
-    pub async fn lose_after_rejection(&self, client: &impl GenericClient) -> ConsumerError {
+    pub async fn lose_after_rejection(
+        &self,
+        client: &(impl GenericClient + Sync),
+    ) -> ConsumerError {
         let loss = match client
-            .query_opt(&self.explain, &[&self.fence.project, &self.fence.consumer])
+            .query_opt_unnamed(&self.explain, &[&self.fence.project, &self.fence.consumer])
             .await
         {
             Ok(Some(row)) if row.get::<_, String>(0) == "retired" => Loss::Retired {
@@ -219,7 +223,7 @@ pub(crate) async fn claim(
         let client = pool.get().await?;
         let sent_at = Instant::now();
         let row = client
-            .query_opt(
+            .query_opt_unnamed(
                 &schema.render(sql::CLAIM),
                 &[&project, &consumer, &owner, &ttl_secs],
             )
@@ -247,7 +251,7 @@ pub(crate) async fn claim(
             }));
         }
         let row = client
-            .query_one(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
+            .query_one_unnamed(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
             .await?;
         let state: String = row.get(0);
         if state == "retired" {
@@ -299,13 +303,13 @@ async fn reactivate(
     let consumer = config.consumer_id.as_str();
     let tx = client.transaction().await?;
     let changed = tx
-        .execute(
+        .execute_unnamed(
             &config.schema.render(sql::REACTIVATE),
             &[&project, &consumer],
         )
         .await?;
     if changed == 1 {
-        tx.execute(
+        tx.execute_unnamed(
             &config.schema.render(sql::AUDIT),
             &[
                 &"lifecycle-observation:consumer-reactivated",
@@ -350,7 +354,11 @@ pub(crate) async fn heartbeat(
         let result = async {
             let client = pool.get().await?;
             let [p, c, o, g] = lease.fence.params();
-            if client.execute(&statement, &[p, c, o, g, &ttl_secs]).await? == 1 {
+            if client
+                .execute_unnamed(&statement, &[p, c, o, g, &ttl_secs])
+                .await?
+                == 1
+            {
                 Ok(())
             } else {
                 Err(lease.lose_after_rejection(&**client).await)
@@ -377,7 +385,9 @@ pub(crate) async fn heartbeat(
 pub(crate) async fn release(pool: &Pool, lease: &Lease, statement: &str) {
     let result = async {
         let client = pool.get().await?;
-        client.execute(statement, &lease.fence.params()).await?;
+        client
+            .execute_unnamed(statement, &lease.fence.params())
+            .await?;
         Ok::<_, ConsumerError>(())
     }
     .await;

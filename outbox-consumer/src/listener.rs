@@ -44,6 +44,7 @@ impl Drop for AbortOnDrop {
 /// and after each (re)connect.
 pub(crate) async fn listen(
     mut config: Config,
+    tls: Option<outbox_core::Connector>,
     channel: String,
     project: String,
     wake: Arc<Notify>,
@@ -59,7 +60,7 @@ pub(crate) async fn listen(
     loop {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = session(&config, &channel, &project, &wake) => outcome,
+            outcome = session(&config, tls.as_ref(), &channel, &project, &wake) => outcome,
         };
         match outcome {
             Ok(()) => failures = 0,
@@ -80,33 +81,24 @@ pub(crate) async fn listen(
 /// LISTEN succeeded), `Err` when it could not be set up.
 async fn session(
     config: &Config,
+    tls: Option<&outbox_core::Connector>,
     channel: &str,
     project: &str,
     wake: &Notify,
 ) -> Result<(), String> {
-    let (client, mut connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| format!("connect: {}", outbox_core::describe(&e)))?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
-    // The connection must be polled while the client runs statements, so it gets its own task.
-    let _driver = AbortOnDrop(tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = messages.next().await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if tx.send(n.payload().to_owned()).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "listener connection failed");
-                    return;
-                }
-            }
+    let connect_error =
+        |e: tokio_postgres::Error| format!("connect: {}", outbox_core::describe(&e));
+    let (client, _driver) = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls.tls()).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
         }
-    }));
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
+        }
+    };
     client
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
@@ -132,6 +124,35 @@ async fn session(
             }
         }
     }
+}
+
+/// Polls `connection` on its own task (it must be polled while the client runs statements),
+/// forwarding notification payloads to `tx`.
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: mpsc::UnboundedSender<String>,
+) -> AbortOnDrop
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    AbortOnDrop(tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n.payload().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "listener connection failed");
+                    return;
+                }
+            }
+        }
+    }))
 }
 
 #[cfg(test)]

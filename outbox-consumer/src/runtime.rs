@@ -1,6 +1,7 @@
 //! The consumer runtime: claim the lease, then loop over wake-ups, poll ticks and shutdown,
 //! delivering events in order from the cursor.
 
+use outbox_core::Unnamed as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,18 @@ pub struct Consumer<D, R> {
     dispatch: D,
     /// Receives the live set when the consumer falls back to reconciliation.
     reconciler: R,
+    /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
+    listen_tls: Option<outbox_core::Connector>,
+}
+
+impl<D, R> Consumer<D, R> {
+    /// Opens the LISTEN connection through `connector` (built by
+    /// [`outbox_core::ConnectSettings::connector`]), so that it uses the same TLS settings as
+    /// the pool; without it the listener connects without TLS.
+    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+        self.listen_tls = Some(connector);
+        self
+    }
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -65,6 +78,7 @@ impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
             config,
             dispatch: Plain(handler),
             reconciler,
+            listen_tls: None,
         }
     }
 }
@@ -84,6 +98,7 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             config,
             dispatch: InTransaction(handler),
             reconciler,
+            listen_tls: None,
         }
     }
 }
@@ -237,12 +252,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Err(e) => tracing::error!(error = %e, "retention sweep disabled"),
             }
         }
-        if let (true, Some(config)) = (self.config.listen, self.listen_config.clone()) {
+        // Behind a transaction pooler a LISTEN would be lost with its server session.
+        let listen = self.config.listen && self.config.pooler == outbox_core::Pooler::None;
+        if let (true, Some(config)) = (listen, self.listen_config.clone()) {
             let channel = self.config.schema.channel();
             let project = self.config.project_id.to_string();
             let (wake, stop) = (wake.clone(), stop.clone());
+            let tls = self.listen_tls.clone();
             tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                listener::listen(config, channel, project, wake, stop).await
+                listener::listen(config, tls, channel, project, wake, stop).await
             }))));
         }
         tasks
@@ -359,7 +377,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
 
         let rows = client
-            .query(
+            .query_unnamed(
                 &statements.read_batch,
                 &[&project.as_str(), &cursor, &self.config.batch_size],
             )
@@ -582,7 +600,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
         let task_ids: Vec<String> = tx
-            .query(&self.config.live_query, &[&project])
+            .query_unnamed(&self.config.live_query, &[&project])
             .await?
             .iter()
             .map(|row| row.get(0))
@@ -628,7 +646,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let rows = {
             let client = self.pool.get().await?;
             client
-                .query(
+                .query_unnamed(
                     &statements.replay_requested,
                     &[&project.as_str(), &consumer.as_str()],
                 )

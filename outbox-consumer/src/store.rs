@@ -1,6 +1,7 @@
 //! Fenced reads and writes of consumer state. Every write names the lease; a write that
 //! changes nothing means the lease is gone, and the lease is marked lost on the spot.
 
+use outbox_core::Unnamed as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -68,7 +69,7 @@ pub(crate) async fn lock_fence(
     let [p, c, o, g] = lease.fence.params();
     let idle_limit = lease.idle_limit_ms();
     if tx
-        .query_opt(&statements.lock_fence, &[p, c, o, g, &idle_limit])
+        .query_opt_unnamed(&statements.lock_fence, &[p, c, o, g, &idle_limit])
         .await?
         .is_none()
     {
@@ -95,7 +96,7 @@ pub(crate) async fn ack(
     }
     let [p, c, o, g] = lease.fence.params();
     if client
-        .execute(&statements.ack, &[p, c, o, g, &sequence])
+        .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence])
         .await?
         != 1
     {
@@ -114,14 +115,14 @@ pub(crate) async fn ack_in(
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
     if tx
-        .execute(&statements.ack, &[p, c, o, g, &sequence])
+        .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence])
         .await?
         != 1
     {
         return Err(lease.lose_after_rejection(tx).await);
     }
     if held.is_some_and(|held| held <= sequence) {
-        tx.execute(&statements.clear_passed_retries, &[p, c, &sequence])
+        tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &sequence])
             .await?;
     }
     Ok(())
@@ -129,11 +130,13 @@ pub(crate) async fn ack_in(
 
 /// The project's head and retention floor.
 pub(crate) async fn bounds(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     statements: &Statements,
     project: &str,
 ) -> Result<(i64, i64), ConsumerError> {
-    let row = client.query_one(&statements.bounds, &[&project]).await?;
+    let row = client
+        .query_one_unnamed(&statements.bounds, &[&project])
+        .await?;
     Ok((row.get(0), row.get(1)))
 }
 
@@ -147,14 +150,14 @@ pub(crate) struct Held {
 
 /// Loads the retry state of the event after `cursor`, if it failed before.
 pub(crate) async fn load_held(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     statements: &Statements,
     lease: &Lease,
     cursor: i64,
 ) -> Result<Option<Held>, ConsumerError> {
     let next = cursor + 1;
     let row = client
-        .query_opt(
+        .query_opt_unnamed(
             &statements.held,
             &[&lease.fence.project, &lease.fence.consumer, &next],
         )
@@ -216,7 +219,7 @@ pub(crate) async fn record_failure(
     let attempts_i32 = attempts as i32;
     match delay {
         Some(delay) => {
-            tx.execute(
+            tx.execute_unnamed(
                 &statements.record_retry,
                 &[
                     p,
@@ -231,7 +234,7 @@ pub(crate) async fn record_failure(
             .await?;
         }
         None => {
-            tx.execute(
+            tx.execute_unnamed(
                 &statements.park,
                 &[
                     p,
@@ -253,7 +256,7 @@ pub(crate) async fn record_failure(
             )
             .await?;
             if tx
-                .execute(&statements.ack, &[p, c, o, g, &event.sequence])
+                .execute_unnamed(&statements.ack, &[p, c, o, g, &event.sequence])
                 .await?
                 != 1
             {
@@ -277,11 +280,11 @@ pub(crate) async fn record_replay(
     // The operator may have resolved the letter meanwhile: then nothing is recorded.
     let attempts: Option<i32> = match result {
         Ok(()) => tx
-            .query_opt(&statements.mark_replayed, &[p, c, &event.event_id])
+            .query_opt_unnamed(&statements.mark_replayed, &[p, c, &event.event_id])
             .await?
             .map(|row| row.get(0)),
         Err(failure) => tx
-            .query_opt(
+            .query_opt_unnamed(
                 &statements.mark_replay_failed,
                 &[p, c, &event.event_id, &failure.class.as_str()],
             )
@@ -313,7 +316,7 @@ pub(crate) async fn record_replay(
 
 /// Appends an audit row for this consumer.
 pub(crate) async fn audit(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     statements: &Statements,
     kind: &str,
     lease: &Lease,
@@ -321,7 +324,7 @@ pub(crate) async fn audit(
     count: Option<i64>,
 ) -> Result<(), ConsumerError> {
     client
-        .execute(
+        .execute_unnamed(
             &statements.audit,
             &[
                 &kind,
@@ -353,8 +356,9 @@ pub(crate) async fn set_cursor(
     } else {
         &statements.ack
     };
-    tx.execute(statement, &[p, c, o, g, &cursor]).await?;
-    tx.execute(&statements.clear_passed_retries, &[p, c, &cursor])
+    tx.execute_unnamed(statement, &[p, c, o, g, &cursor])
+        .await?;
+    tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &cursor])
         .await?;
     if let Some(live) = reconciled {
         audit(&*tx, statements, AUDIT_RECONCILED, lease, None, Some(live)).await?;

@@ -26,6 +26,7 @@
 //! - Reads of several tables ([`Admin::status`], [`Admin::dead_letter`]) come from one
 //!   snapshot, and ages are measured on the database clock.
 
+use crate::stmt::Unnamed as _;
 use std::fmt;
 use std::time::Duration;
 
@@ -1164,8 +1165,8 @@ impl Admin {
         let pruner = self.status_pruner(thresholds)?;
         let limit = thresholds.max_prunable.saturating_add(1);
         let tx = Self::snapshot(client).await?;
-        let as_of: DateTime<Utc> = tx.query_one("SELECT now()", &[]).await?.get(0);
-        let rows = tx.query(&self.sql.projects, &[&filter]).await?;
+        let as_of: DateTime<Utc> = tx.query_one_unnamed("SELECT now()", &[]).await?.get(0);
+        let rows = tx.query_unnamed(&self.sql.projects, &[&filter]).await?;
         let mut projects = Vec::with_capacity(rows.len());
         for row in &rows {
             let mut status = ProjectStatus {
@@ -1253,7 +1254,7 @@ impl Admin {
             return Ok(());
         };
         let retained_after = |sequence: i64| async move {
-            tx.query_opt(&self.sql.retained_after, &[&project, &sequence])
+            tx.query_opt_unnamed(&self.sql.retained_after, &[&project, &sequence])
                 .await
                 .map(|row| row.map(|row| (row.get(0), row.get(1))))
         };
@@ -1296,7 +1297,7 @@ impl Admin {
         project: Option<&str>,
         consumer: Option<&str>,
     ) -> Result<Vec<ConsumerInfo>, AdminError> {
-        tx.query(&self.sql.consumers, &[&project, &consumer])
+        tx.query_unnamed(&self.sql.consumers, &[&project, &consumer])
             .await?
             .iter()
             .map(decode_consumer)
@@ -1320,7 +1321,7 @@ impl Admin {
         .collect();
         let tx = Self::snapshot(client).await?;
         let rows = tx
-            .query(
+            .query_unnamed(
                 &self.sql.dead_letters,
                 &[
                     &filter.project.as_ref().map(ProjectId::as_str),
@@ -1350,7 +1351,7 @@ impl Admin {
     ) -> Result<DeadLetterDetail, AdminError> {
         let tx = Self::snapshot(client).await?;
         let row = tx
-            .query_opt(
+            .query_opt_unnamed(
                 &self.sql.dead_letter,
                 &[&project.as_str(), &consumer.as_str(), &event.as_str()],
             )
@@ -1408,7 +1409,7 @@ impl Admin {
         };
         let target = || Target::consumer(project, consumer);
         let row = tx
-            .query_opt(statement, &[&project.as_str(), &consumer.as_str()])
+            .query_opt_unnamed(statement, &[&project.as_str(), &consumer.as_str()])
             .await
             .map_err(AdminError::on(target()))?
             .ok_or_else(|| AdminError::NotFound { target: target() })?;
@@ -1446,7 +1447,7 @@ impl Admin {
             ReplayTarget::One(event) => {
                 let target = Target::dead_letter(project, consumer, event);
                 let row = tx
-                    .query_opt(
+                    .query_opt_unnamed(
                         &self.sql.delivery_for_update,
                         &[&project.as_str(), &consumer.as_str(), &event.as_str()],
                     )
@@ -1476,7 +1477,7 @@ impl Admin {
             }
             ReplayTarget::AllDead => {
                 let rows = tx
-                    .query(
+                    .query_unnamed(
                         &self.sql.dead_for_update,
                         &[&project.as_str(), &consumer.as_str()],
                     )
@@ -1492,7 +1493,7 @@ impl Admin {
         };
         if !requested.is_empty() {
             let changed = tx
-                .execute(
+                .execute_unnamed(
                     &self.sql.request_replay,
                     &[&project.as_str(), &consumer.as_str(), &requested],
                 )
@@ -1528,7 +1529,7 @@ impl Admin {
         let target = Target::dead_letter(project, consumer, event);
         let params = [project.as_str(), consumer.as_str(), event.as_str()];
         let row = tx
-            .query_opt(
+            .query_opt_unnamed(
                 &self.sql.delivery_for_update,
                 &[&params[0], &params[1], &params[2]],
             )
@@ -1563,7 +1564,7 @@ impl Admin {
             }
         }
         let row = tx
-            .query_one(
+            .query_one_unnamed(
                 &self.sql.resolve,
                 &[
                     &params[0],
@@ -1576,7 +1577,7 @@ impl Admin {
             .await?;
         let attempts: i32 = row.get(0);
         let resolved_at: DateTime<Utc> = row.get(1);
-        tx.execute(
+        tx.execute_unnamed(
             &self.sql.audit,
             &[
                 &AuditKind::DeadLetterResolved.as_str(),
@@ -1631,13 +1632,13 @@ impl Admin {
         }
         let (p, c) = (project.as_str(), consumer.as_str());
         let retired = tx
-            .query_one(&self.sql.retire, &[&p, &c, &by.as_str(), &reason.as_str()])
+            .query_one_unnamed(&self.sql.retire, &[&p, &c, &by.as_str(), &reason.as_str()])
             .await?;
         let unresolved: i64 = tx
-            .query_one(&self.sql.unresolved_count, &[&p, &c])
+            .query_one_unnamed(&self.sql.unresolved_count, &[&p, &c])
             .await?
             .get(0);
-        tx.execute(
+        tx.execute_unnamed(
             &self.sql.audit,
             &[
                 &AuditKind::ConsumerRetired.as_str(),
@@ -1681,7 +1682,7 @@ impl Admin {
         .collect();
         let tx = Self::snapshot(client).await?;
         let rows = tx
-            .query(
+            .query_unnamed(
                 &self.sql.audit_trail,
                 &[
                     &filter.project.as_ref().map(ProjectId::as_str),

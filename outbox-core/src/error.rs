@@ -42,6 +42,19 @@ pub enum Error {
         /// Migration name.
         name: String,
     },
+    /// The schema lacks migrations this build needs (or was never migrated).
+    #[error(
+        "schema {schema} is at migration {applied}, but this build needs migration(s) \
+         {needed:?}: run `outbox migrate` first"
+    )]
+    SchemaBehind {
+        /// The schema.
+        schema: String,
+        /// The highest applied version (0: never migrated).
+        applied: i32,
+        /// The versions this build carries that are not applied.
+        needed: Vec<i32>,
+    },
     /// The writer was called from inside an observed dispatch, which would double-fire the
     /// writer-owned delete side effects.
     #[error(

@@ -33,6 +33,7 @@
 
 mod admin;
 mod admin_sql;
+mod connect;
 mod error;
 mod event;
 mod ids;
@@ -43,6 +44,7 @@ mod retention_sql;
 mod schema;
 mod sequencer;
 mod sql;
+mod stmt;
 mod writer;
 
 pub use admin::{
@@ -53,13 +55,20 @@ pub use admin::{
     ReplayRequest, ReplayTarget, Resolution, Retirement, RetryingEvent, Status, Target,
     UnknownValue, consumer_health, project_health,
 };
+pub use connect::{
+    ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
+    explain as explain_connect_error,
+};
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{
     MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, PAYLOAD_VERSION, Prior, TASK_DELETED, TaskDeleted,
     ValidationError, format_timestamp,
 };
 pub use ids::{ConsumerId, IdError, MAX_ID_LEN, ProjectId, TaskId, WriterProcessId};
-pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
+pub use migrate::{
+    MIGRATIONS, Migration, MigrationReport, SchemaVersion, check_schema_version, migrate,
+    migrate_with, schema_version,
+};
 pub use observed::{in_observed_dispatch, observe};
 pub use retention::{
     DEFAULT_PRUNE_ACTOR, DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH,
@@ -68,4 +77,5 @@ pub use retention::{
 };
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
+pub use stmt::Unnamed;
 pub use writer::{WriteOutcome, Writer};

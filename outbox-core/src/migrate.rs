@@ -11,6 +11,7 @@ use tokio_postgres::Client;
 use crate::error::Error;
 use crate::schema::Schema;
 use crate::sql;
+use crate::stmt::Unnamed;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
@@ -61,12 +62,12 @@ pub async fn migrate_with(
     migrations: &[Migration],
 ) -> Result<MigrationReport, Error> {
     let tx = client.transaction().await?;
-    tx.execute(sql::LOCK, &[&schema.lock_key("migrate")])
+    tx.execute_unnamed(sql::LOCK, &[&schema.lock_key("migrate")])
         .await?;
     tx.batch_execute(&schema.render(sql::MIGRATIONS_TABLE))
         .await?;
     let applied = tx
-        .query(&schema.render(sql::APPLIED_MIGRATIONS), &[])
+        .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
         .await?;
 
     let mut report = MigrationReport::default();
@@ -95,7 +96,7 @@ pub async fn migrate_with(
         }
         tracing::info!(version = migration.version, name = migration.name, schema = %schema, "applying migration");
         tx.batch_execute(&schema.render(migration.template)).await?;
-        tx.execute(
+        tx.execute_unnamed(
             &schema.render(sql::RECORD_MIGRATION),
             &[&migration.version, &migration.name, &migration.checksum()],
         )
@@ -104,6 +105,87 @@ pub async fn migrate_with(
     }
     tx.commit().await?;
     Ok(report)
+}
+
+/// Where a schema stands against this build's migrations, read without taking any lock.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SchemaVersion {
+    /// Versions recorded in the database (empty when the schema was never migrated).
+    pub applied: Vec<i32>,
+    /// This build's migrations not yet applied, in order.
+    pub pending: Vec<Migration>,
+}
+
+impl PartialEq for Migration {
+    fn eq(&self, other: &Self) -> bool {
+        self.version == other.version && self.name == other.name
+    }
+}
+
+impl Eq for Migration {}
+
+/// Reads which of this build's migrations `schema` lacks (for `migrate --dry-run`), checking
+/// that every applied one is known and unchanged, as [`migrate`] would.
+pub async fn schema_version(
+    client: &(impl tokio_postgres::GenericClient + Sync),
+    schema: &Schema,
+) -> Result<SchemaVersion, Error> {
+    let table = format!("{}.schema_migrations", schema.quoted());
+    let exists: bool = client
+        .query_one_unnamed("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0);
+    let mut version = SchemaVersion::default();
+    if exists {
+        let rows = client
+            .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
+            .await?;
+        for row in &rows {
+            let applied: i32 = row.try_get(0)?;
+            let name: String = row.try_get(1)?;
+            let recorded: String = row.try_get(2)?;
+            let Some(known) = MIGRATIONS.iter().find(|m| m.version == applied) else {
+                return Err(Error::UnknownMigration {
+                    version: applied,
+                    name,
+                });
+            };
+            let expected = known.checksum();
+            if recorded != expected {
+                return Err(Error::ChecksumMismatch {
+                    version: applied,
+                    name,
+                    recorded,
+                    expected,
+                });
+            }
+            version.applied.push(applied);
+        }
+    }
+    version.pending = MIGRATIONS
+        .iter()
+        .filter(|m| !version.applied.contains(&m.version))
+        .copied()
+        .collect();
+    Ok(version)
+}
+
+/// Refuses to run against a schema this build does not match: one migrated by a newer build
+/// (it may have changed what this code relies on), or one missing migrations this build
+/// needs. Every command but `migrate` calls this first.
+pub async fn check_schema_version(
+    client: &(impl tokio_postgres::GenericClient + Sync),
+    schema: &Schema,
+) -> Result<(), Error> {
+    let version = schema_version(client, schema).await?;
+    if version.pending.is_empty() {
+        return Ok(());
+    }
+    Err(Error::SchemaBehind {
+        schema: schema.name().to_owned(),
+        applied: version.applied.iter().copied().max().unwrap_or(0),
+        needed: version.pending.iter().map(|m| m.version).collect(),
+    })
 }
 
 #[cfg(test)]

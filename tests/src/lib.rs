@@ -14,9 +14,9 @@ use std::process::Command;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use outbox_core::Schema;
+use outbox_core::{ConnectSettings, Schema};
 use tokio::sync::OnceCell;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
 
 /// A database of its own for one test.
 #[derive(Debug, Clone)]
@@ -35,32 +35,21 @@ impl TestDb {
         connect(&self.config).await
     }
 
-    /// A deadpool pool of at most `size` connections.
+    /// A deadpool pool of at most `size` connections, from outbox-core's connection factory.
     pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        let manager = deadpool_postgres::Manager::from_config(
-            self.config.clone(),
-            NoTls,
-            deadpool_postgres::ManagerConfig {
-                recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-            },
-        );
-        deadpool_postgres::Pool::builder(manager)
-            .max_size(size)
-            .build()
+        ConnectSettings::from_config(self.config.clone())
+            .pool(size)
             .expect("pool builds")
     }
 }
 
-/// Opens a connection whose driver task runs on the current runtime.
+/// Opens a connection (through outbox-core's connection factory) whose driver task runs on the
+/// current runtime.
 pub async fn connect(config: &Config) -> Client {
-    let (client, connection) = config
-        .connect(NoTls)
+    ConnectSettings::from_config(config.clone())
+        .connect()
         .await
-        .expect("connect to test database");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
+        .expect("connect to test database")
 }
 
 /// The cluster's URL (of its `postgres` database).
