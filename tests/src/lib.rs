@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod consumer_kit;
+pub mod pgbouncer;
 pub mod process_kit;
 
 use std::process::Command;
@@ -94,6 +95,11 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 fn cluster() -> &'static str {
     CLUSTER.get_or_init(cluster_url)
+}
+
+/// The cluster's URL, resolved once per test binary.
+pub fn cluster_url_cached() -> &'static str {
+    cluster()
 }
 
 async fn admin() -> Client {
