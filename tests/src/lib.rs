@@ -10,6 +10,7 @@
 pub mod consumer_kit;
 pub mod pgbouncer;
 pub mod process_kit;
+pub mod tls_cluster;
 
 use std::process::Command;
 use std::str::FromStr;
