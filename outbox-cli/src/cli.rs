@@ -152,6 +152,36 @@ impl Global {
     }
 }
 
+impl Global {
+    /// The role this process connects as (the URL's user), for messages; `None` when the URL
+    /// is missing or invalid (the command then fails on that first).
+    pub fn role(&self) -> Option<String> {
+        let url: DatabaseUrl = self.database_url.as_deref()?.parse().ok()?;
+        url.settings.config.get_user().map(str::to_owned)
+    }
+}
+
+impl Command {
+    /// What the command does, as in "role R may not ...".
+    pub fn action(&self) -> &'static str {
+        use crate::consumers_cmd::ConsumersCommand as C;
+        use crate::dead_letters_cmd::DeadLettersCommand as D;
+        match self {
+            Command::Migrate(_) => "migrate the outbox schema",
+            Command::Sequence(_) => "number events (outbox sequence)",
+            Command::Consume(_) => "consume events (read events, move its cursor and lease)",
+            Command::Prune(_) => "prune events and settled dead letters",
+            Command::Status(_) => "read the outbox status",
+            Command::Consumers(C::List(_)) => "list consumers",
+            Command::Consumers(C::Retire(_)) => "retire consumers",
+            Command::DeadLetters(D::List(_) | D::Show(_)) => "read dead letters",
+            Command::DeadLetters(D::Replay(_)) => "replay dead letters",
+            Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",
+            Command::Audit(_) => "read the audit trail",
+        }
+    }
+}
+
 impl Cli {
     /// Logs go to stderr, so stdout stays machine-readable.
     pub fn init_logging(&self) {

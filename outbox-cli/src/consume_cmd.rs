@@ -56,6 +56,9 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
 }
 
 fn classify(e: ConsumerError) -> Failure {
+    if let Some(denied) = crate::failure::permission_denied(&e) {
+        return denied;
+    }
     let code = match &e {
         ConsumerError::Config(_) => ExitCode::Usage,
         ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,

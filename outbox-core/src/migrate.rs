@@ -35,11 +35,18 @@ impl Migration {
 }
 
 /// Every migration this build carries, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    template: include_str!("../../sql/0001_init.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        template: include_str!("../../sql/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "roles",
+        template: include_str!("../../sql/0002_roles.sql"),
+    },
+];
 
 /// What a migration run did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
