@@ -84,3 +84,49 @@ BEGIN
     EXECUTE format('GRANT INSERT, UPDATE (count) ON %I.lifecycle_audit TO %I', s, operator);
 END
 $migration$;
+
+-- Per-project row security (optional; inert until `outbox migrate --row-security` enables it
+-- on the tables below). A role is bound to projects by rows of lifecycle_role_projects; a
+-- member of a bound role (directly or through role membership) sees and writes only rows of
+-- those projects, `*` binding every project. Bound or not, the tables' owner is exempt, as
+-- PostgreSQL exempts owners from row security unless forced.
+CREATE TABLE {{schema}}.lifecycle_role_projects (
+    role_name  text NOT NULL,
+    project_id text NOT NULL,
+    PRIMARY KEY (role_name, project_id)
+);
+
+-- Whether `caller` may see rows of `project`. SECURITY DEFINER so that the policies can read
+-- the bindings without every role being able to read them; it reads only, and its
+-- search_path is pinned so no object of the caller's can stand in for the catalog's.
+CREATE FUNCTION {{schema}}.project_allowed(project text, caller name)
+RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT EXISTS (
+        SELECT 1
+        FROM {{schema}}.lifecycle_role_projects b
+        JOIN pg_catalog.pg_roles r ON r.rolname = b.role_name
+        WHERE (b.project_id = project OR b.project_id = '*')
+          AND pg_catalog.pg_has_role(caller, r.oid, 'USAGE'))
+$fn$;
+
+DO $policies$
+DECLARE
+    s text := trim(both '"' from '{{schema}}');
+    t text;
+BEGIN
+    EXECUTE format('REVOKE ALL ON FUNCTION %I.project_allowed(text, name) FROM PUBLIC', s);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %I.project_allowed(text, name) TO %I, %I, %I',
+                   s, s || '_writer', s || '_consumer', s || '_operator');
+    FOREACH t IN ARRAY ARRAY['lifecycle_outbox', 'lifecycle_project_heads',
+                             'lifecycle_consumer_cursors', 'lifecycle_deliveries',
+                             'lifecycle_audit'] LOOP
+        EXECUTE format('CREATE POLICY project_binding ON %I.%I TO %I, %I, %I '
+                       'USING (%I.project_allowed(project_id, current_user)) '
+                       'WITH CHECK (%I.project_allowed(project_id, current_user))',
+                       s, t, s || '_writer', s || '_consumer', s || '_operator', s, s);
+    END LOOP;
+END
+$policies$;

@@ -108,8 +108,13 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// List the pending migrations and change nothing.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "row_security")]
     pub dry_run: bool,
+    /// Also enable per-project row security: the schema's writer, consumer and operator
+    /// roles then see and write only the projects bound to them in lifecycle_role_projects
+    /// (see README, Deploying). Idempotent.
+    #[arg(long)]
+    pub row_security: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,

@@ -12,6 +12,9 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
         return dry_run(global, &client, args.output).await;
     }
     let report = outbox_core::migrate(&mut client, &global.schema).await?;
+    if args.row_security {
+        outbox_core::enable_row_security(&mut client, &global.schema).await?;
+    }
     match args.output {
         Output::Json => println!(
             "{}",
@@ -19,6 +22,7 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
                 "schema": global.schema.name(),
                 "applied": report.applied,
                 "already_applied": report.already_applied,
+                "row_security": args.row_security,
             })
         ),
         Output::Table => {
@@ -32,6 +36,12 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
                 println!(
                     "schema {}: applied migration(s) {:?}",
                     global.schema, report.applied
+                );
+            }
+            if args.row_security {
+                println!(
+                    "schema {}: per-project row security is on for its roles",
+                    global.schema
                 );
             }
         }

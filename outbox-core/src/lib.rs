@@ -41,6 +41,7 @@ mod migrate;
 mod observed;
 mod retention;
 mod retention_sql;
+mod row_security;
 mod schema;
 mod sequencer;
 mod sql;
@@ -75,6 +76,7 @@ pub use retention::{
     MAX_RETENTION, ProjectPrune, PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep,
     SweepProgress,
 };
+pub use row_security::{ROW_SECURITY_TABLES, enable_row_security};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
 pub use stmt::Unnamed;
