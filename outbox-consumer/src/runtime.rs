@@ -163,7 +163,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ))
             .into());
         }
-        let statements = Arc::new(Statements::new(&self.config.schema));
+        let statements = Arc::new(Statements {
+            // Direct connections keep the hot path's statements prepared per connection.
+            cached: self.config.pooler == outbox_core::Pooler::None,
+            ..Statements::new(&self.config.schema)
+        });
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
@@ -376,12 +380,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return Ok(Step::Idle);
         }
 
-        let rows = client
-            .query_unnamed(
-                &statements.read_batch,
-                &[&project.as_str(), &cursor, &self.config.batch_size],
-            )
-            .await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&project.as_str(), &cursor, &self.config.batch_size];
+        let rows = if statements.cached {
+            let statement = client.prepare_cached(&statements.read_batch).await?;
+            client.query(&statement, &params).await?
+        } else {
+            client
+                .query_unnamed(&statements.read_batch, &params)
+                .await?
+        };
         drop(client);
         if rows.is_empty() {
             return Ok(Step::Idle);

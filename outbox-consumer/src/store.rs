@@ -31,6 +31,9 @@ pub(crate) struct Statements {
     pub mark_replayed: String,
     pub mark_replay_failed: String,
     pub audit: String,
+    /// Whether the hot-path statements (batch read, acknowledgement) may be prepared once per
+    /// connection and cached: only on direct connections, never behind a transaction pooler.
+    pub cached: bool,
 }
 
 impl Statements {
@@ -51,6 +54,7 @@ impl Statements {
             mark_replayed: schema.render(sql::MARK_REPLAYED),
             mark_replay_failed: schema.render(sql::MARK_REPLAY_FAILED),
             audit: schema.render(sql::AUDIT),
+            cached: false,
         }
     }
 }
@@ -95,11 +99,14 @@ pub(crate) async fn ack(
         return Ok(());
     }
     let [p, c, o, g] = lease.fence.params();
-    if client
-        .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence])
-        .await?
-        != 1
-    {
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [p, c, o, g, &sequence];
+    let acked = if statements.cached {
+        let statement = client.prepare_cached(&statements.ack).await?;
+        client.execute(&statement, &params).await?
+    } else {
+        client.execute_unnamed(&statements.ack, &params).await?
+    };
+    if acked != 1 {
         return Err(lease.lose_after_rejection(&***client).await);
     }
     Ok(())
