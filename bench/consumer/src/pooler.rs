@@ -1,8 +1,9 @@
 //! Catch-up through a transaction-mode pooler (PgBouncer) beside catch-up on a direct
 //! connection, on one backlog: what the pooler costs a consumer catching up.
 //!
-//! Both sides run the same child (`catch-up-worker`, the runtime's defaults, LISTEN off) and
-//! send the same unnamed statements; the pooled side connects over TCP to PgBouncer, which
+//! Both sides run the same child (`catch-up-worker`, the runtime's defaults, LISTEN off); the
+//! direct side keeps its batch read and acknowledgement prepared per connection, the pooled
+//! side (`Pooler::Transaction`) sends every statement unnamed, over TCP to PgBouncer, which
 //! holds a few server connections over the cluster's Unix socket. Repetitions alternate
 //! direct and pooled runs so that other work on the machine hits both alike.
 
@@ -105,7 +106,8 @@ pub async fn compare(args: PoolerArgs) -> BoxResult<String> {
         "- Each run: a child `catch-up-worker` with a fresh consumer ID drains the backlog with \
          the runtime's defaults (batches of 500, LISTEN off, embedded sequencer and retention \
          sweep on), a pool of 4; `direct` connects to the cluster, `pgbouncer` through the \
-         pooler with `Pooler::Transaction`. Both send unnamed statements (one round trip each). \
+         pooler with `Pooler::Transaction`. Direct keeps the batch read and acknowledgement \
+         prepared per connection; pooled sends every statement unnamed (one round trip each). \
          Time = `Consumer::run` call to its return. Runs alternate direct and pooled; {} \
          repetition(s) each.",
         args.reps.max(1)
