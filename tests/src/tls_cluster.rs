@@ -16,6 +16,9 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+/// The role that must authenticate with a client certificate (`cert` in `pg_hba.conf`).
+pub const CERT_USER: &str = "certuser";
+
 /// A running TLS-only cluster; stopped and removed when dropped.
 pub struct TlsCluster {
     /// Working directory: data, certificates, log.
@@ -26,6 +29,10 @@ pub struct TlsCluster {
     pub ca: PathBuf,
     /// A CA that signed nothing here (PEM file).
     pub other_ca: PathBuf,
+    /// A client certificate for role [`CERT_USER`], signed by the CA (PEM file).
+    pub client_cert: PathBuf,
+    /// Its private key (PEM file).
+    pub client_key: PathBuf,
     bindir: PathBuf,
     root: bool,
 }
@@ -100,6 +107,20 @@ impl TlsCluster {
             .signed_by(&server_key, &issuer)
             .expect("sign server certificate");
 
+        let mut client = CertificateParams::new(Vec::<String>::new()).expect("params");
+        client
+            .distinguished_name
+            .push(DnType::CommonName, CERT_USER);
+        client.use_authority_key_identifier_extension = true;
+        client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client_key = KeyPair::generate().expect("client key");
+        let client_cert = client
+            .signed_by(&client_key, &issuer)
+            .expect("sign client certificate");
+        std::fs::write(dir.join("client.crt"), client_cert.pem()).unwrap();
+        std::fs::write(dir.join("client.key"), client_key.serialize_pem()).unwrap();
+
         let ca = dir.join("ca.pem");
         let other_ca = dir.join("other-ca.pem");
         std::fs::write(&ca, ca_pem).unwrap();
@@ -112,6 +133,8 @@ impl TlsCluster {
             .map(|a| a.port())
             .expect("free port");
         let cluster = Self {
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
             dir,
             port,
             ca,
@@ -150,14 +173,18 @@ impl TlsCluster {
         let conf = format!(
             "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = ''\n\
              ssl = on\nssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
+             ssl_ca_file = '{d}/ca.pem'\n\
              fsync = off\nmax_connections = 50\nlog_min_messages = warning\n",
             d = cluster.dir.display()
         );
         append(&data.join("postgresql.conf"), &conf);
-        // TLS connections only: no `host` or `local` lines.
+        // TLS connections only: no `host` or `local` lines. CERT_USER must present a client
+        // certificate signed by the CA.
         std::fs::write(
             data.join("pg_hba.conf"),
-            "hostssl all all 127.0.0.1/32 trust\n",
+            format!(
+                "hostssl all {CERT_USER} 127.0.0.1/32 cert\nhostssl all all 127.0.0.1/32 trust\n"
+            ),
         )
         .unwrap();
         let pg_ctl = cluster.bindir.join("pg_ctl").display().to_string();

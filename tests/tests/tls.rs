@@ -14,7 +14,7 @@ use outbox_core::{
 use outbox_tests::TASKS_TABLE;
 use outbox_tests::consumer_kit::eventually;
 use outbox_tests::process_kit::{ConsumeProcess, outbox_binary, run_outbox};
-use outbox_tests::tls_cluster::TlsCluster;
+use outbox_tests::tls_cluster::{CERT_USER, TlsCluster};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -140,6 +140,33 @@ async fn tls_modes_work_and_failures_name_their_cause() {
     );
     let (code, _, err) = run_outbox(&["--database-url", &by_address, "status"]).await;
     assert_eq!(code, 0, "verify-ca by address: {err}");
+
+    // A client certificate (sslcert, sslkey) authenticates a `cert` role; without one it is
+    // refused.
+    admin
+        .connect()
+        .await
+        .unwrap()
+        .batch_execute(&format!("CREATE ROLE {CERT_USER} LOGIN SUPERUSER"))
+        .await
+        .unwrap();
+    let cert_url = cluster
+        .url(
+            "localhost",
+            "app",
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        )
+        .replacen("postgres@", &format!("{CERT_USER}@"), 1);
+    let with_cert = format!(
+        "{cert_url}&sslcert={}&sslkey={}",
+        cluster.client_cert.display(),
+        cluster.client_key.display()
+    );
+    let (code, _, err) = run_outbox(&["--database-url", &with_cert, "status"]).await;
+    assert_eq!(code, 0, "client certificate: {err}");
+    let (code, _, err) = run_outbox(&["--database-url", &cert_url, "status"]).await;
+    assert_eq!(code, 1, "no client certificate must be refused");
+    assert!(err.contains("certificate"), "{err}");
 
     // PGSSLMODE and PGSSLROOTCERT stand in for URL parameters.
     let output = tokio::process::Command::new(outbox_binary())
