@@ -24,9 +24,9 @@ cd "$root"
 pg_dir=${OUTBOX_BENCH_PG_DIR:-$root/.pg-bench-consumer}
 pg_port=${OUTBOX_BENCH_PG_PORT:-54332}
 
-log() { echo "consumer.sh: $*" >&2; }
-
-pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
+bench_name=consumer.sh
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
 
 # Two runs on one cluster directory would reset each other's cluster mid-run (and the first
 # to finish would stop the other's): refuse a second one. Taken before the trap is set, so a
@@ -38,12 +38,7 @@ if ! flock -n 9; then
     exit 1
 fi
 
-cleanup() {
-    local status=$?
-    pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
-    exit "$status"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 log "building outbox-bench (release)"

@@ -45,38 +45,21 @@ results_file=$root/bench/RESULTS-prune.md
 cores=$(nproc)
 threads=$(( clients < cores ? clients : cores ))
 
-log() { echo "prune.sh: $*" >&2; }
-
-pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
-
+bench_name=prune.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-prune-bench.XXXXXX")
-sequencer_pid=
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
 writers_pid=
-cleanup() {
-    local status=$?
-    # The writers' loop ends after its current 5 s chunk once the stop file exists.
+# The writers' loop ends after its current 5 s chunk once the stop file exists.
+bench_cleanup_extra() {
     [ -z "$writers_pid" ] || { touch "$work/stop"; wait "$writers_pid" 2>/dev/null || true; }
-    if [ -n "$sequencer_pid" ]; then
-        kill -TERM "$sequencer_pid" 2>/dev/null || true
-        wait "$sequencer_pid" 2>/dev/null || true
-    fi
-    pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
-    rm -rf "$work"
-    exit "$status"
 }
-trap cleanup EXIT
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- cluster and binary --------------------------------------------------------------------
 
-log "building the CLI (release)"
-cargo build --release -p outbox-cli >&2
-outbox=$root/target/release/outbox
-
-log "resetting the bench cluster in $pg_dir (port $pg_port)"
-DATABASE_URL=$(pg reset)
-export DATABASE_URL
-sql() { psql "$DATABASE_URL" -X -q -t -A -v ON_ERROR_STOP=1 "$@"; }
+bench_cluster
 
 load_at_start=$(cut -d' ' -f1-3 /proc/loadavg)
 log "migrating the outbox schema"
@@ -92,26 +75,6 @@ cat >"$work/write.sql" <<SQL
 SELECT outbox.write_task_deleted('p' || (:n % $n_projects), 'w' || :client_id || '-' || :n,
     now(), 'bench-writer', jsonb_build_object('column', 'todo', 'status', 'open'));
 SQL
-
-start_sequencer() {
-    OUTBOX_LOG=warn "$outbox" sequence --every 50ms >"$work/sequencer.out" 2>"$work/sequencer.err" &
-    sequencer_pid=$!
-    sleep 0.3
-    kill -0 "$sequencer_pid" 2>/dev/null || { cat "$work/sequencer.err" >&2; log "sequencer failed"; exit 1; }
-}
-
-# `outbox sequence --every` exits 0 on SIGINT, but a signal that arrives while it is draining
-# can go unnoticed (it listens for it only between ticks), so ask again until it is gone.
-stop_sequencer() {
-    local tries=0
-    while kill -0 "$sequencer_pid" 2>/dev/null && [ "$tries" -lt 50 ]; do
-        kill -INT "$sequencer_pid" 2>/dev/null || true
-        sleep 0.2
-        tries=$((tries + 1))
-    done
-    wait "$sequencer_pid" || { cat "$work/sequencer.err" >&2; log "sequencer failed"; exit 1; }
-    sequencer_pid=
-}
 
 # writers PREFIX SECONDS: pgbench at a fixed rate with a per-transaction log. Latency per
 # transaction is measured from its scheduled start (pgbench -R), so queueing behind a slow

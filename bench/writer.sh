@@ -42,37 +42,16 @@ cores=$(nproc)
 clk=$(getconf CLK_TCK)
 max_clients=$(printf '%s\n' $clients_list | sort -n | tail -n 1)
 
-log() { echo "writer.sh: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
-
+bench_name=writer.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-writer-bench.XXXXXX")
-sequencer_pid=
-cleanup() {
-    local status=$?
-    if [ -n "$sequencer_pid" ]; then
-        kill -TERM "$sequencer_pid" 2>/dev/null || true
-        wait "$sequencer_pid" 2>/dev/null || true
-    fi
-    pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
-    rm -rf "$work"
-    exit "$status"
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- cluster and binary --------------------------------------------------------------------
 
-log "building the CLI (release)"
-cargo build --release -p outbox-cli >&2
-outbox=$root/target/release/outbox
-
-log "resetting the bench cluster in $pg_dir (port $pg_port)"
-DATABASE_URL=$(pg reset)
-export DATABASE_URL
-# Quiet, unaligned, stop at the first error: results are read back by the script.
-sql() { psql "$DATABASE_URL" -X -q -t -A -v ON_ERROR_STOP=1 "$@"; }
+bench_cluster
 
 # --- CPU and WAL accounting ----------------------------------------------------------------
 #
@@ -221,28 +200,6 @@ reset_state() {
         -c 'UPDATE tasks SET deleted_at = NULL WHERE deleted_at IS NOT NULL'
     sql -c 'VACUUM (ANALYZE) tasks' -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' \
         -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' -c 'CHECKPOINT'
-}
-
-start_sequencer() {
-    OUTBOX_LOG=warn "$outbox" sequence --every 50ms >"$work/sequencer.out" 2>"$work/sequencer.err" &
-    sequencer_pid=$!
-    # Give it time to register its SIGINT handler (before that SIGINT would kill it).
-    sleep 0.5
-    kill -0 "$sequencer_pid" 2>/dev/null || { cat "$work/sequencer.err" >&2; die "the sequencer did not start"; }
-}
-
-# `outbox sequence --every` stops cleanly on SIGINT, but only when the signal arrives between
-# ticks (it listens for it only while idle), so keep asking until it has gone.
-stop_sequencer() {
-    local tries=0 status=0
-    while kill -INT "$sequencer_pid" 2>/dev/null; do
-        tries=$((tries + 1))
-        [ "$tries" -le 100 ] || { kill -TERM "$sequencer_pid"; break; }
-        sleep 0.1
-    done
-    wait "$sequencer_pid" || status=$?
-    sequencer_pid=
-    [ "$status" -eq 0 ] || { cat "$work/sequencer.err" >&2; die "the sequencer failed (exit $status)"; }
 }
 
 # run VARIANT CLIENTS REP [SECONDS]: one measured pgbench run. Variants: bare, outbox (sql2

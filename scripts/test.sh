@@ -12,6 +12,9 @@ url=$(bash scripts/pg.sh reset)
 trap 'bash scripts/pg.sh down || true' EXIT
 export OUTBOX_TEST_DATABASE_URL=$url
 echo "test cluster: $url"
+# The relay's tests start their own nats-server (JetStream, temporary store, free port).
+OUTBOX_NATS_SERVER=$(bash scripts/nats.sh ensure)
+export OUTBOX_NATS_SERVER
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

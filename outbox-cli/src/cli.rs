@@ -3,7 +3,9 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
-use outbox_core::{ConsumerId, ProjectId, Schema};
+use outbox_core::Schema;
+
+pub use crate::args::ConsumerRef;
 
 use crate::db::DatabaseUrl;
 
@@ -23,12 +25,16 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct Global {
     // Kept as text and parsed by `Global::database`, so that a parse error never echoes a
-    // password back.
-    /// PostgreSQL URL, e.g. postgresql://user@host:5432/db (or key=value form).
-    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    // password back. DATABASE_URL is read there too (not through clap), so usage lines never
+    // list this option as missing when the variable is set.
+    /// PostgreSQL URL, e.g. postgresql://user@host:5432/db (or key=value form). Defaults to
+    /// DATABASE_URL; without either, the libpq variables (PGHOST, PGPORT, PGUSER, PGDATABASE,
+    /// PGPASSWORD) describe the connection. A missing password comes from PGPASSFILE or
+    /// ~/.pgpass.
+    #[arg(long, global = true)]
     pub database_url: Option<String>,
-    /// Schema holding the outbox tables.
-    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox")]
+    /// Schema holding the outbox tables (an empty OUTBOX_SCHEMA means the default).
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox", value_parser = parse_schema)]
     pub schema: Schema,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -102,6 +108,9 @@ pub enum Command {
     DeadLetters(crate::dead_letters_cmd::DeadLettersCommand),
     /// The audit trail: who parked, replayed, resolved or retired what, and when.
     Audit(crate::audit_cmd::AuditArgs),
+    /// Relay a project's events into another system (NATS JetStream) for fan-out.
+    #[command(subcommand)]
+    Relay(crate::relay::RelayCommand),
 }
 
 /// `outbox migrate`.
@@ -123,12 +132,21 @@ pub struct MigrateArgs {
 /// `outbox sequence`.
 #[derive(Debug, Args)]
 pub struct SequenceArgs {
-    /// Keep running, ticking at this interval (e.g. 50ms); without it, drain once and exit.
+    /// Keep running as a candidate in the sequencer election; while elected, tick every 2 ms
+    /// after activity and at most this far apart when idle (e.g. 50ms). Without it, drain
+    /// once and exit (no election; safe beside a running sequencer).
     #[arg(long, value_parser = parse_duration)]
     pub every: Option<std::time::Duration>,
+    /// Length of the sequencer lease with --every; a dead sequencer is replaced within 1.25
+    /// times this.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", requires = "every")]
+    pub lease_ttl: std::time::Duration,
     /// Most events numbered per transaction.
     #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
+    /// Output format of a single drain (with --every nothing is printed; logs go to stderr).
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
 /// Parses a human duration ("250ms", "10s", "5m"); zero is refused.
@@ -143,26 +161,41 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     Ok(d)
 }
 
-impl Global {
-    /// The database URL, or a usage error naming both ways to give it.
-    pub fn database(&self) -> Result<DatabaseUrl, crate::failure::Failure> {
-        let text = self.database_url.as_deref().ok_or_else(|| {
-            crate::failure::Failure::usage(
-                "no database given: pass --database-url or set DATABASE_URL",
-            )
-        })?;
-        let mut url: DatabaseUrl = text.parse().map_err(crate::failure::Failure::usage)?;
-        url.check_schema = Some(self.schema.clone());
-        Ok(url.with_pooler(self.pooler.into()))
+/// A schema name; empty (an empty OUTBOX_SCHEMA, say) means the default.
+fn parse_schema(text: &str) -> Result<Schema, String> {
+    if text.is_empty() {
+        return Ok(Schema::default());
     }
+    text.parse::<Schema>().map_err(|e| e.to_string())
 }
 
 impl Global {
-    /// The role this process connects as (the URL's user), for messages; `None` when the URL
-    /// is missing or invalid (the command then fails on that first).
+    /// The database: --database-url, else DATABASE_URL, else the libpq variables; or a usage
+    /// error naming the ways to give it.
+    pub fn database(&self) -> Result<DatabaseUrl, crate::failure::Failure> {
+        let env = |name: &str| std::env::var(name).ok();
+        let text = self
+            .database_url
+            .clone()
+            .or_else(|| env("DATABASE_URL").filter(|v| !v.is_empty()));
+        let mut database = match text {
+            Some(text) => text
+                .parse::<DatabaseUrl>()
+                .map_err(crate::failure::Failure::usage)?,
+            None => DatabaseUrl::from_libpq_env(env)?,
+        };
+        if let Some(path) = outbox_core::libpq_env::passfile_path(env) {
+            outbox_core::libpq_env::apply_passfile(&mut database.settings.config, &path);
+        }
+        database.check_schema = Some(self.schema.clone());
+        Ok(database.with_pooler(self.pooler.into()))
+    }
+
+    /// The role this process connects as, for messages; `None` when no valid database is
+    /// given (the command then fails on that first).
     pub fn role(&self) -> Option<String> {
-        let url: DatabaseUrl = self.database_url.as_deref()?.parse().ok()?;
-        url.settings.config.get_user().map(str::to_owned)
+        let database = self.database().ok()?;
+        database.settings.config.get_user().map(str::to_owned)
     }
 }
 
@@ -183,6 +216,7 @@ impl Command {
             Command::DeadLetters(D::Replay(_)) => "replay dead letters",
             Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",
             Command::Audit(_) => "read the audit trail",
+            Command::Relay(_) => "relay events (read events, move its cursor and lease)",
         }
     }
 }
@@ -190,8 +224,13 @@ impl Command {
 impl Cli {
     /// Logs go to stderr, so stdout stays machine-readable.
     pub fn init_logging(&self) {
-        let filter = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn"));
+        // async_nats is silenced: the relay lets each NATS client give up after its one
+        // connection (relay/publisher.rs), which the client reports as an error, and the relay
+        // logs the loss and its own reconnect instead.
+        let filter =
+            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn,async_nats=off")
+            });
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -215,19 +254,22 @@ pub enum StartFromArg {
 /// `outbox consume`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// Project whose stream to consume.
-    #[arg(long)]
-    pub project: ProjectId,
-    /// The consumer's explicit, stable ID (required; never generated).
-    #[arg(long)]
-    pub consumer_id: ConsumerId,
-    /// Drive this command (run with sh -c): one event line on its stdin, one answer line
-    /// ({"ack": SEQ} or {"fail": SEQ, "class": "code"}) on its stdout per event.
+    /// The consumer to run (`--project`, `--consumer-id`).
+    #[command(flatten)]
+    pub consumer: ConsumerRef,
+    /// Drive this command (run with sh -c, in its own process group): one event line on its
+    /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
+    /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
+    /// stderr). A timeout, restart or shutdown ends the child's whole process group: SIGTERM,
+    /// then SIGKILL after --child-stop-grace.
     #[arg(long, value_name = "COMMAND")]
     pub child: Option<String>,
     /// How long the child may take to answer one line.
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     pub child_timeout: Duration,
+    /// How long the child's process group has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub child_stop_grace: Duration,
     /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,
@@ -237,6 +279,11 @@ pub struct ConsumeArgs {
     /// Start a retired consumer again; it reconciles first.
     #[arg(long)]
     pub reactivate: bool,
+    /// Stop with exit 0 once every committed event is numbered and handled (for scripts and
+    /// batch jobs); a failed event waiting for its retry is waited for, and so is numbering
+    /// (with --no-sequencer, another process must run the sequencer).
+    #[arg(long)]
+    pub exit_when_caught_up: bool,
     /// Where a consumer without a cursor starts.
     #[arg(long, value_enum, default_value_t = StartFromArg::Reconcile)]
     pub start_from: StartFromArg,
@@ -252,9 +299,13 @@ pub struct ConsumeArgs {
     /// Fallback poll interval when no wake-up arrives.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
-    /// How often this process runs the sequencer.
-    #[arg(long, value_parser = parse_duration, default_value = "10ms")]
+    /// Slowest tick of this process's sequencer while it is the elected one and idle (after
+    /// activity it ticks every 2 ms); one process at a time sequences.
+    #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub sequence_interval: Duration,
+    /// Length of the sequencer lease; a dead sequencer is replaced within 1.25 times this.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub sequencer_lease_ttl: Duration,
     /// Do not run the sequencer in this process.
     #[arg(long)]
     pub no_sequencer: bool,

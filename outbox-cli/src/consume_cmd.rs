@@ -3,65 +3,133 @@
 use outbox_consumer::{Consumer, ConsumerConfig, ConsumerError, RetrySchedule, StartFrom};
 use tokio_util::sync::CancellationToken;
 
+use crate::child::ChildSink;
 use crate::cli::{ConsumeArgs, Global, StartFromArg};
+use crate::db::DatabaseUrl;
 use crate::failure::{ExitCode, Failure};
-use crate::sink::{ChildSink, StdoutSink};
+use crate::shutdown::Shutdown;
+use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    let shutdown = Shutdown::install()?;
     let database = global.database()?;
     let config = build_config(global, &args)?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
 
-    // Fail fast, naming the (redacted) URL, when the database cannot be reached at all;
-    // once running, the consumer rides out outages instead.
-    // The same connection checks that the schema matches this build.
+    let connections = connections(&database, args.no_listen).await?;
+
+    let consumer_id = args.consumer.consumer_id.to_string();
+    let args_live_query = args.live_query.is_some();
+    let token = shutdown.token();
+    let result = match args.child {
+        Some(command) => {
+            let sink = ChildSink::new(
+                command,
+                consumer_id,
+                args.child_timeout,
+                args.child_stop_grace,
+                token.clone(),
+            );
+            let force = sink.clone();
+            shutdown.on_force(move || force.kill_now());
+            let result = run_with(connections, config, sink.clone(), token).await;
+            sink.close().await;
+            result
+        }
+        None => run_with(connections, config, StdoutSink::new(consumer_id), token).await,
+    };
+    finish(result, "consumer", args_live_query, "outbox consume")
+}
+
+/// What a consumer runs on: its pool, the LISTEN connection's configuration (unless
+/// `--no-listen`), and the TLS connector both use.
+pub(crate) struct Connections {
+    pool: deadpool_postgres::Pool,
+    listen: Option<tokio_postgres::Config>,
+    tls: outbox_core::Connector,
+}
+
+/// The consumer's connections. Fails fast, naming the (redacted) URL, when the database
+/// cannot be reached at all or its schema does not match this build; once running, the
+/// consumer rides out outages instead.
+pub(crate) async fn connections(
+    database: &DatabaseUrl,
+    no_listen: bool,
+) -> Result<Connections, Failure> {
     drop(database.connect().await?);
     let pool = database.pool(4)?;
-    let connector = database
+    let tls = database
         .settings
         .connector()
         .map_err(|e| database.failure(e))?;
     let mut listen = database.settings.wire_config();
     listen.application_name("outbox-listener");
-    let listen = config.listen.then_some(listen);
+    Ok(Connections {
+        pool,
+        listen: (!no_listen).then_some(listen),
+        tls,
+    })
+}
 
-    let shutdown = CancellationToken::new();
-    let signals = tokio::spawn(forward_signals(shutdown.clone()));
-    let consumer_id = args.consumer_id.to_string();
-    let result = match args.child {
-        Some(command) => {
-            let sink = ChildSink::new(command, consumer_id, args.child_timeout);
-            run_with(pool, listen, connector, config, sink, shutdown).await
-        }
-        None => {
-            let sink = StdoutSink::new(consumer_id);
-            run_with(pool, listen, connector, config, sink, shutdown).await
-        }
-    };
-    signals.abort();
+/// Logs how a run of `what` (consumer, relay) ended, or turns its error into the command's
+/// failure (see [`classify`]).
+pub(crate) fn finish(
+    result: Result<outbox_consumer::RunSummary, ConsumerError>,
+    what: &str,
+    custom_live_query: bool,
+    command: &str,
+) -> Result<(), Failure> {
     match result {
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
                 cursor = ?summary.cursor,
                 generation = summary.generation,
-                "consumer stopped"
+                "{what} stopped"
             );
             Ok(())
         }
-        Err(e) => Err(classify(e)),
+        Err(e) => Err(classify(e, custom_live_query, command)),
     }
 }
 
-fn classify(e: ConsumerError) -> Failure {
+/// Maps a consumer error to the command's failure; `custom_live_query` says whether the
+/// live query came from --live-query (else it is the default, which the message then shows);
+/// `command` is what a retired consumer is told to run again with --reactivate.
+fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure {
     if let Some(denied) = crate::failure::permission_denied(&e) {
         return denied;
     }
     let code = match &e {
+        ConsumerError::LiveQueryInvalid(problem) if custom_live_query => {
+            return Failure::usage(format!("invalid --live-query: {problem}"));
+        }
+        ConsumerError::LiveQueryInvalid(problem) => {
+            return Failure::usage(format!(
+                "the default live query ({}) does not fit this database: {problem}; give the \
+                 query of your schema with --live-query",
+                outbox_consumer::DEFAULT_LIVE_QUERY
+            ));
+        }
         ConsumerError::Config(_) => ExitCode::Usage,
-        ConsumerError::LeaseHeld { .. } | ConsumerError::Retired { .. } => ExitCode::Conflict,
+        ConsumerError::Retired {
+            project,
+            consumer,
+            by,
+            reason,
+        } => {
+            return Failure {
+                code: ExitCode::Conflict,
+                message: format!(
+                    "consumer {consumer} of project {project} is retired (by {by}: {reason}); to \
+                     resume it (it reconciles first), run: {command} --project {project} \
+                     --consumer-id {consumer} --reactivate"
+                ),
+            };
+        }
+        ConsumerError::LeaseHeld { .. } => ExitCode::Conflict,
         _ => ExitCode::Runtime,
     };
     Failure {
@@ -70,19 +138,24 @@ fn classify(e: ConsumerError) -> Failure {
     }
 }
 
-fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(args.project.clone(), args.consumer_id.clone());
+pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
+    let mut config = ConsumerConfig::new(
+        args.consumer.project.clone(),
+        args.consumer.consumer_id.clone(),
+    );
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
     config.lease_ttl = args.lease_ttl;
     config.heartbeat_interval = args.heartbeat_interval;
     config.poll_interval = args.poll_interval;
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
+    config.sequencer_lease_ttl = args.sequencer_lease_ttl;
     config.pooler = global.pooler.into();
     // `--pooler transaction` implies polling only.
     config.listen = !args.no_listen && config.pooler == outbox_core::Pooler::None;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
+    config.exit_when_caught_up = args.exit_when_caught_up;
     config.shutdown_grace = args.shutdown_grace;
     config.prune_interval = (!args.no_prune).then_some(args.prune_interval);
     config.retention = args.retention;
@@ -91,6 +164,11 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
         StartFromArg::Earliest => StartFrom::Earliest,
     };
     if let Some(query) = &args.live_query {
+        if !query.contains("$1") {
+            return Err(Failure::usage(
+                "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
+            ));
+        }
         config.live_query = query.clone();
     }
     config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
@@ -98,29 +176,11 @@ fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, F
     Ok(config)
 }
 
-/// SIGINT or SIGTERM cancels `shutdown`: the consumer finishes or abandons its current event
-/// within the grace period, releases its lease and exits 0.
-async fn forward_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("shutdown requested");
-    shutdown.cancel();
-}
-
-/// Runs the consumer with `sink` as both its handler and its reconciler.
-async fn run_with<S>(
-    pool: deadpool_postgres::Pool,
-    listen: Option<tokio_postgres::Config>,
-    connector: outbox_core::Connector,
+/// Runs the consumer with `sink` as both its handler and its reconciler. SIGINT or SIGTERM
+/// (through `shutdown`) lets the current event finish or be abandoned within the grace
+/// period, releases the lease and ends the run.
+pub async fn run_with<S>(
+    connections: Connections,
     config: ConsumerConfig,
     sink: S,
     shutdown: CancellationToken,
@@ -130,13 +190,13 @@ where
 {
     let sink = std::sync::Arc::new(sink);
     Consumer::new(
-        pool,
-        listen,
+        connections.pool,
+        connections.listen,
         config,
         SharedSink(sink.clone()),
         SharedSink(sink),
     )
-    .listen_tls(connector)
+    .listen_tls(connections.tls)
     .run(shutdown)
     .await
 }
@@ -154,6 +214,13 @@ impl<S: outbox_consumer::Handler> outbox_consumer::Handler for SharedSink<S> {
 
     async fn before_ack(&self) -> Result<(), outbox_consumer::HandlerFailure> {
         self.0.before_ack().await
+    }
+
+    async fn before_ack_prefix(
+        &self,
+        handled: &[outbox_consumer::ObservedEvent],
+    ) -> Result<(), outbox_consumer::PartialAck> {
+        self.0.before_ack_prefix(handled).await
     }
 }
 

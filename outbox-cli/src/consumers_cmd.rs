@@ -1,11 +1,13 @@
 //! `outbox consumers list|retire`.
 
 use clap::{Args, Subcommand};
-use outbox_core::{Admin, ConsumerId, OperatorName, ProjectId, Reason};
+use outbox_core::{Admin, ConsumerInfo, ProjectId, Retirement};
+use serde::Serialize;
 
+use crate::args::{ConsumerRef, Operator};
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
-use crate::output::{Table, age, emit, json, opt, time};
+use crate::output::{Render, Table, age, opt, print, time};
 
 /// `outbox consumers ...`.
 #[derive(Debug, Subcommand)]
@@ -32,18 +34,12 @@ pub struct ListArgs {
 /// `outbox consumers retire`.
 #[derive(Debug, Args)]
 pub struct RetireArgs {
-    /// The consumer's project.
-    #[arg(long)]
-    pub project: ProjectId,
     /// The consumer to retire.
-    #[arg(long)]
-    pub consumer_id: ConsumerId,
-    /// Who retires it (recorded in the audit trail): A-Z a-z 0-9 . _ : @ -, at most 64.
-    #[arg(long, value_name = "OPERATOR")]
-    pub by: OperatorName,
-    /// Why (one line, at most 200 characters; kept on the consumer row, not in the audit).
-    #[arg(long)]
-    pub reason: Reason,
+    #[command(flatten)]
+    pub consumer: ConsumerRef,
+    /// Who retires it and why (the reason stays on the consumer row).
+    #[command(flatten)]
+    pub operator: Operator,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -55,78 +51,100 @@ pub async fn run(global: &Global, command: ConsumersCommand) -> Result<(), Failu
     match command {
         ConsumersCommand::List(args) => {
             let consumers = admin.consumers(&mut client, args.project.as_ref()).await?;
-            if args.output == Output::Json {
-                return json(&serde_json::json!({ "consumers": consumers }));
-            }
-            let mut table = Table::new(&[
-                "PROJECT",
-                "CONSUMER",
-                "STATE",
-                "CURSOR",
-                "LAG",
-                "LEASE_OWNER",
-                "GEN",
-                "HEARTBEAT_AGE",
-                "DEAD",
-                "REPLAY_REQUESTED",
-                "CREATED",
-                "RETIRED",
-                "RETIRED_BY",
-                "RETIRED_REASON",
-            ]);
-            for c in &consumers {
-                table.row(vec![
-                    c.project_id.clone(),
-                    c.consumer_id.clone(),
-                    c.state.to_string(),
-                    opt(c.cursor),
-                    opt(c.lag),
-                    opt(c.lease_owner.as_deref().filter(|_| c.lease_live)),
-                    c.lease_generation.to_string(),
-                    age(c.heartbeat_age_secs),
-                    c.dead_letters.to_string(),
-                    c.replay_requested.to_string(),
-                    time(Some(c.created_at)),
-                    time(c.retired_at),
-                    opt(c.retired_by.as_deref()),
-                    opt(c.retired_reason.as_deref()),
-                ]);
-            }
-            emit(&table.render())
+            print(args.output, &ConsumerList(consumers))
         }
         ConsumersCommand::Retire(args) => {
             let retired = admin
                 .retire(
                     &mut client,
-                    &args.project,
-                    &args.consumer_id,
-                    &args.by,
-                    &args.reason,
+                    &args.consumer.project,
+                    &args.consumer.consumer_id,
+                    &args.operator.by,
+                    &args.operator.reason,
                 )
                 .await?;
-            if args.output == Output::Json {
-                return json(&retired);
-            }
-            let mut text = format!(
-                "retired consumer {} of project {} (by {} at {})\n",
-                retired.consumer_id,
-                retired.project_id,
-                retired.retired_by,
-                time(Some(retired.retired_at))
-            );
-            if let Some(owner) = &retired.stopping_lease_owner {
-                text.push_str(&format!(
-                    "its lease holder {owner} (generation {}) stops at its next fenced write\n",
-                    retired.lease_generation
-                ));
-            }
-            if retired.unresolved_dead_letters > 0 {
-                text.push_str(&format!(
-                    "{} unresolved dead letter(s) may now be pruned by retention\n",
-                    retired.unresolved_dead_letters
-                ));
-            }
-            emit(&text)
+            print(args.output, &retired)
         }
+    }
+}
+
+/// `consumers list`: `{"consumers": [...]}`.
+struct ConsumerList(Vec<ConsumerInfo>);
+
+#[derive(Serialize)]
+struct ConsumerListJson<'a> {
+    consumers: &'a [ConsumerInfo],
+}
+
+impl Render for ConsumerList {
+    fn table(&self) -> String {
+        let mut table = Table::new(&[
+            "PROJECT",
+            "CONSUMER",
+            "STATE",
+            "CURSOR",
+            "LAG",
+            "LEASE_OWNER",
+            "GEN",
+            "HEARTBEAT_AGE",
+            "DEAD_LETTERS",
+            "REPLAY_REQUESTED",
+            "CREATED",
+            "RETIRED",
+            "RETIRED_BY",
+            "RETIRED_REASON",
+        ]);
+        for c in &self.0 {
+            table.row(vec![
+                c.project_id.clone(),
+                c.consumer_id.clone(),
+                c.state.to_string(),
+                opt(c.cursor),
+                opt(c.lag),
+                opt(c.lease_owner.as_deref().filter(|_| c.lease_live)),
+                c.lease_generation.to_string(),
+                age(c.heartbeat_age_secs),
+                c.dead_letters.to_string(),
+                c.replay_requested.to_string(),
+                time(Some(c.created_at)),
+                time(c.retired_at),
+                opt(c.retired_by.as_deref()),
+                opt(c.retired_reason.as_deref()),
+            ]);
+        }
+        table.render()
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        ConsumerListJson { consumers: &self.0 }
+    }
+}
+
+impl Render for Retirement {
+    fn table(&self) -> String {
+        let mut text = format!(
+            "retired consumer {} of project {} (by {} at {})\n",
+            self.consumer_id,
+            self.project_id,
+            self.retired_by,
+            time(Some(self.retired_at))
+        );
+        if let Some(owner) = &self.stopping_lease_owner {
+            text.push_str(&format!(
+                "its lease holder {owner} (generation {}) stops at its next fenced write\n",
+                self.lease_generation
+            ));
+        }
+        if self.unresolved_dead_letters > 0 {
+            text.push_str(&format!(
+                "{} unresolved dead letter(s) may now be pruned by retention\n",
+                self.unresolved_dead_letters
+            ));
+        }
+        text
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        self
     }
 }

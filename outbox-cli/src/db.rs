@@ -9,12 +9,13 @@ use tokio_postgres::Client;
 
 use crate::failure::Failure;
 
-/// A parsed `postgresql://` URL (or key=value string), with its text kept for messages.
+/// A parsed `postgresql://` URL (or key=value string, or the libpq variables), with a
+/// printable description kept for messages.
 #[derive(Debug, Clone)]
 pub struct DatabaseUrl {
     /// The URL with any password replaced, safe to print.
     pub redacted: String,
-    /// TLS settings and pooler mode, for the connection factory.
+    /// Connection, TLS settings and pooler mode, for the connection factory.
     pub settings: ConnectSettings,
     /// The schema whose version every connection checks before use (`None` for `migrate`,
     /// which brings it up to date itself).
@@ -26,78 +27,57 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let redacted = redact(text);
-        let mut settings = ConnectSettings::parse(text)
+        let settings = ConnectSettings::parse(text)
             .map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
-        let config = &mut settings.config;
-        if config.get_hosts().is_empty() {
+        if settings.config.get_hosts().is_empty() {
             return Err(format!(
                 "invalid database URL {redacted}: it names no host or socket directory"
             ));
         }
+        Ok(Self::with_defaults(settings, redacted))
+    }
+}
+
+/// Replaces every password in a URL or key=value string (see
+/// [`outbox_core::redact_connection_string`]).
+pub fn redact(text: &str) -> String {
+    outbox_core::redact_connection_string(text)
+}
+
+impl DatabaseUrl {
+    /// The connection the libpq variables describe (PGHOST, PGPORT, PGUSER, PGDATABASE,
+    /// PGPASSWORD, PGSSLMODE, PGSSLROOTCERT, ...), or a usage error naming every way to give
+    /// a database.
+    pub fn from_libpq_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, Failure> {
+        let found = outbox_core::libpq_env::config_from_env(&var)
+            .map_err(|e| Failure::usage(e.to_string()))?;
+        let Some(found) = found else {
+            return Err(Failure::usage(
+                "no database given: pass --database-url or set DATABASE_URL (or the libpq \
+                 variables PGHOST, PGPORT, PGUSER, PGDATABASE)",
+            ));
+        };
+        let settings = ConnectSettings::from_config_with_env(found.config, &var)
+            .map_err(|e| Failure::usage(format!("{}: {e}", found.description)))?;
+        Ok(Self::with_defaults(settings, found.description))
+    }
+
+    /// A connect timeout and an application name unless given.
+    fn with_defaults(mut settings: ConnectSettings, redacted: String) -> Self {
+        let config = &mut settings.config;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
         if config.get_application_name().is_none() {
             config.application_name("outbox");
         }
-        Ok(Self {
+        Self {
             redacted,
             settings,
             check_schema: None,
-        })
-    }
-}
-
-/// Replaces the password in a URL (`user:secret@`) or key=value string (`password=secret`).
-pub fn redact(text: &str) -> String {
-    if let Some(scheme_end) = text.find("://") {
-        let rest = &text[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
-            if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &text[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &text[scheme_end + 3 + at..]
-                );
-            }
         }
-        return redact_query_password(text);
     }
-    text.split_whitespace()
-        .map(|pair| {
-            if pair.starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
-fn redact_query_password(text: &str) -> String {
-    let Some(q) = text.find('?') else {
-        return text.to_owned();
-    };
-    let (base, query) = text.split_at(q + 1);
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| {
-            if pair.starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                pair.to_owned()
-            }
-        })
-        .collect();
-    format!("{base}{}", pairs.join("&"))
-}
-
-impl DatabaseUrl {
     /// The same URL with `pooler` as its statement mode.
     pub fn with_pooler(mut self, pooler: Pooler) -> Self {
         self.settings.pooler = pooler;
@@ -134,23 +114,6 @@ impl DatabaseUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact("postgresql://app:s3cret@db:5432/x"),
-            "postgresql://app:***@db:5432/x"
-        );
-        assert_eq!(redact("postgresql://app@db/x"), "postgresql://app@db/x");
-        assert_eq!(
-            redact("postgresql:///x?user=a&password=p&host=/tmp"),
-            "postgresql:///x?user=a&password=***&host=/tmp"
-        );
-        assert_eq!(
-            redact("host=db password=p user=a"),
-            "host=db password=*** user=a"
-        );
-    }
 
     #[test]
     fn refuses_garbage() {

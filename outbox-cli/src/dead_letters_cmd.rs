@@ -2,13 +2,16 @@
 
 use clap::{ArgGroup, Args, Subcommand};
 use outbox_core::{
-    Admin, ConsumerId, DeadLetterFilter, DeliveryState, EventId, MAX_LIMIT, OperatorName,
-    ProjectId, Reason, ReplayTarget,
+    Admin, DeadLetter, DeadLetterDetail, DeadLetterFilter, DeliveryState, EventId, Listing,
+    MAX_LIMIT, ReplayRequest, ReplayTarget, Resolution,
 };
+use serde::Serialize;
 
+use crate::args::{ConsumerFilter, ConsumerRef, Operator};
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
-use crate::output::{Table, emit, fields, json, opt, time};
+use crate::output::{Render, Table, fields, opt, print, time};
+use outbox_core::OperatorName;
 
 /// `outbox dead-letters ...`.
 #[derive(Debug, Subcommand)]
@@ -28,12 +31,9 @@ pub enum DeadLettersCommand {
 /// `outbox dead-letters list`.
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Only this project.
-    #[arg(long)]
-    pub project: Option<ProjectId>,
-    /// Only this consumer.
-    #[arg(long)]
-    pub consumer_id: Option<ConsumerId>,
+    /// Only this project and consumer.
+    #[command(flatten)]
+    pub filter: ConsumerFilter,
     /// Only these states (repeat or separate with commas): retrying, dead, replay_requested,
     /// replayed, resolved.
     #[arg(long, value_delimiter = ',')]
@@ -46,18 +46,41 @@ pub struct ListArgs {
     pub output: Output,
 }
 
-/// The dead letter an operation is about.
+/// The dead letter an operation is about: by event ID or by the sequence `list` shows.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("letter").required(true).args(["event_id", "sequence"])))]
 pub struct Letter {
-    /// The project.
-    #[arg(long)]
-    pub project: ProjectId,
     /// The consumer whose delivery failed.
-    #[arg(long)]
-    pub consumer_id: ConsumerId,
+    #[command(flatten)]
+    pub consumer: ConsumerRef,
     /// The event (task-deleted:<task>:<deleted_at>).
     #[arg(long)]
-    pub event_id: EventId,
+    pub event_id: Option<EventId>,
+    /// The event's sequence, instead of its ID.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub sequence: Option<i64>,
+}
+
+impl Letter {
+    /// The event ID, looking up a sequence when that is what was given.
+    async fn event_id(
+        &self,
+        admin: &Admin,
+        client: &mut tokio_postgres::Client,
+    ) -> Result<EventId, Failure> {
+        match (&self.event_id, self.sequence) {
+            (Some(event), _) => Ok(event.clone()),
+            (None, Some(sequence)) => Ok(admin
+                .dead_letter_at(
+                    client,
+                    &self.consumer.project,
+                    &self.consumer.consumer_id,
+                    sequence,
+                )
+                .await?),
+            (None, None) => Err(Failure::usage("give --event-id or --sequence")),
+        }
+    }
 }
 
 /// `outbox dead-letters show`.
@@ -73,20 +96,24 @@ pub struct ShowArgs {
 
 /// `outbox dead-letters replay`.
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("which").required(true).args(["event_id", "all"])))]
+#[command(group(ArgGroup::new("which").required(true).args(["event_id", "sequence", "all"])))]
 pub struct ReplayArgs {
-    /// The project.
-    #[arg(long)]
-    pub project: ProjectId,
     /// The consumer whose dead letters to replay.
-    #[arg(long)]
-    pub consumer_id: ConsumerId,
+    #[command(flatten)]
+    pub consumer: ConsumerRef,
     /// One dead letter.
     #[arg(long)]
     pub event_id: Option<EventId>,
+    /// One dead letter, by its event's sequence.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub sequence: Option<i64>,
     /// Every dead letter of the consumer.
     #[arg(long)]
     pub all: bool,
+    /// Who asks for the replay (recorded in the audit trail, with the replay's outcome): A-Z
+    /// a-z 0-9 . _ : @ -, at most 64.
+    #[arg(long, value_name = "OPERATOR")]
+    pub by: OperatorName,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -98,12 +125,9 @@ pub struct ResolveArgs {
     /// Which dead letter.
     #[command(flatten)]
     pub letter: Letter,
-    /// Who resolves it (recorded in the audit trail): A-Z a-z 0-9 . _ : @ -, at most 64.
-    #[arg(long, value_name = "OPERATOR")]
-    pub by: OperatorName,
-    /// Why (one line, at most 200 characters; kept on the dead letter, not in the audit).
-    #[arg(long)]
-    pub reason: Reason,
+    /// Who resolves it and why (the reason stays on the dead letter).
+    #[command(flatten)]
+    pub operator: Operator,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -115,161 +139,217 @@ pub async fn run(global: &Global, command: DeadLettersCommand) -> Result<(), Fai
     match command {
         DeadLettersCommand::List(args) => {
             let filter = DeadLetterFilter {
-                project: args.project,
-                consumer: args.consumer_id,
+                project: args.filter.project,
+                consumer: args.filter.consumer_id,
                 states: args.state,
                 limit: args.limit,
             };
             let listing = admin.dead_letters(&mut client, &filter).await?;
-            if args.output == Output::Json {
-                return json(&serde_json::json!({
-                    "dead_letters": listing.items,
-                    "truncated": listing.truncated,
-                }));
-            }
-            let mut table = Table::new(&[
-                "PROJECT",
-                "CONSUMER",
-                "EVENT",
-                "SEQ",
-                "STATE",
-                "ATTEMPTS",
-                "LAST_FAILURE",
-                "PARKED",
-                "UPDATED",
-                "RESOLVED_BY",
-            ]);
-            for d in &listing.items {
-                table.row(vec![
-                    d.project_id.clone(),
-                    d.consumer_id.clone(),
-                    d.event_id.clone(),
-                    d.sequence.to_string(),
-                    d.state.to_string(),
-                    d.attempts.to_string(),
-                    opt(d.last_failure_class.as_deref()),
-                    time(d.parked_at),
-                    time(Some(d.updated_at)),
-                    opt(d.resolved_by.as_deref()),
-                ]);
-            }
-            emit(&table.render())?;
-            if listing.truncated {
-                eprintln!(
-                    "note: only the first {} dead letters are shown; narrow the filter or raise \
-                     --limit",
-                    args.limit
-                );
-            }
-            Ok(())
+            let list = DeadLetterList {
+                listing,
+                limit: args.limit,
+            };
+            print(args.output, &list)
         }
         DeadLettersCommand::Show(args) => {
-            let l = &args.letter;
+            let event = args.letter.event_id(&admin, &mut client).await?;
+            let c = &args.letter.consumer;
             let detail = admin
-                .dead_letter(&mut client, &l.project, &l.consumer_id, &l.event_id)
+                .dead_letter(&mut client, &c.project, &c.consumer_id, &event)
                 .await?;
-            if args.output == Output::Json {
-                return json(&detail);
-            }
-            let d = &detail.dead_letter;
-            let mut pairs = vec![
-                ("project", d.project_id.clone()),
-                ("consumer", d.consumer_id.clone()),
-                ("event", d.event_id.clone()),
-                ("sequence", d.sequence.to_string()),
-                ("state", d.state.to_string()),
-                ("attempts", d.attempts.to_string()),
-                ("last_failure", opt(d.last_failure_class.as_deref())),
-                ("first_failed_at", time(Some(d.first_failed_at))),
-                ("parked_at", time(d.parked_at)),
-                ("next_attempt_at", time(d.next_attempt_at)),
-                ("updated_at", time(Some(d.updated_at))),
-                ("resolved_at", time(d.resolved_at)),
-                ("resolved_by", opt(d.resolved_by.as_deref())),
-                ("resolved_reason", opt(d.resolved_reason.as_deref())),
-            ];
-            match &detail.event {
-                Some(e) => pairs.extend([
-                    ("event_type", e.event_type.clone()),
-                    ("task_id", e.task_id.clone()),
-                    ("deleted_at", outbox_core::format_timestamp(e.deleted_at)),
-                    ("writer", e.writer_process_id.clone()),
-                    ("occurred_at", time(Some(e.occurred_at))),
-                    ("payload_version", e.payload_version.to_string()),
-                    ("payload", e.payload.to_string()),
-                ]),
-                None => pairs.push(("event", "pruned by retention".to_owned())),
-            }
-            emit(&fields(&pairs))
+            print(args.output, &detail)
         }
         DeadLettersCommand::Replay(args) => {
-            let which = match args.event_id {
-                Some(event) => ReplayTarget::One(event),
-                None => ReplayTarget::AllDead,
+            let c = &args.consumer;
+            let which = match (args.event_id, args.sequence) {
+                (Some(event), _) => ReplayTarget::One(event),
+                (None, Some(sequence)) => ReplayTarget::One(
+                    admin
+                        .dead_letter_at(&mut client, &c.project, &c.consumer_id, sequence)
+                        .await?,
+                ),
+                (None, None) => ReplayTarget::AllDead,
             };
             let request = admin
-                .request_replay(&mut client, &args.project, &args.consumer_id, &which)
+                .request_replay(&mut client, &c.project, &c.consumer_id, &which, &args.by)
                 .await?;
-            if args.output == Output::Json {
-                return json(&request);
-            }
-            let mut text = if request.requested.is_empty() {
-                format!(
-                    "consumer {} of project {} has no dead letters that can be replayed\n",
-                    request.consumer_id, request.project_id
-                )
-            } else {
-                let mut text = format!(
-                    "replay requested for {} dead letter(s) of consumer {} in project {}; the \
-                     consumer re-dispatches them while it runs:\n",
-                    request.requested.len(),
-                    request.consumer_id,
-                    request.project_id
-                );
-                for event in &request.requested {
-                    text.push_str(&format!("  {event}\n"));
-                }
-                text
-            };
-            if !request.skipped_pruned.is_empty() {
-                text.push_str(&format!(
-                    "left {} dead letter(s) whose events retention pruned (resolve them \
-                     instead):\n",
-                    request.skipped_pruned.len()
-                ));
-                for event in &request.skipped_pruned {
-                    text.push_str(&format!("  {event}\n"));
-                }
-            }
-            emit(&text)
+            print(args.output, &request)
         }
         DeadLettersCommand::Resolve(args) => {
-            let l = &args.letter;
+            let event = args.letter.event_id(&admin, &mut client).await?;
+            let c = &args.letter.consumer;
             let resolution = admin
                 .resolve(
                     &mut client,
-                    &l.project,
-                    &l.consumer_id,
-                    &l.event_id,
-                    &args.by,
-                    &args.reason,
+                    &c.project,
+                    &c.consumer_id,
+                    &event,
+                    &args.operator.by,
+                    &args.operator.reason,
                 )
                 .await?;
-            if args.output == Output::Json {
-                return json(&resolution);
-            }
-            emit(&format!(
-                "resolved dead letter {} of consumer {} in project {} (was {} after {} \
-                 attempt(s)) by {} at {}\n",
-                resolution.event_id,
-                resolution.consumer_id,
-                resolution.project_id,
-                resolution.previous_state,
-                resolution.attempts,
-                resolution.resolved_by,
-                time(Some(resolution.resolved_at))
-            ))
+            print(args.output, &resolution)
         }
+    }
+}
+
+/// `dead-letters list`: `{"dead_letters": [...], "truncated": bool}`.
+struct DeadLetterList {
+    /// The rows.
+    listing: Listing<DeadLetter>,
+    /// The limit asked for, for the note when it cut the listing short.
+    limit: i64,
+}
+
+#[derive(Serialize)]
+struct DeadLetterListJson<'a> {
+    dead_letters: &'a [DeadLetter],
+    truncated: bool,
+}
+
+impl Render for DeadLetterList {
+    fn table(&self) -> String {
+        let mut table = Table::new(&[
+            "PROJECT",
+            "CONSUMER",
+            "EVENT_ID",
+            "SEQUENCE",
+            "STATE",
+            "ATTEMPTS",
+            "LAST_FAILURE",
+            "PARKED",
+            "UPDATED",
+            "RESOLVED_BY",
+        ]);
+        for d in &self.listing.items {
+            table.row(vec![
+                d.project_id.clone(),
+                d.consumer_id.clone(),
+                d.event_id.clone(),
+                d.sequence.to_string(),
+                d.state.to_string(),
+                d.attempts.to_string(),
+                opt(d.last_failure_class.as_deref()),
+                time(d.parked_at),
+                time(Some(d.updated_at)),
+                opt(d.resolved_by.as_deref()),
+            ]);
+        }
+        table.render()
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        DeadLetterListJson {
+            dead_letters: &self.listing.items,
+            truncated: self.listing.truncated,
+        }
+    }
+
+    fn note(&self) -> Option<String> {
+        self.listing.truncated.then(|| {
+            format!(
+                "only the first {} dead letters are shown; narrow the filter or raise --limit",
+                self.limit
+            )
+        })
+    }
+}
+
+impl Render for DeadLetterDetail {
+    fn table(&self) -> String {
+        let d = &self.dead_letter;
+        let mut pairs = vec![
+            ("project", d.project_id.clone()),
+            ("consumer", d.consumer_id.clone()),
+            ("event_id", d.event_id.clone()),
+            ("sequence", d.sequence.to_string()),
+            ("state", d.state.to_string()),
+            ("attempts", d.attempts.to_string()),
+            ("last_failure", opt(d.last_failure_class.as_deref())),
+            ("first_failed_at", time(Some(d.first_failed_at))),
+            ("parked_at", time(d.parked_at)),
+            ("next_attempt_at", time(d.next_attempt_at)),
+            ("updated_at", time(Some(d.updated_at))),
+            ("resolved_at", time(d.resolved_at)),
+            ("resolved_by", opt(d.resolved_by.as_deref())),
+            ("resolved_reason", opt(d.resolved_reason.as_deref())),
+        ];
+        match &self.event {
+            Some(e) => pairs.extend([
+                ("event_type", e.event_type.clone()),
+                ("task_id", e.task_id.clone()),
+                ("deleted_at", outbox_core::format_timestamp(e.deleted_at)),
+                ("writer_process_id", e.writer_process_id.clone()),
+                ("occurred_at", time(Some(e.occurred_at))),
+                ("payload_version", e.payload_version.to_string()),
+                ("prior", e.prior.to_string()),
+            ]),
+            None => pairs.push(("event", "pruned by retention".to_owned())),
+        }
+        fields(&pairs)
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        self
+    }
+}
+
+impl Render for ReplayRequest {
+    fn table(&self) -> String {
+        let mut text = if self.requested.is_empty() {
+            format!(
+                "consumer {} of project {} has no dead letters that can be replayed\n",
+                self.consumer_id, self.project_id
+            )
+        } else {
+            let mut text = format!(
+                "replay requested by {} for {} dead letter(s) of consumer {} in project {}; the \
+                 consumer re-dispatches them while it runs:\n",
+                self.requested_by,
+                self.requested.len(),
+                self.consumer_id,
+                self.project_id
+            );
+            for event in &self.requested {
+                text.push_str(&format!("  {event}\n"));
+            }
+            text
+        };
+        if !self.skipped_pruned.is_empty() {
+            text.push_str(&format!(
+                "left {} dead letter(s) whose events retention pruned (resolve them \
+                 instead):\n",
+                self.skipped_pruned.len()
+            ));
+            for event in &self.skipped_pruned {
+                text.push_str(&format!("  {event}\n"));
+            }
+        }
+        text
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        self
+    }
+}
+
+impl Render for Resolution {
+    fn table(&self) -> String {
+        format!(
+            "resolved dead letter {} of consumer {} in project {} (was {} after {} \
+             attempt(s)) by {} at {}\n",
+            self.event_id,
+            self.consumer_id,
+            self.project_id,
+            self.previous_state,
+            self.attempts,
+            self.resolved_by,
+            time(Some(self.resolved_at))
+        )
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        self
     }
 }
 
@@ -285,11 +365,38 @@ mod tests {
     }
 
     #[test]
-    fn replay_needs_exactly_one_of_event_or_all() {
-        let base = ["x", "replay", "--project", "p", "--consumer-id", "c"];
+    fn replay_needs_exactly_one_of_event_sequence_or_all_and_an_operator() {
+        let base = [
+            "x",
+            "replay",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--by",
+            "alice",
+        ];
         assert!(Probe::try_parse_from(base).is_err());
         let both = [&base[..], &["--all", "--event-id", "task-deleted:t:x"]].concat();
         assert!(Probe::try_parse_from(both).is_err());
+        let both = [
+            &base[..],
+            &["--sequence", "3", "--event-id", "task-deleted:t:x"],
+        ]
+        .concat();
+        assert!(Probe::try_parse_from(both).is_err());
+        let nobody = [
+            "x",
+            "replay",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--all",
+        ];
+        assert!(Probe::try_parse_from(nobody).is_err(), "--by is required");
+        let zero = [&base[..], &["--sequence", "0"]].concat();
+        assert!(Probe::try_parse_from(zero).is_err());
         let all = [&base[..], &["--all"]].concat();
         assert!(matches!(
             Probe::try_parse_from(all).unwrap().command,

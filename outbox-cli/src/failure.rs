@@ -14,6 +14,8 @@ pub enum ExitCode {
     NotFound = 3,
     /// The target exists but is in a state that refuses the operation.
     Conflict = 4,
+    /// `status --check`: some health code is not `ok`.
+    Unhealthy = 5,
 }
 
 /// A failed command.

@@ -2,7 +2,9 @@
 
 #![forbid(unsafe_code)]
 
+mod args;
 mod audit_cmd;
+mod child;
 mod cli;
 mod consume_cmd;
 mod consumers_cmd;
@@ -12,7 +14,9 @@ mod failure;
 mod migrate_cmd;
 mod output;
 mod prune_cmd;
+mod relay;
 mod sequence_cmd;
+mod shutdown;
 mod sink;
 mod status_cmd;
 
@@ -47,6 +51,7 @@ fn main() -> std::process::ExitCode {
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
+            Command::Relay(command) => relay::run(&cli.global, command).await,
         }
     });
     match result {

@@ -1,7 +1,125 @@
 //! `outbox migrate`.
 
-use crate::cli::{Global, MigrateArgs, Output};
+use outbox_core::{MigrationReport, Schema, SchemaVersion};
+use serde::Serialize;
+
+use crate::cli::{Global, MigrateArgs};
 use crate::failure::Failure;
+use crate::output::{Render, print};
+
+/// What a migration run did to one schema.
+struct Migrated<'a> {
+    /// The schema.
+    schema: &'a Schema,
+    /// The migrations applied now and earlier.
+    report: MigrationReport,
+    /// Whether per-project row security was (also) turned on.
+    row_security: bool,
+}
+
+/// The JSON form of [`Migrated`].
+#[derive(Serialize)]
+struct MigratedJson<'a> {
+    schema: &'a str,
+    applied: &'a [i32],
+    already_applied: &'a [i32],
+    row_security: bool,
+}
+
+impl Render for Migrated<'_> {
+    fn table(&self) -> String {
+        let mut text = if self.report.applied.is_empty() {
+            format!(
+                "schema {} is up to date ({} migration(s) applied earlier)\n",
+                self.schema,
+                self.report.already_applied.len()
+            )
+        } else {
+            format!(
+                "schema {}: applied migration(s) {:?}\n",
+                self.schema, self.report.applied
+            )
+        };
+        if self.row_security {
+            text += &format!(
+                "schema {}: per-project row security is on for its roles\n",
+                self.schema
+            );
+        }
+        text
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        MigratedJson {
+            schema: self.schema.name(),
+            applied: &self.report.applied,
+            already_applied: &self.report.already_applied,
+            row_security: self.row_security,
+        }
+    }
+}
+
+/// What `migrate --dry-run` found: the migrations it would apply.
+struct DryRun<'a> {
+    schema: &'a Schema,
+    version: SchemaVersion,
+}
+
+/// One pending migration, in JSON.
+#[derive(Serialize)]
+struct PendingJson {
+    version: i32,
+    name: &'static str,
+    checksum: String,
+}
+
+/// The JSON form of [`DryRun`].
+#[derive(Serialize)]
+struct DryRunJson<'a> {
+    schema: &'a str,
+    dry_run: bool,
+    already_applied: &'a [i32],
+    pending: Vec<PendingJson>,
+}
+
+impl Render for DryRun<'_> {
+    fn table(&self) -> String {
+        if self.version.pending.is_empty() {
+            return format!(
+                "schema {} is up to date ({} migration(s) applied); nothing to do\n",
+                self.schema,
+                self.version.applied.len()
+            );
+        }
+        let mut text = format!(
+            "schema {}: {} pending migration(s) (dry run, nothing applied):\n",
+            self.schema,
+            self.version.pending.len()
+        );
+        for m in &self.version.pending {
+            text += &format!("  {:04}_{}\n", m.version, m.name);
+        }
+        text
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        DryRunJson {
+            schema: self.schema.name(),
+            dry_run: true,
+            already_applied: &self.version.applied,
+            pending: self
+                .version
+                .pending
+                .iter()
+                .map(|m| PendingJson {
+                    version: m.version,
+                    name: m.name,
+                    checksum: m.checksum(),
+                })
+                .collect(),
+        }
+    }
+}
 
 pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
     let mut database = global.database()?;
@@ -9,86 +127,28 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
     database.check_schema = None;
     let mut client = database.connect().await?;
     if args.dry_run {
-        return dry_run(global, &client, args.output).await;
+        // Lists what `migrate` would apply, without taking its lock or changing anything;
+        // refuses, as `migrate` would, a schema migrated by a newer build or with an altered
+        // migration.
+        let version = outbox_core::schema_version(&client, &global.schema).await?;
+        return print(
+            args.output,
+            &DryRun {
+                schema: &global.schema,
+                version,
+            },
+        );
     }
     let report = outbox_core::migrate(&mut client, &global.schema).await?;
     if args.row_security {
         outbox_core::enable_row_security(&mut client, &global.schema).await?;
     }
-    match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "schema": global.schema.name(),
-                "applied": report.applied,
-                "already_applied": report.already_applied,
-                "row_security": args.row_security,
-            })
-        ),
-        Output::Table => {
-            if report.applied.is_empty() {
-                println!(
-                    "schema {} is up to date ({} migration(s) applied earlier)",
-                    global.schema,
-                    report.already_applied.len()
-                );
-            } else {
-                println!(
-                    "schema {}: applied migration(s) {:?}",
-                    global.schema, report.applied
-                );
-            }
-            if args.row_security {
-                println!(
-                    "schema {}: per-project row security is on for its roles",
-                    global.schema
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Lists what `migrate` would apply, without taking its lock or changing anything; refuses,
-/// as `migrate` would, a schema migrated by a newer build or with an altered migration.
-async fn dry_run(
-    global: &Global,
-    client: &tokio_postgres::Client,
-    output: Output,
-) -> Result<(), Failure> {
-    let version = outbox_core::schema_version(client, &global.schema).await?;
-    match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::json!({
-                "schema": global.schema.name(),
-                "dry_run": true,
-                "already_applied": version.applied,
-                "pending": version.pending.iter().map(|m| serde_json::json!({
-                    "version": m.version,
-                    "name": m.name,
-                    "checksum": m.checksum(),
-                })).collect::<Vec<_>>(),
-            })
-        ),
-        Output::Table => {
-            if version.pending.is_empty() {
-                println!(
-                    "schema {} is up to date ({} migration(s) applied); nothing to do",
-                    global.schema,
-                    version.applied.len()
-                );
-            } else {
-                println!(
-                    "schema {}: {} pending migration(s) (dry run, nothing applied):",
-                    global.schema,
-                    version.pending.len()
-                );
-                for m in &version.pending {
-                    println!("  {:04}_{}", m.version, m.name);
-                }
-            }
-        }
-    }
-    Ok(())
+    print(
+        args.output,
+        &Migrated {
+            schema: &global.schema,
+            report,
+            row_security: args.row_security,
+        },
+    )
 }

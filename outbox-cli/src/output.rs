@@ -1,5 +1,7 @@
-//! Rendering shared by the operator commands: aligned tables, key/value blocks, one JSON
-//! document, and the small formatting rules they share (times, ages, missing values).
+//! The one output path of every command: a result type implements [`Render`] (its table or
+//! text form, its JSON document, an optional note for stderr) and [`print`] writes it as the
+//! `--output` flag asks. Also the pieces the table forms share: aligned tables, key/value
+//! blocks, and the small formatting rules (times, ages, missing values).
 
 use std::fmt::Display;
 use std::io::Write;
@@ -7,7 +9,37 @@ use std::io::Write;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::cli::Output;
 use crate::failure::Failure;
+
+/// A command's result, printable as a table (or text) and as one JSON document.
+pub trait Render {
+    /// The human form: a table, key/value lines or a sentence, ending in a newline.
+    fn table(&self) -> String;
+
+    /// The machine form, written as one JSON document on one line.
+    fn json(&self) -> impl Serialize + '_;
+
+    /// A remark for stderr after the table form (a listing cut short by its limit, say);
+    /// never part of stdout.
+    fn note(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Writes `value` to stdout in the `output` format (and its note, after a table, to stderr).
+pub fn print(output: Output, value: &impl Render) -> Result<(), Failure> {
+    match output {
+        Output::Json => json(&value.json()),
+        Output::Table => {
+            emit(&value.table())?;
+            if let Some(note) = value.note() {
+                eprintln!("note: {note}");
+            }
+            Ok(())
+        }
+    }
+}
 
 /// An aligned, plain-text table: a header row, then one row per item, columns separated by
 /// two spaces. Cells are escaped so that stored text can never break the layout or send
@@ -127,6 +159,26 @@ pub fn age(secs: Option<f64>) -> String {
     if negative { format!("-{text}") } else { text }
 }
 
+/// A configured duration the way it is written on the command line: its largest exact unit
+/// (`30d`, `12h`, `90m`, `45s`, `250ms`).
+pub fn duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms == 0 {
+        return "0s".to_owned();
+    }
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
 /// Writes `text` to stdout. A closed pipe (`outbox status | head`) is not an error.
 pub fn emit(text: &str) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
@@ -173,6 +225,11 @@ mod tests {
 
     #[test]
     fn ages_use_two_units() {
+        assert_eq!(duration(std::time::Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(duration(std::time::Duration::from_secs(36 * 3600)), "36h");
+        assert_eq!(duration(std::time::Duration::from_secs(90)), "90s");
+        assert_eq!(duration(std::time::Duration::from_millis(250)), "250ms");
+        assert_eq!(duration(std::time::Duration::ZERO), "0s");
         assert_eq!(age(None), "-");
         assert_eq!(age(Some(0.25)), "250ms");
         assert_eq!(age(Some(42.9)), "42s");

@@ -8,7 +8,7 @@ use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
 
 use crate::cli::{Global, Output};
 use crate::failure::Failure;
-use crate::output::{Table, emit, json};
+use crate::output::{Render, Table, print};
 
 /// `outbox prune`.
 #[derive(Debug, Args)]
@@ -73,9 +73,30 @@ pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
         }
         return Err(e.into());
     }
-    match args.output {
-        Output::Json => json(&report),
-        Output::Table => emit(&render(&report, args.project.as_ref())),
+    print(
+        args.output,
+        &Pruned {
+            report,
+            project: args.project.as_ref(),
+        },
+    )
+}
+
+/// A sweep's report, with the project it was limited to (for the "nothing to prune" line).
+struct Pruned<'a> {
+    /// What the sweep did.
+    report: PruneReport,
+    /// `--project`, if given.
+    project: Option<&'a ProjectId>,
+}
+
+impl Render for Pruned<'_> {
+    fn table(&self) -> String {
+        render(&self.report, self.project)
+    }
+
+    fn json(&self) -> impl serde::Serialize + '_ {
+        &self.report
     }
 }
 
@@ -96,27 +117,15 @@ fn render(report: &PruneReport, project: Option<&ProjectId>) -> String {
         }
         return out;
     }
-    let mut table = Table::new(if report.dry_run {
-        &[
-            "PROJECT",
-            "HEAD",
-            "FLOOR",
-            "NEW FLOOR (DRY RUN)",
-            "EVENTS",
-            "DEAD LETTERS",
-            "HELD BY",
-        ]
-    } else {
-        &[
-            "PROJECT",
-            "HEAD",
-            "FLOOR",
-            "NEW FLOOR",
-            "EVENTS",
-            "DEAD LETTERS",
-            "HELD BY",
-        ]
-    });
+    let mut table = Table::new(&[
+        "PROJECT",
+        "HEAD",
+        "FLOOR",
+        "NEW_FLOOR",
+        "EVENTS",
+        "DEAD_LETTERS",
+        "HELD_BY",
+    ]);
     for p in &report.projects {
         table.row(vec![
             p.project_id.clone(),
@@ -137,7 +146,7 @@ fn render(report: &PruneReport, project: Option<&ProjectId>) -> String {
         report.events_pruned,
         report.dead_letters_pruned,
         report.projects.len(),
-        humantime::format_duration(Duration::from_secs(report.retention_secs)),
+        crate::output::duration(Duration::from_secs(report.retention_secs)),
         report.batch_size,
     ));
     out

@@ -6,8 +6,8 @@ use clap::Args;
 use outbox_core::{Admin, HealthThresholds, ProjectId, Status};
 
 use crate::cli::{Global, Output, parse_duration};
-use crate::failure::Failure;
-use crate::output::{Table, age, emit, json, opt, time};
+use crate::failure::{ExitCode, Failure};
+use crate::output::{Render, Table, age, opt, print, time};
 use crate::prune_cmd::parse_retention;
 
 /// `outbox status`.
@@ -19,14 +19,20 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// Act as a monitoring probe: print as usual, then exit 5 if any health code is not `ok`
+    /// (naming each on stderr), 0 if all are.
+    #[arg(long)]
+    pub check: bool,
     /// A consumer more than this many events behind the head is `lagging`.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..))]
     pub max_lag: i64,
     /// An event failing (and holding its consumer's cursor) for longer is `stuck_retrying`.
     #[arg(long, value_parser = parse_duration, default_value = "15m")]
     pub max_retrying_age: Duration,
-    /// A held lease whose last heartbeat is older is `stale_heartbeat` (default: twice the
-    /// default heartbeat interval).
+    /// A live lease whose last heartbeat is older is `stale_heartbeat`; once the lease has
+    /// expired (or with none), a heartbeat this old while events wait is `not_running`, and a
+    /// consumer registered longer ago than this that never acknowledged anything is
+    /// `never_acknowledged` (default: twice the default heartbeat interval).
     #[arg(long, value_parser = parse_duration, default_value = "20s")]
     pub max_heartbeat_age: Duration,
     /// Committed events unsequenced for longer mean `sequencer_stalled` (no consumer or
@@ -65,9 +71,49 @@ pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
     let status = Admin::new(&global.schema)
         .status(&mut client, args.project.as_ref(), &thresholds)
         .await?;
-    match args.output {
-        Output::Json => json(&status),
-        Output::Table => emit(&render(&status)),
+    print(args.output, &status)?;
+    if !args.check {
+        return Ok(());
+    }
+    let problems = problems(&status);
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(Failure {
+        code: ExitCode::Unhealthy,
+        message: format!("unhealthy: {}", problems.join("; ")),
+    })
+}
+
+/// Every health code that is not `ok`, with what it is about.
+fn problems(status: &Status) -> Vec<String> {
+    let unhealthy = |health: &[outbox_core::Health]| {
+        health
+            .iter()
+            .any(|h| *h != outbox_core::Health::Ok)
+            .then(|| codes(health))
+    };
+    let projects = status.projects.iter().filter_map(|p| {
+        unhealthy(&p.health).map(|codes| format!("project {}: {codes}", p.project_id))
+    });
+    let consumers = status.consumers.iter().filter_map(|s| {
+        unhealthy(&s.health).map(|codes| {
+            format!(
+                "consumer {} of project {}: {codes}",
+                s.consumer.consumer_id, s.consumer.project_id
+            )
+        })
+    });
+    projects.chain(consumers).collect()
+}
+
+impl Render for Status {
+    fn table(&self) -> String {
+        render(self)
+    }
+
+    fn json(&self) -> impl serde::Serialize + '_ {
+        self
     }
 }
 
@@ -121,7 +167,7 @@ fn render(status: &Status) -> String {
         "RETRYING",
         "ATTEMPTS",
         "NEXT_ATTEMPT",
-        "DEAD",
+        "DEAD_LETTERS",
         "HEALTH",
     ]);
     for s in &status.consumers {

@@ -39,8 +39,12 @@ pub struct ConsumerConfig {
     pub heartbeat_interval: Duration,
     /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`).
     pub poll_interval: Duration,
-    /// How often this process runs the sequencer; `None` leaves it to other processes.
+    /// Whether this process takes part in the sequencer election, and the slowest tick of its
+    /// sequencer while it leads and nothing arrives (after activity it ticks every
+    /// [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other processes.
     pub sequence_interval: Option<Duration>,
+    /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
+    pub sequencer_lease_ttl: Duration,
     /// Retry schedule for failed events.
     pub retry: RetrySchedule,
     /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
@@ -53,6 +57,9 @@ pub struct ConsumerConfig {
     pub wait_for_lease: bool,
     /// Reactivate a retired consumer (it then reconciles) instead of refusing to start.
     pub reactivate: bool,
+    /// Stop (returning `Ok`) once every committed event is numbered and handled and no failed
+    /// event is waiting for a retry: for scripts and batch jobs.
+    pub exit_when_caught_up: bool,
     /// How long shutdown waits for a running handler before abandoning its event.
     pub shutdown_grace: Duration,
     /// How often this process runs the retention sweep of its project (also once at start);
@@ -73,8 +80,8 @@ pub struct ConsumerConfig {
 pub struct ConfigError(pub String);
 
 impl ConsumerConfig {
-    /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, sequencer
-    /// every 10 ms, the standard retry schedule, LISTEN on, reconcile when the cursor is
+    /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, an elected
+    /// sequencer (10 s lease) ticking every 2 ms after activity and every 50 ms when idle, the standard retry schedule, LISTEN on, reconcile when the cursor is
     /// missing, wait for a held lease, 10 s shutdown grace, a retention sweep at start and
     /// hourly with 30 days' retention.
     pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
@@ -86,13 +93,15 @@ impl ConsumerConfig {
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
-            sequence_interval: Some(Duration::from_millis(10)),
+            sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
+            sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
             retry: RetrySchedule::default(),
             listen: true,
             start_from: StartFrom::Reconcile,
             live_query: DEFAULT_LIVE_QUERY.to_owned(),
             wait_for_lease: true,
             reactivate: false,
+            exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
             prune_interval: Some(Duration::from_secs(3600)),
             retention: outbox_core::DEFAULT_RETENTION,
@@ -122,6 +131,13 @@ impl ConsumerConfig {
         }
         if self.sequence_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("sequence interval must be positive".into()));
+        }
+        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+            return Err(ConfigError(format!(
+                "sequencer lease TTL {:?} is below the minimum of {:?}",
+                self.sequencer_lease_ttl,
+                outbox_core::MIN_SEQUENCER_LEASE_TTL
+            )));
         }
         if self.prune_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("prune interval must be positive".into()));
@@ -171,6 +187,9 @@ mod tests {
         let mut c = config();
         c.prune_interval = Some(Duration::ZERO);
         assert!(c.validate().unwrap_err().0.contains("prune interval"));
+        let mut c = config();
+        c.sequencer_lease_ttl = Duration::from_millis(100);
+        assert!(c.validate().unwrap_err().0.contains("sequencer lease"));
         let mut c = config();
         c.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
         assert!(c.validate().unwrap_err().0.contains("retention"));

@@ -86,6 +86,20 @@ where
     }
 }
 
+/// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an
+/// abandonment (not the event's fault, not counted), `Ok(Some(class))` a failure of the event.
+fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
+    if let Some(reason) = failure.stop_reason() {
+        return Err(ConsumerError::SinkFailed {
+            reason: reason.to_owned(),
+        });
+    }
+    if failure.is_abandoned() {
+        return Ok(None);
+    }
+    Ok(Some(failure.class))
+}
+
 impl<H: Handler> DispatchMode for Plain<H> {
     async fn deliver(
         &self,
@@ -101,7 +115,10 @@ impl<H: Handler> DispatchMode for Plain<H> {
             match guarded(ctx, self.0.handle(event)).await {
                 Some(Ok(())) => handled += 1,
                 Some(Err(f)) => {
-                    failure = Some(f.class);
+                    failure = triage(f)?;
+                    if failure.is_none() {
+                        tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");
+                    }
                     break;
                 }
                 None => {
@@ -111,12 +128,15 @@ impl<H: Handler> DispatchMode for Plain<H> {
             }
         }
         if handled > 0 {
-            if let Err(f) = self.0.before_ack().await {
-                // Nothing handled is durable: deliver it all again, charging the first event.
+            if let Err(partial) = self.0.before_ack_prefix(&events[..handled]).await {
+                // Only the durable prefix is acknowledged; the event after it is charged with
+                // the failure (unless it was the sink's or shutdown's) and everything after
+                // that is delivered again. A broken sink stops the run before any of it is
+                // acknowledged.
                 return Ok(BatchOutcome {
-                    handled: 0,
+                    handled: partial.durable.min(handled - 1),
                     acked: false,
-                    failure: Some(f.class),
+                    failure: triage(partial.failure)?,
                 });
             }
         }
@@ -136,7 +156,16 @@ impl<H: Handler> DispatchMode for Plain<H> {
             return Ok(None);
         };
         if result.is_ok() {
-            result = self.0.before_ack().await;
+            result = self
+                .0
+                .before_ack_prefix(std::slice::from_ref(event))
+                .await
+                .map_err(|partial| partial.failure);
+        }
+        if let Err(f) = &result {
+            if triage(f.clone())?.is_none() {
+                return Ok(None);
+            }
         }
         let mut client = ctx.pool.get().await?;
         let tx = client.transaction().await?;
@@ -181,7 +210,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                     return Ok(BatchOutcome {
                         handled: index,
                         acked: true,
-                        failure: Some(f.class),
+                        failure: triage(f)?,
                     });
                 }
                 None => {
@@ -213,6 +242,12 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
             tx.rollback().await?;
             return Ok(None);
         };
+        if let Err(f) = &result {
+            if triage(f.clone())?.is_none() {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+        }
         if result.is_ok() {
             store::record_replay(&tx, ctx.statements, ctx.lease, event, &result).await?;
             tx.commit().await?;

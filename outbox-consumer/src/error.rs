@@ -49,6 +49,20 @@ pub enum ConsumerError {
         /// The reconciler's failure class.
         class: crate::event::FailureClass,
     },
+    /// The handler's sink cannot work ([`crate::HandlerFailure::stop`]); nothing of the current
+    /// batch was acknowledged or recorded as failed.
+    #[error("{reason}; stopped without acknowledging or failing the undelivered events")]
+    SinkFailed {
+        /// What the sink reported.
+        reason: String,
+    },
+    /// The reconciliation live-set query does not have the required shape (checked when it
+    /// is first prepared, before the lease is claimed).
+    #[error("invalid live query: {0}")]
+    LiveQueryInvalid(String),
+    /// The reconciliation live-set query failed when it ran.
+    #[error("the live query failed during reconciliation: {0}")]
+    LiveQueryFailed(String),
     /// The consumer was retired by an operator.
     #[error(
         "consumer {consumer} of project {project} is retired (by {by}: {reason}); start it with \

@@ -28,7 +28,7 @@ pub struct ObservedEvent {
     #[serde(serialize_with = "rfc3339_micros")]
     pub deleted_at: DateTime<Utc>,
     /// The process that wrote the event (the origin).
-    pub origin_writer: String,
+    pub writer_process_id: String,
     /// When the event was written.
     #[serde(serialize_with = "rfc3339_micros")]
     pub occurred_at: DateTime<Utc>,
@@ -78,6 +78,11 @@ impl FailureClass {
         &self.0
     }
 
+    /// A stored payload could not be decoded (the runtime fails and parks such an event).
+    pub fn undecodable_payload() -> Self {
+        Self("undecodable_payload".into())
+    }
+
     /// A handler failed without saying why.
     pub fn handler_error() -> Self {
         Self("handler_error".into())
@@ -95,23 +100,75 @@ impl std::fmt::Display for FailureClass {
     }
 }
 
-/// A handler's failure: the event is retried on the schedule, then parked.
+/// A handler's failure. Usually a failure of the event ([`HandlerFailure::new`]): it is
+/// retried on the schedule, then parked. Two failures are not the event's fault and are never
+/// charged to it: the sink itself is broken ([`HandlerFailure::stop`]), or shutdown interrupted
+/// the handler ([`HandlerFailure::abandon`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandlerFailure {
     /// Bounded code recorded in `lifecycle_deliveries.last_failure_class`.
     pub class: FailureClass,
+    /// Whose failure this is.
+    kind: FailureKind,
+}
+
+/// Whose failure a [`HandlerFailure`] is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FailureKind {
+    /// The event's: retry on the schedule, then park.
+    Event,
+    /// The sink's (stdout closed, a child command that cannot run): stop the consumer.
+    Stop(String),
+    /// Shutdown's: deliver again on the next run, uncounted.
+    Abandon,
 }
 
 impl HandlerFailure {
-    /// A failure of the given class.
+    /// A failure of the event, of the given class.
     pub fn new(class: FailureClass) -> Self {
-        Self { class }
+        Self {
+            class,
+            kind: FailureKind::Event,
+        }
+    }
+
+    /// The sink itself cannot work (its output is closed, its command cannot be run), so no
+    /// event can succeed. The consumer stops with [`crate::ConsumerError::SinkFailed`]
+    /// carrying `reason`, without acknowledging the batch or recording a failure: the next
+    /// run delivers the same events again.
+    pub fn stop(reason: impl Into<String>) -> Self {
+        Self {
+            class: FailureClass("sink_failed".into()),
+            kind: FailureKind::Stop(reason.into()),
+        }
+    }
+
+    /// Shutdown interrupted the handler before it could deliver the event (it would not start
+    /// new work, say). Not counted as a failure; the event is delivered again on the next run.
+    pub fn abandon() -> Self {
+        Self {
+            class: FailureClass::abandoned(),
+            kind: FailureKind::Abandon,
+        }
+    }
+
+    /// Why the sink stopped, for a [`HandlerFailure::stop`].
+    pub fn stop_reason(&self) -> Option<&str> {
+        match &self.kind {
+            FailureKind::Stop(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// True for a [`HandlerFailure::abandon`].
+    pub fn is_abandoned(&self) -> bool {
+        self.kind == FailureKind::Abandon
     }
 }
 
 impl From<FailureClass> for HandlerFailure {
     fn from(class: FailureClass) -> Self {
-        Self { class }
+        Self::new(class)
     }
 }
 

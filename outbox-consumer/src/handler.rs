@@ -9,7 +9,8 @@ use crate::event::{HandlerFailure, ObservedEvent};
 /// Receives events in sequence order, at least once.
 ///
 /// The runtime acknowledges after `handle` returns `Ok`, possibly for several events at once;
-/// [`Handler::before_ack`] runs first, so a buffering handler can make its effects durable.
+/// [`Handler::before_ack_prefix`] (by default [`Handler::before_ack`]) runs first, so a
+/// buffering or pipelining handler can make its effects durable.
 pub trait Handler: Send + Sync + 'static {
     /// Handles one event. An `Err` holds the cursor and schedules a retry.
     fn handle(
@@ -22,6 +23,41 @@ pub trait Handler: Send + Sync + 'static {
     fn before_ack(&self) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
         async { Ok(()) }
     }
+
+    /// Like [`Handler::before_ack`], for a handler whose effects complete asynchronously and
+    /// can fail one event at a time (a pipelined publisher: `handle` starts the effect, this
+    /// waits for the confirmations). `handled` are the events `handle` accepted since the last
+    /// acknowledgement, in order. `Ok` makes all of them eligible for acknowledgement;
+    /// `Err(PartialAck { durable, failure })` acknowledges only the first `durable` and charges
+    /// `failure` to `handled[durable]`, which then follows the retry schedule like any failed
+    /// event; nothing after it is acknowledged. A [`HandlerFailure::stop`] failure instead ends
+    /// the run without acknowledging anything (the durable prefix is delivered again by the
+    /// next run), and a [`HandlerFailure::abandon`] one charges no attempt.
+    ///
+    /// The default calls [`Handler::before_ack`] and treats its failure as a failure of the
+    /// first event, so handlers that only implement `before_ack` behave as before.
+    fn before_ack_prefix(
+        &self,
+        handled: &[ObservedEvent],
+    ) -> impl Future<Output = Result<(), PartialAck>> + Send {
+        let _ = handled;
+        async {
+            self.before_ack().await.map_err(|failure| PartialAck {
+                durable: 0,
+                failure,
+            })
+        }
+    }
+}
+
+/// How far a handler's [`Handler::before_ack_prefix`] got: the first `durable` events are
+/// done, the next one failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartialAck {
+    /// Events, from the start of the handled prefix, whose effects are complete.
+    pub durable: usize,
+    /// Why the event after them failed.
+    pub failure: HandlerFailure,
 }
 
 /// Receives events with the transaction in which the cursor advance will commit: database

@@ -6,11 +6,12 @@
 //! once it passes: a paused or partitioned process cannot keep acting on an expired lease
 //! while another process has already claimed it.
 
-use outbox_core::Unnamed as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
+use outbox_core::admin::{AuditLog, AuditRecord};
+use outbox_core::{AuditKind, ConsumerState, Unnamed as _};
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
@@ -148,16 +149,18 @@ impl Lease {
             .query_opt_unnamed(&self.explain, &[&self.fence.project, &self.fence.consumer])
             .await
         {
-            Ok(Some(row)) if row.get::<_, String>(0) == "retired" => Loss::Retired {
-                by: row.get::<_, Option<String>>(4).unwrap_or_default(),
-                reason: row.get::<_, Option<String>>(5).unwrap_or_default(),
+            Ok(Some(row)) => match ConsumerRow::decode(&row) {
+                Ok(row) if row.retired() => Loss::Retired {
+                    by: row.retired_by.unwrap_or_default(),
+                    reason: row.retired_reason.unwrap_or_default(),
+                },
+                Ok(row) => Loss::Other(format!(
+                    "claimed by {} (generation {})",
+                    row.lease_owner.unwrap_or_else(|| "nobody".into()),
+                    row.lease_generation
+                )),
+                Err(e) => Loss::Other(format!("the consumer row is unreadable: {e}")),
             },
-            Ok(Some(row)) => Loss::Other(format!(
-                "claimed by {} (generation {})",
-                row.get::<_, Option<String>>(1)
-                    .unwrap_or_else(|| "nobody".into()),
-                row.get::<_, i64>(2)
-            )),
             Ok(None) => Loss::Other("the consumer row is gone".into()),
             Err(e) => Loss::Other(format!(
                 "a fenced write was rejected ({})",
@@ -197,6 +200,35 @@ impl Lease {
     }
 }
 
+/// The consumer row as `CONSUMER_ROW` reads it: why a claim or a fenced write found nothing.
+struct ConsumerRow {
+    /// The stored state text (compared, not parsed: a state added later is not `retired`).
+    state: String,
+    lease_owner: Option<String>,
+    lease_generation: i64,
+    /// Seconds until the lease expires (0 when it has).
+    expires_in: f64,
+    retired_by: Option<String>,
+    retired_reason: Option<String>,
+}
+
+impl ConsumerRow {
+    fn decode(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            state: row.try_get("state")?,
+            lease_owner: row.try_get("lease_owner")?,
+            lease_generation: row.try_get("lease_generation")?,
+            expires_in: row.try_get("expires_in")?,
+            retired_by: row.try_get("retired_by")?,
+            retired_reason: row.try_get("retired_reason")?,
+        })
+    }
+
+    fn retired(&self) -> bool {
+        self.state == ConsumerState::Retired.as_str()
+    }
+}
+
 /// A successful claim.
 pub(crate) struct Claimed {
     /// The lease.
@@ -229,9 +261,9 @@ pub(crate) async fn claim(
             )
             .await?;
         if let Some(row) = row {
-            let generation: i64 = row.get(0);
-            let cursor: Option<i64> = row.get(1);
-            let created: bool = row.get(2);
+            let generation: i64 = row.try_get("lease_generation")?;
+            let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
+            let created: bool = row.try_get("created")?;
             tracing::info!(project, consumer, generation, ?cursor, "lease claimed");
             let fence = Fence {
                 project: project.to_owned(),
@@ -253,8 +285,8 @@ pub(crate) async fn claim(
         let row = client
             .query_one_unnamed(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
             .await?;
-        let state: String = row.get(0);
-        if state == "retired" {
+        let row = ConsumerRow::decode(&row)?;
+        if row.retired() {
             if config.reactivate {
                 let mut client = client;
                 reactivate(&mut client, config).await?;
@@ -263,13 +295,13 @@ pub(crate) async fn claim(
             return Err(ConsumerError::Retired {
                 project: project.to_owned(),
                 consumer: consumer.to_owned(),
-                by: row.get::<_, Option<String>>(4).unwrap_or_default(),
-                reason: row.get::<_, Option<String>>(5).unwrap_or_default(),
+                by: row.retired_by.unwrap_or_default(),
+                reason: row.retired_reason.unwrap_or_default(),
             });
         }
-        let holder: String = row.get::<_, Option<String>>(1).unwrap_or_default();
-        let generation: i64 = row.get(2);
-        let expires_in: f64 = row.get(3);
+        let holder: String = row.lease_owner.unwrap_or_default();
+        let generation = row.lease_generation;
+        let expires_in = row.expires_in;
         if !config.wait_for_lease {
             return Err(ConsumerError::LeaseHeld {
                 project: project.to_owned(),
@@ -301,6 +333,7 @@ async fn reactivate(
 ) -> Result<(), ConsumerError> {
     let project = config.project_id.as_str();
     let consumer = config.consumer_id.as_str();
+    let actor = reactivating_user();
     let tx = client.transaction().await?;
     let changed = tx
         .execute_unnamed(
@@ -309,18 +342,16 @@ async fn reactivate(
         )
         .await?;
     if changed == 1 {
-        tx.execute_unnamed(
-            &config.schema.render(sql::AUDIT),
-            &[
-                &"lifecycle-observation:consumer-reactivated",
-                &project,
-                &consumer,
-                &None::<String>,
-                &None::<String>,
-                &None::<i64>,
-            ],
-        )
-        .await?;
+        let record = AuditRecord {
+            kind: AuditKind::ConsumerReactivated,
+            project_id: project,
+            consumer_id: Some(consumer),
+            event_id: None,
+            actor: Some(&actor),
+            count: None,
+            reason: None,
+        };
+        AuditLog::new(&config.schema).record(&*tx, &record).await?;
     }
     tx.commit().await?;
     if changed == 1 {
@@ -331,6 +362,22 @@ async fn reactivate(
         );
     }
     Ok(())
+}
+
+/// Who reactivates a consumer, for the audit row: the OS user and host running the process
+/// (`alice@worker-3`), as `outbox consume --reactivate` takes no operator name.
+fn reactivating_user() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown-user".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{user}@{host}")
 }
 
 /// Renews the lease every `interval` until `stop`; marks it lost when a renewal is rejected.

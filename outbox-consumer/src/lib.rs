@@ -52,6 +52,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod background;
 mod config;
 mod dispatch;
 mod error;
@@ -59,6 +60,7 @@ mod event;
 mod handler;
 mod lease;
 mod listener;
+mod live_query;
 mod retry;
 mod runtime;
 mod sql;
@@ -68,6 +70,8 @@ pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
-pub use handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
+pub use handler::{
+    Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
+};
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

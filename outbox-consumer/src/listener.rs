@@ -14,42 +14,32 @@ use tokio::sync::{Notify, mpsc};
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{TaskGuard, backoff};
+
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a check may take before the connection is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
-/// First and largest reconnect delay.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-
-/// The reconnect delay after `failures` consecutive failures: doubling from 100 ms, capped at
-/// 10 s, with "equal jitter" (half fixed, half random) so restarted fleets do not reconnect in
-/// lock-step.
-pub(crate) fn backoff(failures: u32, random_unit: f64) -> Duration {
-    let exp = BACKOFF_MIN.saturating_mul(1u32 << failures.min(16));
-    let capped = exp.min(BACKOFF_MAX);
-    capped / 2 + capped.mul_f64(random_unit.clamp(0.0, 1.0) / 2.0)
-}
-
-/// Aborts a spawned task when dropped, so no task outlives its owner.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+/// Where the dedicated LISTEN connection goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The connection's configuration.
+    pub config: Config,
+    /// The pool's TLS connector, so that the listener verifies the server the same way;
+    /// `None` connects without TLS.
+    pub tls: Option<outbox_core::Connector>,
 }
 
 /// Listens until `stop`, calling `wake.notify_one()` for each notification about `project`
 /// and after each (re)connect.
 pub(crate) async fn listen(
-    mut config: Config,
-    tls: Option<outbox_core::Connector>,
+    target: Target,
     channel: String,
     project: String,
     wake: Arc<Notify>,
     stop: CancellationToken,
 ) {
+    let Target { mut config, tls } = target;
     if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
         config.keepalives_idle(Duration::from_secs(10));
     }
@@ -131,12 +121,12 @@ async fn session(
 fn drive<S, T>(
     mut connection: tokio_postgres::Connection<S, T>,
     tx: mpsc::UnboundedSender<String>,
-) -> AbortOnDrop
+) -> TaskGuard
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    AbortOnDrop(tokio::spawn(async move {
+    TaskGuard::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {
@@ -152,23 +142,5 @@ where
                 }
             }
         }
-    }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        assert_eq!(backoff(0, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(0, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(1, 0.0), Duration::from_millis(100));
-        assert_eq!(backoff(3, 1.0), Duration::from_millis(800));
-        assert_eq!(backoff(30, 0.0), Duration::from_secs(5));
-        assert_eq!(backoff(30, 1.0), Duration::from_secs(10));
-        for f in 0..40 {
-            assert!(backoff(f, 0.5) <= BACKOFF_MAX);
-        }
-    }
+    })
 }

@@ -1,24 +1,25 @@
 //! The consumer runtime: claim the lease, then loop over wake-ups, poll ticks and shutdown,
 //! delivering events in order from the cursor.
 
-use outbox_core::Unnamed as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::{PruneOptions, PruneReport, Pruner, Sequencer};
+use outbox_core::{Sequencer, Unnamed as _};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::{Config, IsolationLevel};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::background;
+use crate::listener;
 use crate::config::{ConfigError, ConsumerConfig, StartFrom};
 use crate::dispatch::{BatchOutcome, DispatchContext, DispatchMode, InTransaction, Plain};
 use crate::error::ConsumerError;
+use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
-use crate::listener;
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
@@ -103,25 +104,6 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
     }
 }
 
-/// Aborts a spawned task when dropped; `run` joins its tasks before returning.
-struct TaskGuard(Option<tokio::task::JoinHandle<()>>);
-
-impl TaskGuard {
-    async fn join(mut self) {
-        if let Some(handle) = self.0.take() {
-            let _ = handle.await;
-        }
-    }
-}
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        if let Some(handle) = self.0.take() {
-            handle.abort();
-        }
-    }
-}
-
 /// Per-run delivery state.
 struct Progress {
     /// Last acknowledged sequence; `None` while missing.
@@ -141,6 +123,67 @@ struct Progress {
     /// Last sequence (and count) handled by this run whose acknowledgement is still to be
     /// written.
     handled_through: Option<(i64, u64)>,
+    /// The unhandled rest of a batch behind a failed event (that event first), kept across
+    /// the retry wait so the retry reads nothing again. Used only while it still starts right
+    /// after the cursor; events never change once numbered, so the copy cannot be stale.
+    pending: Vec<ObservedEvent>,
+    /// The run's metrics.
+    meters: Meters,
+}
+
+impl Progress {
+    /// Records an acknowledged prefix in memory and metrics.
+    fn advance(&mut self, last: i64, count: u64) {
+        self.cursor = Some(last);
+        self.delivered += count;
+        if self.held.as_ref().is_some_and(|h| h.sequence <= last) {
+            self.held = None;
+        }
+        self.meters.delivered.increment(count);
+        self.meters.cursor.set(last as f64);
+    }
+}
+
+/// The consumer's metrics, labelled once per run with its project and ID.
+struct Meters {
+    /// `outbox_consumer_delivered_total`: events acknowledged in order.
+    delivered: metrics::Counter,
+    /// `outbox_consumer_cursor`: the last acknowledged sequence.
+    cursor: metrics::Gauge,
+    /// `outbox_consumer_failures_total`: failed attempts.
+    failures: metrics::Counter,
+    /// `outbox_consumer_dead_letters_total`: events parked.
+    dead_letters: metrics::Counter,
+}
+
+impl Meters {
+    fn new(config: &ConsumerConfig) -> Self {
+        let labels = [
+            ("project", config.project_id.to_string()),
+            ("consumer", config.consumer_id.to_string()),
+        ];
+        Self {
+            delivered: metrics::counter!("outbox_consumer_delivered_total", &labels),
+            cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
+            failures: metrics::counter!("outbox_consumer_failures_total", &labels),
+            dead_letters: metrics::counter!("outbox_consumer_dead_letters_total", &labels),
+        }
+    }
+}
+
+/// What the read phase found after the cursor.
+enum Read {
+    /// Nothing new.
+    Empty,
+    /// The first event after the cursor is missing: history is gone.
+    Gap,
+    /// The first event's payload cannot be decoded; it fails with this class.
+    Undecodable(Box<ObservedEvent>, FailureClass),
+    /// Contiguous, decoded events, and how many rows the read returned.
+    Events {
+        events: Vec<ObservedEvent>,
+        rows: usize,
+    },
 }
 
 /// Whether to go round again at once.
@@ -163,19 +206,42 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ))
             .into());
         }
-        let statements = Arc::new(Statements {
-            // Direct connections keep the hot path's statements prepared per connection.
-            cached: self.config.pooler == outbox_core::Pooler::None,
-            ..Statements::new(&self.config.schema)
-        });
+        let statements = Arc::new(Statements::new(&self.config.schema, self.config.pooler));
+        // A live query given explicitly is checked before the lease is claimed, so a wrong one
+        // holds nothing; the default is checked when it is first needed (a consumer that
+        // replays history from the earliest event may never reconcile, and its database need
+        // not have a `tasks` table).
+        if self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
+            let mut client = self.pool.get().await?;
+            crate::live_query::check(&mut client, &self.config.live_query).await?;
+        }
         let owner = owner_token();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
         };
+        if claimed.created {
+            tracing::info!(
+                "registering new consumer {} of project {}; it holds retention until retired",
+                self.config.consumer_id,
+                self.config.project_id
+            );
+        }
         let lease = Arc::new(claimed.lease);
         let stop = CancellationToken::new();
         let wake = Arc::new(Notify::new());
-        let tasks = self.spawn_background(&lease, &statements, &wake, &stop);
+        let listen = self.listen_config.clone().map(|config| listener::Target {
+            config,
+            tls: self.listen_tls.clone(),
+        });
+        let tasks = background::spawn(
+            &self.pool,
+            listen.as_ref(),
+            &self.config,
+            &lease,
+            &statements,
+            &wake,
+            &stop,
+        );
 
         let mut progress = Progress {
             cursor: claimed.cursor,
@@ -185,6 +251,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delivered: 0,
             new_consumer: claimed.created,
             handled_through: None,
+            pending: Vec::new(),
+            meters: Meters::new(&self.config),
         };
         let span = tracing::info_span!(
             "consumer",
@@ -215,61 +283,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         })
     }
 
-    fn spawn_background(
-        &self,
-        lease: &Arc<Lease>,
-        statements: &Arc<Statements>,
-        wake: &Arc<Notify>,
-        stop: &CancellationToken,
-    ) -> Vec<TaskGuard> {
-        let mut tasks = Vec::new();
-        {
-            let (pool, lease, stop) = (self.pool.clone(), lease.clone(), stop.clone());
-            let statement = statements.heartbeat.clone();
-            let interval = self.config.heartbeat_interval;
-            tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                lease::heartbeat(pool, &lease, statement, interval, stop).await
-            }))));
-        }
-        if let Some(interval) = self.config.sequence_interval {
-            let (pool, stop) = (self.pool.clone(), stop.clone());
-            let sequencer = Sequencer::new(&self.config.schema)
-                .with_idle_timeout(self.config.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
-            tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                run_sequencer(pool, sequencer, interval, stop).await
-            }))));
-        }
-        if let Some(interval) = self.config.prune_interval {
-            let options = PruneOptions {
-                retention: self.config.retention,
-                project: Some(self.config.project_id.clone()),
-                actor: format!("consumer:{}", self.config.consumer_id),
-                ..PruneOptions::default()
-            };
-            match Pruner::new(&self.config.schema, options) {
-                Ok(pruner) => {
-                    let (pool, stop) = (self.pool.clone(), stop.clone());
-                    tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                        run_pruner(pool, pruner, interval, stop).await
-                    }))));
-                }
-                Err(e) => tracing::error!(error = %e, "retention sweep disabled"),
-            }
-        }
-        // Behind a transaction pooler a LISTEN would be lost with its server session.
-        let listen = self.config.listen && self.config.pooler == outbox_core::Pooler::None;
-        if let (true, Some(config)) = (listen, self.listen_config.clone()) {
-            let channel = self.config.schema.channel();
-            let project = self.config.project_id.to_string();
-            let (wake, stop) = (wake.clone(), stop.clone());
-            let tls = self.listen_tls.clone();
-            tasks.push(TaskGuard(Some(tokio::spawn(async move {
-                listener::listen(config, tls, channel, project, wake, stop).await
-            }))));
-        }
-        tasks
-    }
-
     async fn deliver_loop(
         &self,
         lease: &Lease,
@@ -289,12 +302,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         failures = 0;
                         continue;
                     }
-                    Ok(Step::Idle) => failures = 0,
+                    Ok(Step::Idle) => {
+                        failures = 0;
+                        if self.config.exit_when_caught_up
+                            && self
+                                .caught_up(lease, statements, shutdown, progress)
+                                .await?
+                        {
+                            tracing::info!(cursor = ?progress.cursor, "caught up; stopping");
+                            return Ok(());
+                        }
+                    }
                     Err(e @ ConsumerError::LeaseLost { .. }) => return Err(e),
                     Err(e) if e.is_retryable() => {
                         failures = failures.saturating_add(1);
                         progress.bounds_checked = false;
-                        let delay = listener::backoff(failures, rand::random());
+                        progress.pending.clear();
+                        let delay = background::backoff(failures, rand::random());
                         tracing::warn!(error = %e, retry_in = ?delay, "transient failure; will retry");
                         tokio::select! {
                             _ = shutdown.cancelled() => return Ok(()),
@@ -325,6 +349,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
     }
 
+    /// One round: settle a missing cursor or an unacknowledged prefix first, then check the
+    /// cursor's bounds (once per (re)start), serve replay requests, and deliver the next batch.
     async fn step(
         &self,
         lease: &Lease,
@@ -332,71 +358,116 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<Step, ConsumerError> {
-        let project = &self.config.project_id;
-        let consumer = &self.config.consumer_id;
-        let mut client = self.pool.get().await?;
-
         let Some(cursor) = progress.cursor else {
-            drop(client);
             self.start_without_cursor(lease, statements, progress)
                 .await?;
             return Ok(Step::More);
         };
         if progress.handled_through.is_some() {
-            drop(client);
             self.ack_handled(lease, statements, progress).await?;
             return Ok(Step::More);
         }
         if !progress.bounds_checked {
-            let (head, floor) = store::bounds(&**client, statements, project.as_str()).await?;
-            let reason = if cursor < floor {
-                Some(ReconcileReason::BelowRetentionFloor)
-            } else if cursor > head {
-                Some(ReconcileReason::AboveHead)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                drop(client);
+            if let Some(reason) = self
+                .check_bounds(lease, statements, progress, cursor)
+                .await?
+            {
                 self.reconcile(lease, statements, progress, reason).await?;
                 return Ok(Step::More);
             }
-            progress.held = store::load_held(&**client, statements, lease, cursor).await?;
-            progress.bounds_checked = true;
         }
-
         if Instant::now() >= progress.next_replay_check {
             progress.next_replay_check = Instant::now() + self.config.poll_interval;
-            drop(client);
             self.replay_requested(lease, statements, shutdown).await?;
-            client = self.pool.get().await?;
         }
-
-        if progress
-            .held
-            .as_ref()
-            .is_some_and(|held| Instant::now() < held.ready_at)
-        {
-            return Ok(Step::Idle);
+        if let Some(held) = &progress.held {
+            let wait = held.ready_at.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                if progress.pending.is_empty() || wait > PRECISE_WAIT {
+                    return Ok(Step::Idle);
+                }
+                precise_wait(held.ready_at).await;
+            }
         }
+        if let Some(events) = take_pending(progress, cursor) {
+            return self
+                .dispatch_batch(lease, statements, shutdown, progress, events, true)
+                .await;
+        }
+        match self.read_batch(statements, progress, cursor).await? {
+            Read::Empty => Ok(Step::Idle),
+            Read::Gap => {
+                self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
+                    .await?;
+                Ok(Step::More)
+            }
+            Read::Undecodable(event, class) => {
+                self.fail(lease, statements, progress, &event, class)
+                    .await?;
+                Ok(Step::More)
+            }
+            Read::Events { events, rows } => {
+                // Go round again at once after a full batch, or one cut short by an
+                // undecodable event.
+                let more = rows as i64 == self.config.batch_size || events.len() < rows;
+                self.dispatch_batch(lease, statements, shutdown, progress, events, more)
+                    .await
+            }
+        }
+    }
 
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&project.as_str(), &cursor, &self.config.batch_size];
-        let rows = if statements.cached {
-            let statement = client.prepare_cached(&statements.read_batch).await?;
-            client.query(&statement, &params).await?
-        } else {
-            client
-                .query_unnamed(&statements.read_batch, &params)
-                .await?
+    /// Bounds check: a cursor below the retention floor or above the head means history is
+    /// missing (reconcile); otherwise loads the saved retry state of the next event.
+    async fn check_bounds(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        cursor: i64,
+    ) -> Result<Option<ReconcileReason>, ConsumerError> {
+        let client = self.pool.get().await?;
+        let project = self.config.project_id.as_str();
+        let (head, floor) = store::bounds(&**client, statements, project).await?;
+        if cursor < floor {
+            return Ok(Some(ReconcileReason::BelowRetentionFloor));
+        }
+        if cursor > head {
+            return Ok(Some(ReconcileReason::AboveHead));
+        }
+        progress.held = store::load_held(&**client, statements, lease, cursor).await?;
+        progress.bounds_checked = true;
+        Ok(None)
+    }
+
+    /// Read and decode: the contiguous run of events after `cursor`, up to the first
+    /// undecodable one (which is delivered on its own, as a failure, when it comes first).
+    async fn read_batch(
+        &self,
+        statements: &Statements,
+        progress: &Progress,
+        cursor: i64,
+    ) -> Result<Read, ConsumerError> {
+        let project = &self.config.project_id;
+        let consumer = &self.config.consumer_id;
+        let rows = {
+            let client = self.pool.get().await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&project.as_str(), &cursor, &self.config.batch_size];
+            if statements.cached {
+                let statement = client.prepare_cached(&statements.read_batch).await?;
+                client.query(&statement, &params).await?
+            } else {
+                client
+                    .query_unnamed(&statements.read_batch, &params)
+                    .await?
+            }
         };
-        drop(client);
         if rows.is_empty() {
-            return Ok(Step::Idle);
+            return Ok(Read::Empty);
         }
         let mut events = Vec::with_capacity(rows.len());
         for (index, row) in rows.iter().enumerate() {
-            let sequence: i64 = row.get(0);
+            let sequence: i64 = row.try_get("sequence")?;
             if sequence != cursor + 1 + index as i64 {
                 if index == 0 {
                     tracing::error!(
@@ -404,9 +475,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         next = sequence,
                         "gap after the cursor in retained history"
                     );
-                    self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
-                        .await?;
-                    return Ok(Step::More);
+                    return Ok(Read::Gap);
                 }
                 break;
             }
@@ -414,22 +483,35 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Some(held) if held.sequence == sequence => held.attempts + 1,
                 _ => 1,
             };
-            match store::decode(row, project, consumer, false, attempt) {
-                Ok(event) => events.push(event),
-                Err(class) => {
-                    // Deliver what precedes it; the undecodable event then fails on its own.
-                    if events.is_empty() {
-                        let event = placeholder_event(row, project, consumer, attempt);
-                        self.fail(lease, statements, progress, &event, class)
-                            .await?;
-                        return Ok(Step::More);
-                    }
-                    break;
+            let (event, undecodable) = store::decode(row, project, consumer, false, attempt)?;
+            if let Some(class) = undecodable {
+                // Deliver what precedes it; the undecodable event then fails on its own.
+                if events.is_empty() {
+                    return Ok(Read::Undecodable(Box::new(event), class));
                 }
+                break;
             }
+            events.push(event);
         }
+        Ok(Read::Events {
+            events,
+            rows: rows.len(),
+        })
+    }
 
-        let full_batch = rows.len() as i64 == self.config.batch_size;
+    /// Dispatch: hands the events to the dispatch mode, acknowledges the handled prefix and
+    /// records a failure of the event after it: a failure to be retried in the same statement
+    /// as the acknowledgement, keeping the rest of the batch in memory for the retry. `more`:
+    /// go round again at once when every event was handled.
+    async fn dispatch_batch(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+        mut events: Vec<ObservedEvent>,
+        more: bool,
+    ) -> Result<Step, ConsumerError> {
         let ctx = DispatchContext {
             pool: &self.pool,
             lease,
@@ -443,29 +525,124 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             acked,
             failure,
         } = self.dispatch.deliver(&ctx, &events).await?;
+        let retry_in = match (&failure, events.get(handled)) {
+            (Some(_), Some(event)) => self.config.retry.delay_after(event.attempt),
+            _ => None,
+        };
         if handled > 0 {
             let last = events[handled - 1].sequence;
             if acked {
-                self.advance(progress, last, handled as u64);
+                progress.advance(last, handled as u64);
             } else {
                 progress.handled_through = Some((last, handled as u64));
-                self.ack_handled(lease, statements, progress).await?;
+                if retry_in.is_none() {
+                    self.ack_handled(lease, statements, progress).await?;
+                }
             }
         }
         if let Some(class) = failure {
-            let event = &events[handled];
-            self.fail(lease, statements, progress, event, class).await?;
+            let rest = events.split_off(handled.min(events.len()));
+            match (retry_in, progress.cursor, rest.first()) {
+                (Some(delay), Some(cursor), Some(_)) => {
+                    self.retry_later(lease, statements, progress, cursor, rest, class, delay)
+                        .await?
+                }
+                (_, _, Some(event)) => {
+                    self.ack_handled(lease, statements, progress).await?;
+                    self.fail(lease, statements, progress, event, class).await?
+                }
+                (_, _, None) => {}
+            }
             return Ok(Step::More);
         }
         if handled < events.len() {
             // Stopped by shutdown or an invalid lease: the loop decides what happens next.
             return Ok(Step::Idle);
         }
-        Ok(if full_batch || events.len() < rows.len() {
-            Step::More
-        } else {
+        Ok(if more { Step::More } else { Step::Idle })
+    }
+
+    /// Saves a failed attempt to be retried after `delay` in the same statement as the
+    /// acknowledgement of what was handled before it, and keeps `rest` (the failed event
+    /// first) for the retry. The delay counts from the failure, so the write overlaps it.
+    #[allow(clippy::too_many_arguments)]
+    async fn retry_later(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        cursor: i64,
+        rest: Vec<ObservedEvent>,
+        class: FailureClass,
+        delay: Duration,
+    ) -> Result<(), ConsumerError> {
+        let failed_at = Instant::now();
+        let Some(event) = rest.first() else {
+            return Ok(());
+        };
+        let through = progress.handled_through.map_or(cursor, |(last, _)| last);
+        let attempts = event.attempt;
+        {
+            let client = self.pool.get().await?;
+            store::ack_and_retry(
+                &client, statements, lease, through, event, attempts, &class, delay,
+            )
+            .await?;
+        }
+        if let Some((last, count)) = progress.handled_through.take() {
+            progress.advance(last, count);
+        }
+        progress.meters.failures.increment(1);
+        tracing::warn!(
+            sequence = event.sequence, event_id = %event.event_id, attempts,
+            class = %class, retry_in = ?delay, "event failed; will retry"
+        );
+        progress.held = Some(Held {
+            sequence: event.sequence,
+            attempts,
+            ready_at: failed_at + delay,
+        });
+        progress.pending = rest;
+        Ok(())
+    }
+
+    /// Whether everything committed so far is handled: numbers what has committed (another
+    /// process may be doing that at the same moment: then nothing of the project may still be
+    /// waiting for a number), then finds nothing more to read and no failed event waiting for
+    /// its retry.
+    async fn caught_up(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+    ) -> Result<bool, ConsumerError> {
+        if progress.held.is_some() || progress.handled_through.is_some() {
+            return Ok(false);
+        }
+        {
+            let mut client = self.pool.get().await?;
+            if self.config.sequence_interval.is_some() {
+                Sequencer::new(&self.config.schema)
+                    .drain(&mut client)
+                    .await?;
+            }
+            let waiting: bool = client
+                .query_one_unnamed(
+                    &statements.has_unsequenced,
+                    &[&self.config.project_id.as_str()],
+                )
+                .await?
+                .try_get("waiting")?;
+            if waiting {
+                return Ok(false);
+            }
+        }
+        Ok(matches!(
+            self.step(lease, statements, shutdown, progress).await?,
             Step::Idle
-        })
+        ) && progress.held.is_none()
+            && progress.handled_through.is_none())
     }
 
     /// Acknowledges events this run handled but could not yet acknowledge (the write failed,
@@ -483,23 +660,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut client = self.pool.get().await?;
         store::ack(&mut client, statements, lease, held, through).await?;
         progress.handled_through = None;
-        self.advance(progress, through, count);
+        progress.advance(through, count);
         Ok(())
-    }
-
-    /// Records an acknowledged prefix in memory and metrics.
-    fn advance(&self, progress: &mut Progress, last: i64, count: u64) {
-        progress.cursor = Some(last);
-        progress.delivered += count;
-        if progress.held.as_ref().is_some_and(|h| h.sequence <= last) {
-            progress.held = None;
-        }
-        let labels = [
-            ("project", self.config.project_id.to_string()),
-            ("consumer", self.config.consumer_id.to_string()),
-        ];
-        metrics::counter!("outbox_consumer_delivered_total", &labels).increment(count);
-        metrics::gauge!("outbox_consumer_cursor", &labels).set(last as f64);
     }
 
     /// Saves a failed attempt of `event` (the one after the cursor).
@@ -508,8 +670,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         lease: &Lease,
         statements: &Statements,
         progress: &mut Progress,
-        event: &crate::event::ObservedEvent,
-        class: crate::event::FailureClass,
+        event: &ObservedEvent,
+        class: FailureClass,
     ) -> Result<(), ConsumerError> {
         let attempts = event.attempt;
         let delay = self.config.retry.delay_after(attempts);
@@ -524,11 +686,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delay,
         )
         .await?;
-        let labels = [
-            ("project", self.config.project_id.to_string()),
-            ("consumer", self.config.consumer_id.to_string()),
-        ];
-        metrics::counter!("outbox_consumer_failures_total", &labels).increment(1);
+        progress.meters.failures.increment(1);
         match delay {
             Some(delay) => {
                 tracing::warn!(
@@ -546,7 +704,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     sequence = event.sequence, event_id = %event.event_id, attempts,
                     class = %class, "event parked as a dead letter; the stream moves on"
                 );
-                metrics::counter!("outbox_consumer_dead_letters_total", &labels).increment(1);
+                progress.meters.dead_letters.increment(1);
                 progress.held = None;
                 progress.cursor = Some(event.sequence);
             }
@@ -594,6 +752,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let project = self.config.project_id.as_str();
         tracing::info!(reason = reason.as_str(), cursor = ?progress.cursor, "reconciling");
         let mut client = self.pool.get().await?;
+        // The run then ends with the error, releasing its lease.
+        crate::live_query::check(&mut client, &self.config.live_query).await?;
         if self.config.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
             Sequencer::new(&self.config.schema)
@@ -607,12 +767,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .start()
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let task_ids: Vec<String> = tx
-            .query_unnamed(&self.config.live_query, &[&project])
-            .await?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+        let task_ids = crate::live_query::task_ids(&*tx, &self.config.live_query, project).await?;
         tx.commit().await?;
         drop(client);
         let live = LiveSet {
@@ -622,6 +777,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             reason,
         };
         if let Err(failure) = outbox_core::observe(self.reconciler.reconcile(&live)).await {
+            if let Some(reason) = failure.stop_reason() {
+                return Err(ConsumerError::SinkFailed {
+                    reason: reason.to_owned(),
+                });
+            }
             tracing::error!(class = %failure.class, "reconciler failed; will try again");
             return Err(ConsumerError::ReconcilerFailed {
                 class: failure.class,
@@ -672,21 +832,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             if !lease.is_valid() || shutdown.is_cancelled() {
                 break;
             }
-            let attempts: i32 = row.get(9);
+            let attempts: i32 = row.try_get("attempts")?;
             let attempt = attempts.max(0) as u32 + 1;
-            let event = match store::decode(&row, project, consumer, true, attempt) {
-                Ok(event) => event,
-                Err(class) => {
-                    let event = placeholder_event(&row, project, consumer, attempt);
-                    let mut client = self.pool.get().await?;
-                    let tx = client.transaction().await?;
-                    store::lock_fence(&tx, statements, lease).await?;
-                    store::record_replay(&tx, statements, lease, &event, &Err(class.into()))
-                        .await?;
-                    tx.commit().await?;
-                    continue;
-                }
-            };
+            let (event, undecodable) = store::decode(&row, project, consumer, true, attempt)?;
+            if let Some(class) = undecodable {
+                let mut client = self.pool.get().await?;
+                let tx = client.transaction().await?;
+                store::lock_fence(&tx, statements, lease).await?;
+                store::record_replay(&tx, statements, lease, &event, &Err(class.into())).await?;
+                tx.commit().await?;
+                continue;
+            }
             match self.dispatch.replay(&ctx, &event).await? {
                 Some(Ok(())) => tracing::info!(event_id = %event.event_id, "dead letter replayed"),
                 Some(Err(f)) => tracing::warn!(
@@ -700,117 +856,50 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 }
 
-/// An event whose payload could not be decoded, carried far enough to be failed and parked.
-fn placeholder_event(
-    row: &tokio_postgres::Row,
-    project: &outbox_core::ProjectId,
-    consumer: &outbox_core::ConsumerId,
-    attempt: u32,
-) -> crate::event::ObservedEvent {
-    crate::event::ObservedEvent {
-        observed: true,
-        event_type: row.get(1),
-        project_id: project.clone(),
-        consumer_id: consumer.clone(),
-        sequence: row.get(0),
-        event_id: row.get(2),
-        task_id: row.get(3),
-        deleted_at: row.get(4),
-        origin_writer: row.get(5),
-        occurred_at: row.get(6),
-        payload_version: row.get(7),
-        prior: outbox_core::Prior::default(),
-        replay: false,
-        attempt,
+/// Retry waits at most this long are slept precisely (and without going back round the
+/// loop) when the rest of the batch is in memory: tokio's timers fire on whole milliseconds,
+/// which would nearly double a 1 ms retry delay.
+const PRECISE_WAIT: Duration = Duration::from_millis(2);
+
+/// The last stretch of a precise wait, spent yielding rather than asleep: the OS wakes a
+/// sleeping thread some tens of microseconds late (its timer slack), which at a 1 ms delay
+/// is several per cent of the wait.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Waits until `until` (at most [`PRECISE_WAIT`] away) on a blocking thread, to within a few
+/// microseconds rather than to the next millisecond tick.
+async fn precise_wait(until: Instant) {
+    let deadline = until.into_std();
+    let waited = tokio::task::spawn_blocking(move || {
+        let now = std::time::Instant::now();
+        let left = deadline.saturating_duration_since(now).min(PRECISE_WAIT);
+        if let Some(asleep) = left.checked_sub(SPIN) {
+            std::thread::sleep(asleep);
+        }
+        let deadline = now + left;
+        while std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+    })
+    .await;
+    if waited.is_err() {
+        tokio::time::sleep_until(until).await;
     }
 }
 
-/// Numbers committed events every `interval` until `stop`.
-async fn run_sequencer(
-    pool: Pool,
-    sequencer: Sequencer,
-    interval: Duration,
-    stop: CancellationToken,
-) {
-    let mut failures: u32 = 0;
-    loop {
-        let delay = if failures == 0 {
-            interval
-        } else {
-            listener::backoff(failures, rand::random()).max(interval)
-        };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        let result = async {
-            let mut client = pool.get().await?;
-            sequencer.drain(&mut client).await?;
-            Ok::<_, ConsumerError>(())
-        }
-        .await;
-        match result {
-            Ok(()) => failures = 0,
-            Err(e) => {
-                if failures == 0 {
-                    tracing::warn!(error = %e, "sequencer tick failed; backing off");
-                }
-                failures = failures.saturating_add(1);
-            }
-        }
+/// The kept rest of a batch, if it still starts right after `cursor`, with the first event's
+/// attempt number brought up to date; a kept rest that no longer fits is dropped.
+fn take_pending(progress: &mut Progress, cursor: i64) -> Option<Vec<ObservedEvent>> {
+    let mut events = std::mem::take(&mut progress.pending);
+    let first = events.first_mut()?;
+    if first.sequence != cursor + 1 {
+        return None;
     }
-}
-
-/// Runs the retention sweep of the consumer's project at once and then every `interval` until
-/// `stop`. A failed sweep is logged and tried again at the next interval, never fatal. Each
-/// batch takes a pooled connection of its own, so a long sweep never starves the heartbeat.
-async fn run_pruner(pool: Pool, pruner: Pruner, interval: Duration, stop: CancellationToken) {
-    loop {
-        match sweep_once(&pool, &pruner, &stop).await {
-            Ok(report) => {
-                for project in &report.projects {
-                    let labels = [("project", project.project_id.clone())];
-                    metrics::counter!("outbox_pruned_events_total", &labels)
-                        .increment(project.events_pruned);
-                    metrics::counter!("outbox_pruned_dead_letters_total", &labels)
-                        .increment(project.dead_letters_pruned);
-                    metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
-                }
-            }
-            Err(e) => tracing::warn!(
-                error = %e, retry_in = ?interval,
-                "retention sweep failed; will try again at the next interval"
-            ),
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-    }
-}
-
-/// One sweep, batch by batch; stops between (or abandons a running) batch on `stop`. An
-/// abandoned batch's transaction rolls back.
-async fn sweep_once(
-    pool: &Pool,
-    pruner: &Pruner,
-    stop: &CancellationToken,
-) -> Result<PruneReport, ConsumerError> {
-    let mut sweep = pruner.sweep();
-    loop {
-        let mut client = tokio::select! {
-            _ = stop.cancelled() => break,
-            client = pool.get() => client?,
-        };
-        let more = tokio::select! {
-            _ = stop.cancelled() => break,
-            more = sweep.step(&mut client) => more?,
-        };
-        if !more {
-            break;
-        }
-    }
-    Ok(sweep.into_report())
+    first.attempt = match &progress.held {
+        Some(held) if held.sequence == first.sequence => held.attempts + 1,
+        _ => 1,
+    };
+    Some(events)
 }
 
 /// Names this process run in `lease_owner`: host, PID and a random suffix. It identifies a

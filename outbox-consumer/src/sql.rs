@@ -64,6 +64,20 @@ FOR NO KEY UPDATE";
 /// Advances the cursor. `$5`: the new last acknowledged sequence.
 pub const ACK: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
+SET last_acked_sequence = $5, last_acked_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'";
+
+/// Whether project `$1` has committed events still waiting for a number (the sequencer's work
+/// list is a small partial index).
+pub const HAS_UNSEQUENCED: &str = "
+SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox
+               WHERE project_id = $1 AND sequence IS NULL) AS waiting";
+
+/// Moves the cursor without acknowledging a delivery (past a parked event, or to the floor for
+/// an earliest start). `$5`: the new cursor.
+pub const MOVE_CURSOR: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
 SET last_acked_sequence = $5
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
@@ -77,7 +91,8 @@ WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_genera
 
 /// The project's head and retention floor (zero for a project with no events yet).
 pub const PROJECT_BOUNDS: &str = "
-SELECT COALESCE(max(head_sequence), 0), COALESCE(max(pruned_through), 0)
+SELECT COALESCE(max(head_sequence), 0) AS head_sequence,
+       COALESCE(max(pruned_through), 0) AS pruned_through
 FROM {{schema}}.lifecycle_project_heads
 WHERE project_id = $1";
 
@@ -129,6 +144,59 @@ pub const CLEAR_PASSED_RETRIES: &str = "
 DELETE FROM {{schema}}.lifecycle_deliveries
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $3";
 
+/// Advances the cursor to `$5` and forgets retry state it passed, in one statement (one round
+/// trip, no explicit transaction). Fenced like [`ACK`]: returns `acked` = 0, and changes
+/// nothing, when the lease is no longer ours.
+pub const ACK_CLEARING: &str = "
+WITH acked AS (
+    UPDATE {{schema}}.lifecycle_consumer_cursors
+    SET last_acked_sequence = $5, last_acked_at = now()
+    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+      AND state = 'active'
+    RETURNING 1
+),
+cleared AS (
+    DELETE FROM {{schema}}.lifecycle_deliveries
+    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $5
+      AND EXISTS (SELECT 1 FROM acked)
+)
+SELECT count(*) AS acked FROM acked";
+
+/// A failed attempt recorded with the acknowledgement of the prefix handled before it, in one
+/// statement: the cursor advances to `$5` (unchanged when nothing was handled), retry state it
+/// passed is forgotten, and the failed event (`$6` event, `$7` sequence, `$8` attempts so far,
+/// `$9` seconds until the next attempt, `$10` failure class) is saved as in [`RECORD_RETRY`].
+/// Fenced like [`ACK`]: returns `acked` = 0, and changes nothing, when the lease is gone.
+pub const ACK_AND_RETRY: &str = "
+WITH acked AS (
+    UPDATE {{schema}}.lifecycle_consumer_cursors
+    SET last_acked_sequence = $5,
+        last_acked_at = CASE WHEN $5 IS DISTINCT FROM last_acked_sequence THEN now()
+                             ELSE last_acked_at END
+    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+      AND state = 'active'
+    RETURNING 1
+),
+cleared AS (
+    DELETE FROM {{schema}}.lifecycle_deliveries
+    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $5
+      AND EXISTS (SELECT 1 FROM acked)
+),
+retried AS (
+    INSERT INTO {{schema}}.lifecycle_deliveries AS d
+        (project_id, consumer_id, event_id, sequence, attempts, next_attempt_at,
+         last_failure_class, state)
+    SELECT $1, $2, $6, $7, $8, now() + make_interval(secs => $9), $10, 'retrying'
+    WHERE EXISTS (SELECT 1 FROM acked)
+    ON CONFLICT (project_id, consumer_id, event_id) DO UPDATE
+    SET attempts = EXCLUDED.attempts, next_attempt_at = EXCLUDED.next_attempt_at,
+        last_failure_class = EXCLUDED.last_failure_class, state = 'retrying',
+        updated_at = now(),
+        first_failed_at = CASE WHEN d.state = 'retrying' THEN d.first_failed_at ELSE now() END,
+        parked_at = NULL, resolved_at = NULL, resolved_by = NULL, resolved_reason = NULL
+)
+SELECT count(*) AS acked FROM acked";
+
 /// Dead letters an operator asked to replay, with their events.
 pub const REPLAY_REQUESTED: &str = "
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
@@ -145,17 +213,32 @@ pub const MARK_REPLAYED: &str = "
 UPDATE {{schema}}.lifecycle_deliveries
 SET state = 'replayed', attempts = attempts + 1, updated_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
-RETURNING attempts";
+RETURNING attempts, replay_requested_by";
 
 /// Returns a failed replay to the dead letters. `$3` event, `$4` failure class.
 pub const MARK_REPLAY_FAILED: &str = "
 UPDATE {{schema}}.lifecycle_deliveries
 SET state = 'dead', attempts = attempts + 1, last_failure_class = $4, updated_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
-RETURNING attempts";
+RETURNING attempts, replay_requested_by";
 
-/// Appends an audit row: `$1` kind, `$2` project, `$3` consumer, `$4` event (or NULL),
-/// `$5` actor (or NULL), `$6` count (or NULL).
-pub const AUDIT: &str = "
-INSERT INTO {{schema}}.lifecycle_audit (kind, project_id, consumer_id, event_id, actor, count)
-VALUES ($1, $2, $3, $4, $5, $6)";
+#[cfg(test)]
+mod tests {
+    use outbox_core::{AuditKind, ConsumerState, DeliveryState};
+
+    /// The runtime's statements match and write only values of the shared enums.
+    #[test]
+    fn every_literal_in_the_statements_is_a_known_value() {
+        let (states, kinds) = outbox_core::states::stored_literals(include_str!("sql.rs"));
+        assert!(states.len() > 10, "the scan found only {states:?}");
+        for state in &states {
+            assert!(
+                state.parse::<DeliveryState>().is_ok() || state.parse::<ConsumerState>().is_ok(),
+                "{state:?} is neither a delivery nor a consumer state"
+            );
+        }
+        for kind in &kinds {
+            kind.parse::<AuditKind>().unwrap();
+        }
+    }
+}

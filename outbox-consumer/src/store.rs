@@ -1,11 +1,12 @@
 //! Fenced reads and writes of consumer state. Every write names the lease; a write that
 //! changes nothing means the lease is gone, and the lease is marked lost on the spot.
 
-use outbox_core::Unnamed as _;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_core::{ConsumerId, Prior, ProjectId, Schema};
+use outbox_core::admin::{AuditLog, AuditRecord};
+use outbox_core::{AuditKind, ConsumerId, Pooler, Prior, ProjectId, Schema, Unnamed as _};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Transaction};
 
 use crate::error::ConsumerError;
@@ -20,6 +21,8 @@ pub(crate) struct Statements {
     pub release: String,
     pub lock_fence: String,
     pub ack: String,
+    pub move_cursor: String,
+    pub has_unsequenced: String,
     pub record_reconciled: String,
     pub bounds: String,
     pub read_batch: String,
@@ -30,19 +33,23 @@ pub(crate) struct Statements {
     pub replay_requested: String,
     pub mark_replayed: String,
     pub mark_replay_failed: String,
-    pub audit: String,
+    pub ack_clearing: String,
+    pub ack_and_retry: String,
+    pub audit: AuditLog,
     /// Whether the hot-path statements (batch read, acknowledgement) may be prepared once per
     /// connection and cached: only on direct connections, never behind a transaction pooler.
     pub cached: bool,
 }
 
 impl Statements {
-    pub fn new(schema: &Schema) -> Self {
+    pub fn new(schema: &Schema, pooler: Pooler) -> Self {
         Self {
             heartbeat: schema.render(sql::HEARTBEAT),
             release: schema.render(sql::RELEASE),
             lock_fence: schema.render(sql::LOCK_FENCE),
             ack: schema.render(sql::ACK),
+            move_cursor: schema.render(sql::MOVE_CURSOR),
+            has_unsequenced: schema.render(sql::HAS_UNSEQUENCED),
             record_reconciled: schema.render(sql::RECORD_RECONCILED),
             bounds: schema.render(sql::PROJECT_BOUNDS),
             read_batch: schema.render(sql::READ_BATCH),
@@ -53,16 +60,13 @@ impl Statements {
             replay_requested: schema.render(sql::REPLAY_REQUESTED),
             mark_replayed: schema.render(sql::MARK_REPLAYED),
             mark_replay_failed: schema.render(sql::MARK_REPLAY_FAILED),
-            audit: schema.render(sql::AUDIT),
-            cached: false,
+            ack_clearing: schema.render(sql::ACK_CLEARING),
+            ack_and_retry: schema.render(sql::ACK_AND_RETRY),
+            audit: AuditLog::new(schema),
+            cached: pooler == Pooler::None,
         }
     }
 }
-
-/// Audit kinds written by the runtime.
-pub(crate) const AUDIT_POISONED: &str = "lifecycle-observation:consumer-poisoned";
-pub(crate) const AUDIT_REPLAYED: &str = "lifecycle-observation:consumer-replayed";
-pub(crate) const AUDIT_RECONCILED: &str = "lifecycle-observation:reconciled";
 
 /// Locks the consumer row for the transaction if the lease is still ours.
 pub(crate) async fn lock_fence(
@@ -82,8 +86,8 @@ pub(crate) async fn lock_fence(
     Ok(())
 }
 
-/// Acknowledges through `sequence` in one fenced statement, or in a fenced transaction that
-/// also clears saved retry state when the held event (`held`) is among them.
+/// Acknowledges through `sequence` in one fenced statement, which also clears saved retry
+/// state when the held event (`held`) is among them.
 pub(crate) async fn ack(
     client: &mut deadpool_postgres::Client,
     statements: &Statements,
@@ -91,15 +95,27 @@ pub(crate) async fn ack(
     held: Option<i64>,
     sequence: i64,
 ) -> Result<(), ConsumerError> {
+    let [p, c, o, g] = lease.fence.params();
     if held.is_some_and(|held| held <= sequence) {
-        let tx = client.transaction().await?;
-        lock_fence(&tx, statements, lease).await?;
-        ack_in(&tx, statements, lease, held, sequence).await?;
-        tx.commit().await?;
+        let acked: i64 = client
+            .query_typed_one(
+                &statements.ack_clearing,
+                &[
+                    (p, Type::TEXT),
+                    (c, Type::TEXT),
+                    (o, Type::TEXT),
+                    (g, Type::INT8),
+                    (&sequence, Type::INT8),
+                ],
+            )
+            .await?
+            .try_get("acked")?;
+        if acked != 1 {
+            return Err(lease.lose_after_rejection(&***client).await);
+        }
         return Ok(());
     }
-    let [p, c, o, g] = lease.fence.params();
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [p, c, o, g, &sequence];
+    let params: [&(dyn ToSql + Sync); 5] = [p, c, o, g, &sequence];
     let acked = if statements.cached {
         let statement = client.prepare_cached(&statements.ack).await?;
         client.execute(&statement, &params).await?
@@ -141,10 +157,11 @@ pub(crate) async fn bounds(
     statements: &Statements,
     project: &str,
 ) -> Result<(i64, i64), ConsumerError> {
-    let row = client
-        .query_one_unnamed(&statements.bounds, &[&project])
-        .await?;
-    Ok((row.get(0), row.get(1)))
+    let row = client.query_one_unnamed(&statements.bounds, &[&project]).await?;
+    Ok((
+        row.try_get("head_sequence")?,
+        row.try_get("pruned_through")?,
+    ))
 }
 
 /// An event with saved retry state, holding the cursor.
@@ -169,44 +186,51 @@ pub(crate) async fn load_held(
             &[&lease.fence.project, &lease.fence.consumer, &next],
         )
         .await?;
-    Ok(row.map(|row| {
-        let attempts: i32 = row.get(2);
-        let wait: f64 = row.get(3);
-        Held {
-            sequence: row.get(0),
-            attempts: attempts.max(0) as u32,
-            ready_at: tokio::time::Instant::now() + Duration::from_secs_f64(wait),
-        }
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let attempts: i32 = row.try_get("attempts")?;
+    let wait: f64 = row.try_get("wait")?;
+    Ok(Some(Held {
+        sequence: row.try_get("sequence")?,
+        attempts: attempts.max(0) as u32,
+        ready_at: tokio::time::Instant::now() + Duration::from_secs_f64(wait.max(0.0)),
     }))
 }
 
-/// Decodes an outbox row (columns as in `READ_BATCH`).
+/// Decodes an event row (columns as in `READ_BATCH`; `REPLAY_REQUESTED` adds `attempts`).
+/// The event comes back whole even when its payload cannot be decoded: then with an empty
+/// prior and the failure class `undecodable_payload`, carried far enough to be failed and
+/// parked like any other failure. A missing or mistyped column is an error.
 pub(crate) fn decode(
     row: &Row,
     project: &ProjectId,
     consumer: &ConsumerId,
     replay: bool,
     attempt: u32,
-) -> Result<ObservedEvent, FailureClass> {
-    let payload: serde_json::Value = row.get(8);
-    let prior: Prior = serde_json::from_value(payload)
-        .map_err(|_| FailureClass::new("undecodable_payload").expect("valid class"))?;
-    Ok(ObservedEvent {
+) -> Result<(ObservedEvent, Option<FailureClass>), ConsumerError> {
+    let payload: serde_json::Value = row.try_get("payload")?;
+    let (prior, undecodable) = match serde_json::from_value::<Prior>(payload) {
+        Ok(prior) => (prior, None),
+        Err(_) => (Prior::default(), Some(FailureClass::undecodable_payload())),
+    };
+    let event = ObservedEvent {
         observed: true,
-        event_type: row.get(1),
+        event_type: row.try_get("event_type")?,
         project_id: project.clone(),
         consumer_id: consumer.clone(),
-        sequence: row.get(0),
-        event_id: row.get(2),
-        task_id: row.get(3),
-        deleted_at: row.get::<_, DateTime<Utc>>(4),
-        origin_writer: row.get(5),
-        occurred_at: row.get::<_, DateTime<Utc>>(6),
-        payload_version: row.get(7),
+        sequence: row.try_get("sequence")?,
+        event_id: row.try_get("event_id")?,
+        task_id: row.try_get("task_id")?,
+        deleted_at: row.try_get::<_, DateTime<Utc>>("deleted_at")?,
+        writer_process_id: row.try_get("writer_process_id")?,
+        occurred_at: row.try_get::<_, DateTime<Utc>>("occurred_at")?,
+        payload_version: row.try_get("payload_version")?,
         prior,
         replay,
         attempt,
-    })
+    };
+    Ok((event, undecodable))
 }
 
 /// Saves a failed attempt: a retry at `now + delay`, or, with no delay left, parks the event
@@ -256,14 +280,15 @@ pub(crate) async fn record_failure(
             audit(
                 &*tx,
                 statements,
-                AUDIT_POISONED,
+                AuditKind::ConsumerPoisoned,
                 lease,
                 Some(&event.event_id),
                 Some(i64::from(attempts)),
+                None,
             )
             .await?;
             if tx
-                .execute_unnamed(&statements.ack, &[p, c, o, g, &event.sequence])
+                .execute_unnamed(&statements.move_cursor, &[p, c, o, g, &event.sequence])
                 .await?
                 != 1
             {
@@ -272,6 +297,49 @@ pub(crate) async fn record_failure(
         }
     }
     tx.commit().await?;
+    Ok(())
+}
+
+/// Saves a failed attempt that will be retried after `delay`, together with the
+/// acknowledgement of the events handled before it (`through`: the new cursor, the old one
+/// when none were), in one fenced statement: one round trip per failure.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn ack_and_retry(
+    client: &deadpool_postgres::Client,
+    statements: &Statements,
+    lease: &Lease,
+    through: i64,
+    event: &ObservedEvent,
+    attempts: u32,
+    class: &FailureClass,
+    delay: Duration,
+) -> Result<(), ConsumerError> {
+    let [p, c, o, g] = lease.fence.params();
+    let attempts = attempts as i32;
+    // Typed parameters: no separate prepare, so a failure costs one round trip (and no
+    // named statement, which a transaction-mode pooler could not keep).
+    let delay = delay.as_secs_f64();
+    let acked: i64 = client
+        .query_typed_one(
+            &statements.ack_and_retry,
+            &[
+                (p, Type::TEXT),
+                (c, Type::TEXT),
+                (o, Type::TEXT),
+                (g, Type::INT8),
+                (&through, Type::INT8),
+                (&event.event_id, Type::TEXT),
+                (&event.sequence, Type::INT8),
+                (&attempts, Type::INT4),
+                (&delay, Type::FLOAT8),
+                (&class.as_str(), Type::TEXT),
+            ],
+        )
+        .await?
+        .try_get("acked")?;
+    if acked != 1 {
+        return Err(lease.lose_after_rejection(&***client).await);
+    }
     Ok(())
 }
 
@@ -285,30 +353,32 @@ pub(crate) async fn record_replay(
 ) -> Result<(), ConsumerError> {
     let [p, c, _, _] = lease.fence.params();
     // The operator may have resolved the letter meanwhile: then nothing is recorded.
-    let attempts: Option<i32> = match result {
-        Ok(()) => tx
-            .query_opt_unnamed(&statements.mark_replayed, &[p, c, &event.event_id])
-            .await?
-            .map(|row| row.get(0)),
-        Err(failure) => tx
-            .query_opt_unnamed(
+    let row = match result {
+        Ok(()) => {
+            tx.query_opt_unnamed(&statements.mark_replayed, &[p, c, &event.event_id])
+                .await?
+        }
+        Err(failure) => {
+            tx.query_opt_unnamed(
                 &statements.mark_replay_failed,
                 &[p, c, &event.event_id, &failure.class.as_str()],
             )
             .await?
-            .map(|row| row.get(0)),
+        }
     };
-    let Some(attempts) = attempts else {
+    let Some(row) = row else {
         tracing::warn!(
             event_id = %event.event_id,
             "dead letter left the replay_requested state during its replay; outcome not recorded"
         );
         return Ok(());
     };
+    let attempts: i32 = row.try_get("attempts")?;
+    let requested_by: Option<String> = row.try_get("replay_requested_by")?;
     let kind = if result.is_ok() {
-        AUDIT_REPLAYED
+        AuditKind::ConsumerReplayed
     } else {
-        AUDIT_POISONED
+        AuditKind::ConsumerPoisoned
     };
     audit(
         tx,
@@ -317,32 +387,32 @@ pub(crate) async fn record_replay(
         lease,
         Some(&event.event_id),
         Some(i64::from(attempts)),
+        requested_by.as_deref(),
     )
     .await
 }
 
-/// Appends an audit row for this consumer.
+/// Appends an audit row for this consumer. The runtime acts as no operator; `actor` names
+/// the operator its action answers (who asked for a replay), if any.
 pub(crate) async fn audit(
     client: &(impl GenericClient + Sync),
     statements: &Statements,
-    kind: &str,
+    kind: AuditKind,
     lease: &Lease,
     event_id: Option<&str>,
     count: Option<i64>,
+    actor: Option<&str>,
 ) -> Result<(), ConsumerError> {
-    client
-        .execute_unnamed(
-            &statements.audit,
-            &[
-                &kind,
-                &lease.fence.project,
-                &lease.fence.consumer,
-                &event_id,
-                &None::<String>,
-                &count,
-            ],
-        )
-        .await?;
+    let record = AuditRecord {
+        kind,
+        project_id: &lease.fence.project,
+        consumer_id: Some(&lease.fence.consumer),
+        event_id,
+        actor,
+        count,
+        reason: None,
+    };
+    statements.audit.record(client, &record).await?;
     Ok(())
 }
 
@@ -361,14 +431,23 @@ pub(crate) async fn set_cursor(
     let statement = if reconciled.is_some() {
         &statements.record_reconciled
     } else {
-        &statements.ack
+        &statements.move_cursor
     };
     tx.execute_unnamed(statement, &[p, c, o, g, &cursor])
         .await?;
     tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &cursor])
         .await?;
     if let Some(live) = reconciled {
-        audit(&*tx, statements, AUDIT_RECONCILED, lease, None, Some(live)).await?;
+        audit(
+            &*tx,
+            statements,
+            AuditKind::Reconciled,
+            lease,
+            None,
+            Some(live),
+            None,
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok(())

@@ -222,10 +222,30 @@ impl ConnectSettings {
     ) -> Result<Self, ConnectError> {
         let (rest, tls) = split_tls_params(text);
         let config = Config::from_str(&rest).map_err(|e| ConnectError::Invalid(e.to_string()))?;
+        Self::with_tls(config, &tls, env)
+    }
+
+    /// Settings for a configuration read from the libpq variables: TLS from `PGSSLMODE`,
+    /// `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` in `env`.
+    pub fn from_config_with_env(
+        config: Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConnectError> {
+        Self::with_tls(config, &[], env)
+    }
+
+    /// `config` with TLS as the `params` taken out of a URL say, else as `env` says, else
+    /// libpq's default (`prefer`).
+    fn with_tls(
+        config: Config,
+        params: &[(String, String)],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConnectError> {
         let mut settings = Self::from_config(config);
         settings.ssl_mode = SslMode::Prefer;
         let lookup = |key: &str, env_key: &str| {
-            tls.iter()
+            params
+                .iter()
                 .rev()
                 .find(|(k, _)| k == key)
                 .map(|(_, v)| v.clone())

@@ -113,9 +113,56 @@ pub fn is_retryable_db(e: &tokio_postgres::Error) -> bool {
 }
 
 /// A database error with the server's message, not just "db error".
+/// Other errors name their underlying cause (connection refused, no such socket file, a
+/// timeout), not just "error connecting to server".
+///
+/// A missing outbox table or schema says so, with the way out.
 pub fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => e.to_string(),
+    if let Some(db) = e.as_db_error() {
+        if let Some(schema) = unmigrated_schema(db) {
+            return format!(
+                "schema `{schema}` is not migrated (run `outbox migrate`, or check `--schema`) \
+                 (SQLSTATE {})",
+                db.code().code()
+            );
+        }
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
     }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let cause_text = match cause.downcast_ref::<std::io::Error>() {
+            Some(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                format!("no such socket file ({io})")
+            }
+            Some(io) if io.kind() == std::io::ErrorKind::TimedOut => format!("timed out ({io})"),
+            _ => cause.to_string(),
+        };
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// The schema named by an "undefined table/function/schema" error about one of the outbox's own
+/// objects (`relation "S.lifecycle_outbox" does not exist`), if that is what `db` is.
+fn unmigrated_schema(db: &tokio_postgres::error::DbError) -> Option<String> {
+    use tokio_postgres::error::SqlState;
+    let code = db.code();
+    if code == &SqlState::INVALID_SCHEMA_NAME {
+        let name = db.message().split('"').nth(1)?;
+        return Some(name.to_owned());
+    }
+    if code != &SqlState::UNDEFINED_TABLE && code != &SqlState::UNDEFINED_FUNCTION {
+        return None;
+    }
+    let quoted = db.message().split('"').nth(1)?;
+    let (schema, object) = quoted.split_once('.')?;
+    let ours = object.starts_with("lifecycle_")
+        || object == "schema_migrations"
+        || object.starts_with("write_task_deleted");
+    ours.then(|| schema.to_owned())
 }

@@ -1,7 +1,8 @@
-//! Identifier validation shared by every entry point.
+//! Identifier validation shared by every entry point, and the identifier types.
 //!
-//! Project, task, writer and consumer IDs share one rule so that an ID accepted in one place is
-//! accepted everywhere: 1 to 128 characters from `A-Z a-z 0-9 . _ : @ -`. The SQL writer
+//! Project, task, writer, consumer, operator and event IDs share one rule so that an ID accepted in one place is
+//! accepted everywhere: 1 to 128 characters (operators 64, event IDs 256) from
+//! `A-Z a-z 0-9 . _ : @ -`. The SQL writer
 //! (`check_identifier` in `sql/0001_init.sql`) raises exactly the messages produced here.
 
 use std::fmt;
@@ -95,8 +96,17 @@ pub fn validate_identifier(field: &str, value: &str, max: usize) -> Result<(), I
     Ok(())
 }
 
+/// Longest accepted operator name (`--by`), in characters.
+pub const MAX_OPERATOR_LEN: usize = 64;
+/// Longest accepted event ID, in characters (`task-deleted:` + a task ID of up to 128
+/// characters + `:` + a 27-character timestamp fits with room to spare).
+pub const MAX_EVENT_ID_LEN: usize = 256;
+
 macro_rules! identifier {
     ($(#[$doc:meta])* $name:ident, $field:literal) => {
+        identifier!($(#[$doc])* $name, $field, MAX_ID_LEN);
+    };
+    ($(#[$doc:meta])* $name:ident, $field:literal, $max:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
         #[serde(transparent)]
@@ -106,7 +116,7 @@ macro_rules! identifier {
             /// Validates and wraps `value`.
             pub fn new(value: impl Into<String>) -> Result<Self, IdError> {
                 let value = value.into();
-                validate_identifier($field, &value, MAX_ID_LEN)?;
+                validate_identifier($field, &value, $max)?;
                 Ok(Self(value))
             }
 
@@ -158,6 +168,20 @@ identifier!(
     ConsumerId,
     "consumer_id"
 );
+identifier!(
+    /// Who performs an operation (`--by`), up to [`MAX_OPERATOR_LEN`] characters. Recorded as
+    /// the audit row's `actor`.
+    OperatorName,
+    "operator",
+    MAX_OPERATOR_LEN
+);
+identifier!(
+    /// An event's identity as stored (`task-deleted:<task_id>:<deleted_at>`), up to
+    /// [`MAX_EVENT_ID_LEN`] characters.
+    EventId,
+    "event_id",
+    MAX_EVENT_ID_LEN
+);
 
 #[cfg(test)]
 mod tests {
@@ -198,6 +222,32 @@ mod tests {
                 character: 'é',
                 position: 1
             }
+        );
+    }
+
+    #[test]
+    fn operators_and_event_ids_follow_the_identifier_rule() {
+        OperatorName::new("alice@ops").unwrap();
+        assert_eq!(
+            OperatorName::new("alice smith").unwrap_err().to_string(),
+            "invalid operator: character \" \" at position 6 is not allowed \
+             (allowed: A-Z a-z 0-9 . _ : @ -)"
+        );
+        assert_eq!(
+            OperatorName::new("").unwrap_err().to_string(),
+            "invalid operator: must not be empty"
+        );
+        assert!(OperatorName::new("a".repeat(MAX_OPERATOR_LEN + 1)).is_err());
+        EventId::new("task-deleted:FN-1:2026-01-02T03:04:05.001234Z").unwrap();
+        EventId::new(format!(
+            "task-deleted:{}:2026-01-02T03:04:05.001234Z",
+            "t".repeat(128)
+        ))
+        .unwrap();
+        assert_eq!(
+            EventId::new("task deleted").unwrap_err().to_string(),
+            "invalid event_id: character \" \" at position 5 is not allowed \
+             (allowed: A-Z a-z 0-9 . _ : @ -)"
         );
     }
 

@@ -27,34 +27,56 @@
 //! - Sequences are dense per project (1, 2, 3, ...) and become visible in order: a reader that
 //!   sees sequence n+1 also sees n, whatever order the writers committed in.
 //! - Writers never serialise on a shared row and never send `NOTIFY`.
+//!
+//! ## Modules
+//! - `ids`: the validated identifiers (project, task, writer, consumer, operator, event).
+//! - [`states`]: the closed sets of stored text (delivery and consumer states, audit kinds,
+//!   health codes), one enum each.
+//! - `schema`: the schema name and the rendering of SQL templates for it.
+//! - `migrate`: the numbered migrations in `sql/`, applied under an advisory lock.
+//! - `event`, `writer`: the `task:deleted` event and its transactional writer.
+//! - `sequencer`: dense numbering of committed events per project.
+//! - `election`: one active sequencer among many processes (a lease row with a generation)
+//!   and its adaptive tick.
+//! - [`retention`]: the retention rule ([`retention::plan`]) and the sweep
+//!   ([`retention::sweep`]).
+//! - [`admin`]: the operator surface, one module per noun (status, consumers, dead letters,
+//!   audit trail), and [`admin::AuditLog`], the one writer of audit rows.
+//! - `error`, `observed`: the crate's error and the observed-dispatch marker.
+//!
+//! The root re-exports what a service or an operator tool uses; the details of each
+//! operation's result are also reachable through its module (`outbox_core::admin::status`).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod admin;
-mod admin_sql;
+pub mod admin;
 mod connect;
+mod election;
 mod error;
 mod event;
 mod ids;
+pub mod libpq_env;
 mod migrate;
 mod observed;
-mod retention;
-mod retention_sql;
+mod redact;
+pub mod retention;
 mod row_security;
 mod schema;
 mod sequencer;
 mod sql;
+pub mod states;
 mod stmt;
 mod writer;
 
 pub use admin::{
-    Admin, AdminError, AuditEntry, AuditFilter, AuditKind, ConsumerInfo, ConsumerState,
-    ConsumerStatus, DeadLetter, DeadLetterDetail, DeadLetterFilter, DeliveryState, EventFields,
-    EventId, Health, HealthThresholds, InputError, Listing, MAX_EVENT_ID_LEN, MAX_LIMIT,
-    MAX_OPERATOR_LEN, MAX_REASON_LEN, OperatorName, ProjectStatus, Reason, ReasonError,
-    ReplayRequest, ReplayTarget, Resolution, Retirement, RetryingEvent, Status, Target,
-    UnknownValue, consumer_health, project_health,
+    Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, DeadLetter, DeadLetterDetail,
+    DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
+    Resolution, Retirement, Status,
+};
+pub use election::{
+    Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
+    MIN_SEQUENCER_LEASE_TTL, owner_token,
 };
 pub use connect::{
     ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
@@ -65,19 +87,22 @@ pub use event::{
     MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, PAYLOAD_VERSION, Prior, TASK_DELETED, TaskDeleted,
     ValidationError, format_timestamp,
 };
-pub use ids::{ConsumerId, IdError, MAX_ID_LEN, ProjectId, TaskId, WriterProcessId};
+pub use ids::{
+    ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, ProjectId, TaskId, WriterProcessId,
+};
 pub use migrate::{
     MIGRATIONS, Migration, MigrationReport, SchemaVersion, check_schema_version, migrate,
     migrate_with, schema_version,
 };
 pub use observed::{in_observed_dispatch, observe};
+pub use redact::redact_connection_string;
 pub use retention::{
-    DEFAULT_PRUNE_ACTOR, DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH,
-    MAX_RETENTION, ProjectPrune, PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep,
-    SweepProgress,
+    DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
+    PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,
 };
 pub use row_security::{ROW_SECURITY_TABLES, enable_row_security};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
+pub use states::{AuditKind, ConsumerState, DeliveryState, Health};
 pub use stmt::Unnamed;
 pub use writer::{WriteOutcome, Writer};

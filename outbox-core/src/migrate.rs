@@ -6,7 +6,7 @@
 //! refused: the code would otherwise run against a schema it was not written for.
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
 use crate::schema::Schema;
@@ -46,6 +46,21 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "roles",
         template: include_str!("../../sql/0002_roles.sql"),
     },
+    Migration {
+        version: 3,
+        name: "sharp_edges",
+        template: include_str!("../../sql/0003_sharp_edges.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "sequencer_lease",
+        template: include_str!("../../sql/0004_sequencer_lease.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "role_grants",
+        template: include_str!("../../sql/0005_role_grants.sql"),
+    },
 ];
 
 /// What a migration run did.
@@ -77,25 +92,10 @@ pub async fn migrate_with(
         .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
         .await?;
 
-    let mut report = MigrationReport::default();
-    for row in &applied {
-        let version: i32 = row.get(0);
-        let name: String = row.get(1);
-        let recorded: String = row.get(2);
-        let Some(known) = migrations.iter().find(|m| m.version == version) else {
-            return Err(Error::UnknownMigration { version, name });
-        };
-        let expected = known.checksum();
-        if recorded != expected {
-            return Err(Error::ChecksumMismatch {
-                version,
-                name,
-                recorded,
-                expected,
-            });
-        }
-        report.already_applied.push(version);
-    }
+    let mut report = MigrationReport {
+        already_applied: verify_applied(&applied, migrations)?,
+        ..MigrationReport::default()
+    };
 
     for migration in migrations {
         if report.already_applied.contains(&migration.version) {
@@ -112,6 +112,31 @@ pub async fn migrate_with(
     }
     tx.commit().await?;
     Ok(report)
+}
+
+/// The versions of the recorded `applied` rows, each checked to be one of `migrations` and
+/// unchanged since it was applied.
+fn verify_applied(applied: &[Row], migrations: &[Migration]) -> Result<Vec<i32>, Error> {
+    let mut versions = Vec::with_capacity(applied.len());
+    for row in applied {
+        let version: i32 = row.try_get("version")?;
+        let name: String = row.try_get("name")?;
+        let recorded: String = row.try_get("checksum")?;
+        let Some(known) = migrations.iter().find(|m| m.version == version) else {
+            return Err(Error::UnknownMigration { version, name });
+        };
+        let expected = known.checksum();
+        if recorded != expected {
+            return Err(Error::ChecksumMismatch {
+                version,
+                name,
+                recorded,
+                expected,
+            });
+        }
+        versions.push(version);
+    }
+    Ok(versions)
 }
 
 /// Where a schema stands against this build's migrations, read without taking any lock.
@@ -139,35 +164,15 @@ pub async fn schema_version(
 ) -> Result<SchemaVersion, Error> {
     let table = format!("{}.schema_migrations", schema.quoted());
     let exists: bool = client
-        .query_one_unnamed("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .query_one_unnamed(sql::TABLE_EXISTS, &[&table])
         .await?
-        .get(0);
+        .try_get("present")?;
     let mut version = SchemaVersion::default();
     if exists {
         let rows = client
             .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
             .await?;
-        for row in &rows {
-            let applied: i32 = row.try_get(0)?;
-            let name: String = row.try_get(1)?;
-            let recorded: String = row.try_get(2)?;
-            let Some(known) = MIGRATIONS.iter().find(|m| m.version == applied) else {
-                return Err(Error::UnknownMigration {
-                    version: applied,
-                    name,
-                });
-            };
-            let expected = known.checksum();
-            if recorded != expected {
-                return Err(Error::ChecksumMismatch {
-                    version: applied,
-                    name,
-                    recorded,
-                    expected,
-                });
-            }
-            version.applied.push(applied);
-        }
+        version.applied = verify_applied(&rows, MIGRATIONS)?;
     }
     version.pending = MIGRATIONS
         .iter()

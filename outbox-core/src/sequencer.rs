@@ -81,7 +81,10 @@ impl Sequencer {
 
     /// Numbers up to one batch of committed events.
     pub async fn tick(&self, client: &mut Client) -> Result<Tick, Error> {
-        let pending: bool = client.query_one_unnamed(&self.pending, &[]).await?.get(0);
+        let pending: bool = client
+            .query_one_unnamed(&self.pending, &[])
+            .await?
+            .try_get("pending")?;
         if !pending {
             return Ok(Tick {
                 ran: true,
@@ -92,7 +95,7 @@ impl Sequencer {
         let locked: bool = tx
             .query_one_unnamed(sql::TRY_LOCK, &[&self.lock_key, &self.idle_timeout_ms])
             .await?
-            .get(0);
+            .try_get("locked")?;
         if !locked {
             return Ok(Tick::default());
         }
@@ -104,9 +107,9 @@ impl Sequencer {
         };
         let mut projects = Vec::with_capacity(rows.len());
         for row in rows {
-            let project: String = row.get(0);
-            let head: i64 = row.get(1);
-            let numbered: i64 = row.get(2);
+            let project: String = row.try_get("project_id")?;
+            let head: i64 = row.try_get("head_sequence")?;
+            let numbered: i64 = row.try_get("numbered")?;
             tick.numbered += numbered as u64;
             projects.push(project.clone());
             tick.heads.push((project, head));

@@ -14,6 +14,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}.schema_migrations (
 pub const APPLIED_MIGRATIONS: &str =
     "SELECT version, name, checksum FROM {{schema}}.schema_migrations ORDER BY version";
 
+/// Whether the table named by `$1` (schema-qualified, quoted as needed) exists; read without
+/// a lock, so a never-migrated schema can be told apart from one that is behind.
+pub const TABLE_EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AS present";
+
 /// Records one applied migration.
 pub const RECORD_MIGRATION: &str =
     "INSERT INTO {{schema}}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";
@@ -25,8 +29,29 @@ pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 /// how long the tick may sit idle in its transaction (`$2`, milliseconds as text): a paused
 /// or stalled process would otherwise hold the lock, and stop all numbering, indefinitely.
 pub const TRY_LOCK: &str = "
-SELECT pg_try_advisory_xact_lock($1),
+SELECT pg_try_advisory_xact_lock($1) AS locked,
        set_config('idle_in_transaction_session_timeout', $2, true)";
+
+/// Takes the sequencer lease when it is free or expired (a new generation), or renews it for
+/// its holder (`$1` owner, `$2` generation) while it has not expired; `$3`: lease seconds.
+/// Returns the generation held afterwards, or no row when another process holds the lease.
+/// A follower's look at the row is this same statement: it matches nothing, writes nothing.
+pub const CLAIM_SEQUENCER_LEASE: &str = "
+UPDATE {{schema}}.lifecycle_sequencer_lease AS l
+SET owner = $1,
+    generation = CASE WHEN l.owner = $1 AND l.generation = $2 AND l.expires_at > now()
+                      THEN l.generation ELSE l.generation + 1 END,
+    expires_at = now() + make_interval(secs => $3),
+    renewed_at = now()
+WHERE l.singleton
+  AND (l.owner IS NULL OR l.expires_at <= now() OR (l.owner = $1 AND l.generation = $2))
+RETURNING l.generation";
+
+/// Gives the sequencer lease up (`$1` owner, `$2` generation), so a successor need not wait.
+pub const RELEASE_SEQUENCER_LEASE: &str = "
+UPDATE {{schema}}.lifecycle_sequencer_lease
+SET owner = NULL, expires_at = NULL
+WHERE singleton AND owner = $1 AND generation = $2";
 
 /// The Rust writer's single statement. `RETURNING` tells a new row from a repeated delete.
 pub const WRITE_TASK_DELETED: &str = "
@@ -40,7 +65,7 @@ RETURNING id";
 /// Whether any committed event waits for a number: one cheap probe of the (tiny) work-list
 /// index, so an idle tick costs one round trip and no transaction.
 pub const PENDING_EXISTS: &str =
-    "SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL)";
+    "SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS pending";
 
 /// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
 /// touched project's head; returns each project's new head and how many it numbered.

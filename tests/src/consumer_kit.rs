@@ -1,19 +1,170 @@
-//! Helpers for consumer tests: recording handlers, fast timings, writing events, waiting.
+//! Helpers for consumer tests: recording handlers, fast timings, starting a consumer, writing
+//! events, seeding consumer and delivery rows directly, waiting.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
 use outbox_consumer::{
-    ConsumerConfig, FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
-    RetrySchedule, StartFrom,
+    Consumer, ConsumerConfig, ConsumerError, FailureClass, Handler, HandlerFailure, LiveSet,
+    ObservedEvent, Reconciler, RetrySchedule, RunSummary, StartFrom,
 };
 use outbox_core::{
     ConsumerId, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
 };
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::TestDb;
+
+/// How long a test waits for something a consumer in the same process should do soon.
+pub const WAIT: Duration = Duration::from_secs(15);
+/// How long a test waits for separate processes (started, killed, restarted) to get there.
+pub const PROCESS_WAIT: Duration = Duration::from_secs(20);
+
+/// A running consumer: its shutdown token and its run.
+pub type Running = (
+    CancellationToken,
+    JoinHandle<Result<RunSummary, ConsumerError>>,
+);
+
+/// Starts a consumer on a pool of 4 with a listener, `recorder` as handler and reconciler.
+pub fn start(db: &TestDb, config: ConsumerConfig, recorder: &Recorder) -> Running {
+    start_with(db, config, recorder.clone(), recorder.clone())
+}
+
+/// Starts a consumer on a pool of 4 with a listener and the given handler and reconciler.
+pub fn start_with<H, R>(db: &TestDb, config: ConsumerConfig, handler: H, reconciler: R) -> Running
+where
+    H: Handler + 'static,
+    R: Reconciler + 'static,
+{
+    let shutdown = CancellationToken::new();
+    let consumer = Consumer::new(
+        db.pool(4),
+        Some(db.config.clone()),
+        config,
+        handler,
+        reconciler,
+    );
+    let token = shutdown.clone();
+    (
+        shutdown,
+        tokio::spawn(async move { consumer.run(token).await }),
+    )
+}
+
+/// Where a seeded consumer's cursor stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedCursor {
+    /// Missing (NULL): the consumer has not reconciled yet.
+    Missing,
+    /// At this sequence.
+    At(i64),
+    /// At the project's head.
+    Head,
+}
+
+impl From<Option<i64>> for SeedCursor {
+    fn from(cursor: Option<i64>) -> Self {
+        cursor.map_or(SeedCursor::Missing, SeedCursor::At)
+    }
+}
+
+/// Adds a consumer row directly, without a lease (nothing if it exists already).
+pub async fn seed_consumer(
+    db: &TestDb,
+    project: &str,
+    consumer: &str,
+    cursor: impl Into<SeedCursor>,
+    retired: bool,
+) {
+    let cursor = cursor.into();
+    let (at, head) = match cursor {
+        SeedCursor::Missing => (None, false),
+        SeedCursor::At(sequence) => (Some(sequence), false),
+        SeedCursor::Head => (None, true),
+    };
+    db.connect()
+        .await
+        .execute(
+            "INSERT INTO outbox.lifecycle_consumer_cursors
+                 (project_id, consumer_id, last_acked_sequence, state, retired_at, retired_by)
+             VALUES ($1, $2,
+                     CASE WHEN $5 THEN (SELECT COALESCE(max(head_sequence), 0)
+                                        FROM outbox.lifecycle_project_heads
+                                        WHERE project_id = $1)
+                          ELSE $3 END,
+                     CASE WHEN $4 THEN 'retired' ELSE 'active' END,
+                     CASE WHEN $4 THEN now() END, CASE WHEN $4 THEN 'test' END)
+             ON CONFLICT DO NOTHING",
+            &[&project, &consumer, &at, &retired, &head],
+        )
+        .await
+        .unwrap();
+}
+
+/// Which retained event a seeded delivery is about.
+#[derive(Debug, Clone, Copy)]
+pub enum SeedEvent<'a> {
+    /// The event with this sequence.
+    Sequence(i64),
+    /// The event with this ID.
+    Id(&'a str),
+}
+
+/// Adds `consumer`'s delivery row of a retained event in `state` with `attempts`, as the
+/// runtime (and, for `resolved`, an operator) would have left it; `settled_days_ago` moves
+/// `updated_at` (and `resolved_at`) back. Retrying rows are due in a minute.
+pub async fn seed_delivery(
+    db: &TestDb,
+    project: &str,
+    consumer: &str,
+    event: SeedEvent<'_>,
+    state: &str,
+    attempts: i32,
+    settled_days_ago: i32,
+) {
+    let (sequence, event_id) = match event {
+        SeedEvent::Sequence(sequence) => (Some(sequence), None),
+        SeedEvent::Id(id) => (None, Some(id)),
+    };
+    let inserted = db
+        .connect()
+        .await
+        .execute(
+            "INSERT INTO outbox.lifecycle_deliveries
+                 (project_id, consumer_id, event_id, sequence, attempts, next_attempt_at,
+                  last_failure_class, state, parked_at, resolved_at, resolved_by, updated_at)
+             SELECT $1, $2, o.event_id, o.sequence, $5,
+                    CASE WHEN $4::text = 'retrying' THEN now() + interval '1 minute' END,
+                    'forced_failure', $4::text,
+                    CASE WHEN $4::text <> 'retrying' THEN now() END,
+                    CASE WHEN $4::text = 'resolved' THEN now() - make_interval(days => $6) END,
+                    CASE WHEN $4::text = 'resolved' THEN 'test' END,
+                    now() - make_interval(days => $6)
+             FROM outbox.lifecycle_outbox AS o
+             WHERE o.project_id = $1 AND (o.sequence = $3 OR o.event_id = $7)",
+            &[
+                &project,
+                &consumer,
+                &sequence,
+                &state,
+                &attempts,
+                &settled_days_ago,
+                &event_id,
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        inserted, 1,
+        "seeded delivery of {event:?} in project {project}"
+    );
+}
 
 /// A configuration with timings compressed so tests run in seconds.
 pub fn fast_config(project: &str, consumer: &str) -> ConsumerConfig {
@@ -25,6 +176,7 @@ pub fn fast_config(project: &str, consumer: &str) -> ConsumerConfig {
     config.heartbeat_interval = Duration::from_millis(300);
     config.poll_interval = Duration::from_millis(100);
     config.sequence_interval = Some(Duration::from_millis(10));
+    config.sequencer_lease_ttl = Duration::from_secs(1);
     config.retry = RetrySchedule::new(vec![Duration::from_millis(50)], 3).unwrap();
     config.shutdown_grace = Duration::from_millis(500);
     config.start_from = StartFrom::Earliest;
@@ -139,4 +291,64 @@ pub async fn cursor(db: &TestDb, project: &str, consumer: &str) -> Option<i64> {
         .await
         .unwrap()
         .and_then(|row| row.get(0))
+}
+
+/// Writers that commit events until stopped, spread over `projects`, each pausing a random
+/// number of milliseconds from `pause` between commits.
+pub struct Writers {
+    /// Set to stop them.
+    stop: Arc<AtomicBool>,
+    /// (project, event ID) of every committed event.
+    committed: Arc<Mutex<Vec<(String, String)>>>,
+    /// The writer tasks.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Writers {
+    /// Starts `count` writers.
+    pub fn start(
+        db: &TestDb,
+        count: usize,
+        projects: &'static [&'static str],
+        pause: Range<u64>,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..count)
+            .map(|w| {
+                let (db, stop, committed) = (db.clone(), stop.clone(), committed.clone());
+                let pause = pause.clone();
+                tokio::spawn(async move {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let project = projects[(w + i) % projects.len()];
+                        let id = write_event(&db, project, &format!("w{w}-{i}")).await;
+                        committed.lock().unwrap().push((project.to_owned(), id));
+                        i += 1;
+                        let ms = rand::random_range(pause.clone());
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            committed,
+            tasks,
+        }
+    }
+
+    /// How many events were committed so far.
+    pub fn count(&self) -> usize {
+        self.committed.lock().unwrap().len()
+    }
+
+    /// Stops the writers; returns (project, event ID) of every committed event.
+    pub async fn stop(self) -> Vec<(String, String)> {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        self.committed.lock().unwrap().clone()
+    }
 }

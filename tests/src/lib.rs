@@ -7,7 +7,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster_kit;
 pub mod consumer_kit;
+pub mod nats_kit;
 pub mod pgbouncer;
 pub mod process_kit;
 pub mod tls_cluster;
@@ -37,7 +39,8 @@ impl TestDb {
         connect(&self.config).await
     }
 
-    /// A deadpool pool of at most `size` connections, from outbox-core's connection factory.
+    /// A deadpool pool of at most `size` connections, from outbox-core's connection factory
+    /// (as `outbox consume` builds it).
     pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
         ConnectSettings::from_config(self.config.clone())
             .pool(size)

@@ -40,6 +40,32 @@ pub async fn run_outbox(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Runs `outbox --database-url <db> ARGS` to completion; returns (exit code, stdout, stderr).
+pub async fn outbox_on(db: &crate::TestDb, args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["--database-url", db.url.as_str()];
+    all.extend_from_slice(args);
+    run_outbox(&all).await
+}
+
+/// Runs a command on `db` that must succeed with `--output json`, and parses its document.
+pub async fn outbox_json(db: &crate::TestDb, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--output", "json"]);
+    let (code, out, err) = outbox_on(db, &all).await;
+    assert_eq!(code, 0, "outbox {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
+}
+
+/// Sends the signal `name` (`KILL`, `TERM`, `INT`, `STOP`, `CONT`) to process `pid`.
+pub fn send_signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
 /// One line of `outbox consume` output with the moment the test read it.
 #[derive(Debug, Clone)]
 pub struct Line {
@@ -49,8 +75,9 @@ pub struct Line {
     pub value: serde_json::Value,
 }
 
-/// A running `outbox consume` process whose stdout lines are collected.
-pub struct ConsumeProcess {
+/// A running `outbox` process (`consume`, or another long-running command) whose stdout
+/// lines (JSON) and stderr are collected.
+pub struct OutboxProcess {
     /// The process.
     child: Child,
     /// Its stdout lines so far.
@@ -59,13 +86,21 @@ pub struct ConsumeProcess {
     stderr: Arc<Mutex<String>>,
 }
 
-impl ConsumeProcess {
+/// The name the consumer tests know it by.
+pub type ConsumeProcess = OutboxProcess;
+
+impl OutboxProcess {
     /// Starts `outbox --database-url URL consume ARGS`.
     pub fn spawn(url: &str, args: &[&str]) -> Self {
+        Self::spawn_command(url, "consume", args)
+    }
+
+    /// Starts `outbox --database-url URL COMMAND ARGS`.
+    pub fn spawn_command(url: &str, command: &str, args: &[&str]) -> Self {
         let mut child = Command::new(outbox_binary())
             .arg("--database-url")
             .arg(url)
-            .arg("consume")
+            .arg(command)
             .args(args)
             .env("OUTBOX_LOG", "info")
             .stdin(Stdio::null())
@@ -73,7 +108,7 @@ impl ConsumeProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .expect("spawn outbox consume");
+            .expect("spawn outbox");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(String::new()));
         let stdout = child.stdout.take().expect("piped stdout");
@@ -141,17 +176,12 @@ impl ConsumeProcess {
 
     /// Sends a signal by name (`KILL`, `TERM`, `STOP`, `CONT`).
     pub fn signal(&self, name: &str) {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} failed");
+        send_signal(self.pid(), name);
     }
 
     /// Waits for exit (after output is drained) and returns the exit code (-1 for a signal).
     pub async fn wait(&mut self) -> i32 {
-        let status = self.child.wait().await.expect("wait for outbox consume");
+        let status = self.child.wait().await.expect("wait for outbox");
         // Let the readers drain the pipes.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         status.code().unwrap_or(-1)

@@ -9,35 +9,11 @@ use outbox_consumer::{
     RetrySchedule, StartFrom, TransactionalHandler,
 };
 use outbox_core::{Schema, Writer, WriterProcessId};
-use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
+use outbox_tests::consumer_kit::{
+    Recorder, WAIT, cursor, eventually, fast_config, start, write_event,
+};
 use outbox_tests::{TestDb, fresh_db};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-const WAIT: Duration = Duration::from_secs(10);
-
-fn start(
-    db: &TestDb,
-    config: outbox_consumer::ConsumerConfig,
-    recorder: &Recorder,
-) -> (
-    CancellationToken,
-    JoinHandle<Result<outbox_consumer::RunSummary, ConsumerError>>,
-) {
-    let shutdown = CancellationToken::new();
-    let consumer = Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        config,
-        recorder.clone(),
-        recorder.clone(),
-    );
-    let token = shutdown.clone();
-    (
-        shutdown,
-        tokio::spawn(async move { consumer.run(token).await }),
-    )
-}
 
 /// Runs a consumer that is expected to refuse to start, and returns why.
 async fn refused_start(db: &TestDb, config: outbox_consumer::ConsumerConfig) -> ConsumerError {
@@ -77,7 +53,7 @@ async fn delivers_every_event_in_order_and_releases_the_lease() {
     assert_eq!(recorder.sequences(), (1..=8).collect::<Vec<_>>());
     let first = &recorder.events()[0];
     assert!(first.observed);
-    assert_eq!(first.origin_writer, "test-writer");
+    assert_eq!(first.writer_process_id, "test-writer");
     assert_eq!(first.consumer_id.as_str(), "c1");
     assert_eq!(first.task_id, "t0");
     assert_eq!(first.event_type, "task:deleted");

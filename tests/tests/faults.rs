@@ -2,16 +2,12 @@
 //! ID, a paused stale holder, and a PostgreSQL restart mid-stream.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, Writers, cursor, eventually, write_event};
 use outbox_tests::process_kit::ConsumeProcess;
 use outbox_tests::{TestDb, fresh_db};
 use rand::Rng;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 /// Fast settings for a test consumer process.
 fn args(consumer: &str) -> Vec<String> {
@@ -30,6 +26,8 @@ fn args(consumer: &str) -> Vec<String> {
         "100ms",
         "--sequence-interval",
         "10ms",
+        "--sequencer-lease-ttl",
+        "1s",
         "--shutdown-grace",
         "1s",
     ]
@@ -43,48 +41,6 @@ fn spawn(db: &TestDb, args: &[String]) -> ConsumeProcess {
     ConsumeProcess::spawn(&db.url, &refs)
 }
 
-/// Writers that commit events until stopped; returns the committed event IDs.
-struct Writers {
-    stop: Arc<AtomicBool>,
-    committed: Arc<Mutex<Vec<String>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Writers {
-    fn start(db: &TestDb, count: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let committed = Arc::new(Mutex::new(Vec::new()));
-        let tasks = (0..count)
-            .map(|w| {
-                let (db, stop, committed) = (db.clone(), stop.clone(), committed.clone());
-                tokio::spawn(async move {
-                    let mut i = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        let id = write_event(&db, "p", &format!("w{w}-{i}")).await;
-                        committed.lock().unwrap().push(id);
-                        i += 1;
-                        let pause = rand::rng().random_range(5..25);
-                        tokio::time::sleep(Duration::from_millis(pause)).await;
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            committed,
-            tasks,
-        }
-    }
-
-    async fn stop(self) -> BTreeSet<String> {
-        self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.unwrap();
-        }
-        self.committed.lock().unwrap().iter().cloned().collect()
-    }
-}
-
 fn assert_strictly_increasing(sequences: &[i64], run: usize) {
     assert!(
         sequences.windows(2).all(|w| w[0] < w[1]),
@@ -95,7 +51,7 @@ fn assert_strictly_increasing(sequences: &[i64], run: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_at_random_moments_never_loses_or_skips_an_event() {
     let db = fresh_db().await;
-    let writers = Writers::start(&db, 3);
+    let writers = Writers::start(&db, 3, &["p"], 5..25);
     let args = args("k");
     // (sequences delivered, cursor after the process died)
     let mut runs: Vec<(Vec<i64>, Vec<String>, Option<i64>)> = Vec::new();
@@ -108,7 +64,7 @@ async fn kill_9_at_random_moments_never_loses_or_skips_an_event() {
         let after = cursor(&db, "p", "k").await;
         runs.push((process.sequences(), process.event_ids(), after));
     }
-    let committed = writers.stop().await;
+    let committed: BTreeSet<String> = writers.stop().await.into_iter().map(|(_, id)| id).collect();
 
     let mut last = spawn(&db, &args);
     let head = committed.len() as i64;

@@ -7,13 +7,13 @@ use outbox_tests::{empty_db, fresh_db};
 async fn migrate_twice_applies_once() {
     let db = empty_db().await;
     let mut client = db.connect().await;
-    let all: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+    let every: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
     let first = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(first.applied, all);
+    assert_eq!(first.applied, every);
     assert!(first.already_applied.is_empty());
     let second = migrate(&mut client, &Schema::default()).await.unwrap();
     assert!(second.applied.is_empty());
-    assert_eq!(second.already_applied, all);
+    assert_eq!(second.already_applied, every);
     let rows = client
         .query(
             "SELECT version, checksum FROM outbox.schema_migrations ORDER BY version",
@@ -22,7 +22,9 @@ async fn migrate_twice_applies_once() {
         .await
         .unwrap();
     assert_eq!(rows.len(), MIGRATIONS.len());
-    assert_eq!(rows[0].get::<_, String>(1), MIGRATIONS[0].checksum());
+    for (row, migration) in rows.iter().zip(MIGRATIONS) {
+        assert_eq!(row.get::<_, String>(1), migration.checksum());
+    }
 }
 
 #[tokio::test]

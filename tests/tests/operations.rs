@@ -6,29 +6,13 @@ use std::time::Duration;
 
 use outbox_consumer::{ConsumerError, RetrySchedule};
 use outbox_core::{Schema, Sequencer};
-use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
-use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+use outbox_tests::consumer_kit::{
+    Recorder, SeedCursor, SeedEvent, WAIT, cursor, eventually, fast_config, seed_consumer,
+    seed_delivery, start, write_event,
+};
+use outbox_tests::process_kit::{ConsumeProcess, outbox_json, outbox_on as outbox, run_outbox};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
-
-const WAIT: Duration = Duration::from_secs(15);
-
-/// `outbox --database-url <db> ARGS`: (exit code, stdout, stderr).
-async fn outbox(db: &TestDb, args: &[&str]) -> (i32, String, String) {
-    let mut all = vec!["--database-url", db.url.as_str()];
-    all.extend_from_slice(args);
-    run_outbox(&all).await
-}
-
-/// Runs a command expected to succeed and parses its JSON document.
-async fn outbox_json(db: &TestDb, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--output", "json"]);
-    let (code, out, err) = outbox(db, &all).await;
-    assert_eq!(code, 0, "outbox {args:?} failed: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
-}
 
 /// Runs a command expected to fail with `code`; returns its stderr.
 async fn outbox_fails(db: &TestDb, code: i32, args: &[&str]) -> String {
@@ -52,22 +36,6 @@ async fn sequence(db: &TestDb) {
         .unwrap();
 }
 
-/// A consumer row at the project's head, with no lease.
-async fn seed_consumer(db: &TestDb, project: &str, consumer: &str) {
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, \
-                 last_acked_sequence) \
-             VALUES ($1, $2, (SELECT COALESCE(max(head_sequence), 0) \
-                              FROM outbox.lifecycle_project_heads WHERE project_id = $1)) \
-             ON CONFLICT DO NOTHING",
-            &[&project, &consumer],
-        )
-        .await
-        .unwrap();
-}
-
 /// Writes and numbers an event for `task`, and records `consumer`'s delivery of it in
 /// `state` with `attempts`, as the runtime would have; returns the event ID.
 async fn seed_letter(
@@ -80,21 +48,17 @@ async fn seed_letter(
 ) -> String {
     let event = write_event(db, project, task).await;
     sequence(db).await;
-    seed_consumer(db, project, consumer).await;
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_deliveries (project_id, consumer_id, event_id, \
-                 sequence, attempts, next_attempt_at, last_failure_class, state, parked_at) \
-             SELECT $1, $2, $3, sequence, $5, \
-                    CASE WHEN $4::text = 'retrying' THEN now() + interval '1 minute' END, \
-                    'forced_failure', $4::text, \
-                    CASE WHEN $4::text <> 'retrying' THEN now() END \
-             FROM outbox.lifecycle_outbox WHERE project_id = $1 AND event_id = $3",
-            &[&project, &consumer, &event, &state, &attempts],
-        )
-        .await
-        .unwrap();
+    seed_consumer(db, project, consumer, SeedCursor::Head, false).await;
+    seed_delivery(
+        db,
+        project,
+        consumer,
+        SeedEvent::Id(&event),
+        state,
+        attempts,
+        0,
+    )
+    .await;
     event
 }
 
@@ -240,12 +204,16 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
     assert!(behind["retrying"]["next_attempt_at"].is_string());
     assert_eq!(
         health(behind),
-        ["lagging", "stuck_retrying"],
-        "a released lease is not a stale heartbeat"
+        ["lagging", "stuck_retrying", "not_running"],
+        "a released lease is not a stale heartbeat; with events waiting, nobody runs it"
     );
     let stale = by_id(consumers, "consumer_id", "c-stale");
     assert_eq!(stale["lease_live"], false);
-    assert_eq!(health(stale), ["stale_heartbeat"]);
+    assert_eq!(
+        health(stale),
+        ["ok"],
+        "an expired lease is no longer a stale heartbeat, and nothing waits for c-stale"
+    );
 
     // The same in a table, with defaults: nothing lags by 10000 events.
     let (code, table, _) = outbox(&db, &["status"]).await;
@@ -290,7 +258,7 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
             "RETRYING",
             "ATTEMPTS",
             "NEXT_ATTEMPT",
-            "DEAD",
+            "DEAD_LETTERS",
             "HEALTH"
         ]
     );
@@ -299,7 +267,10 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
         .iter()
         .find(|l| l.contains("c-behind"))
         .expect("c-behind row");
-    assert!(behind_line.ends_with("stuck_retrying"), "{behind_line}");
+    assert!(
+        behind_line.ends_with("stuck_retrying,not_running"),
+        "{behind_line}"
+    );
     assert!(
         behind_line.contains(&format!("{dead} (seq 1)")),
         "{behind_line}"
@@ -310,6 +281,19 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
             .any(|l| l.contains("c-stale") && l.contains("expired") && l.contains("1m0")),
         "{table}"
     );
+
+    // As a monitoring probe: the same table, then exit 5 naming every code that is not ok.
+    let (code, checked, err) = outbox(&db, &["status", "--check"]).await;
+    assert_eq!(code, 5, "{err}");
+    assert_eq!(checked.lines().count(), table.lines().count());
+    assert!(
+        err.contains("consumer c-behind of project p: stuck_retrying,not_running")
+            && err.contains("consumer c-ok of project p: dead_letters"),
+        "{err}"
+    );
+    let (code, json, _) = outbox(&db, &["status", "--check", "--output", "json"]).await;
+    assert_eq!(code, 5);
+    assert!(serde_json::from_str::<Value>(&json).is_ok(), "{json}");
 
     // One project only; an unknown project is not found.
     let only_q = outbox_json(&db, &["status", "--project", "q"]).await;
@@ -374,7 +358,10 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
     assert_eq!(truncated["truncated"], true);
     let (code, table, _) = outbox(&db, &["dead-letters", "list", "--consumer-id", "c-ok"]).await;
     assert_eq!(code, 0);
-    assert_eq!(header(&table)[..3], ["PROJECT", "CONSUMER", "EVENT"]);
+    assert_eq!(
+        header(&table)[..4],
+        ["PROJECT", "CONSUMER", "EVENT_ID", "SEQUENCE"]
+    );
     assert!(
         table.contains(&dead) && table.contains("forced_failure"),
         "{table}"
@@ -421,18 +408,7 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
     recorder.fail_task("poison");
     let mut config = fast_config("p", "c");
     config.retry = RetrySchedule::new(vec![Duration::from_millis(10)], 3).unwrap();
-    let shutdown = CancellationToken::new();
-    let consumer = outbox_consumer::Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        config,
-        recorder.clone(),
-        recorder.clone(),
-    );
-    let run = {
-        let token = shutdown.clone();
-        tokio::spawn(async move { consumer.run(token).await })
-    };
+    let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "the stream to pass the parked event", || async {
         cursor(&db, "p", "c").await == Some(3)
     })
@@ -464,7 +440,7 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
         "--event-id",
         poison.as_str(),
     ];
-    let replay = [&["dead-letters", "replay"][..], &letter].concat();
+    let replay = [&["dead-letters", "replay", "--by", "bob"][..], &letter].concat();
 
     // Replay while the handler still fails: re-dispatched once, back to dead, counted, audited.
     let requested = outbox_json(&db, &replay).await;
@@ -490,10 +466,26 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
             (
                 "consumer-poisoned".into(),
                 Some(poison.clone()),
-                None,
+                Some("bob".into()),
                 Some(4)
             ),
-        ]
+        ],
+        "the failed replay names who asked for it"
+    );
+    let requests: Vec<_> = audit(&db)
+        .await
+        .into_iter()
+        .filter(|(kind, ..)| kind == "dead-letter-replay-requested")
+        .collect();
+    assert_eq!(
+        requests,
+        vec![(
+            "dead-letter-replay-requested".into(),
+            Some(poison.clone()),
+            Some("bob".into()),
+            Some(3)
+        )],
+        "the request itself is audited, with its actor"
     );
 
     // Replay after the fix: replayed and audited; the handler saw it flagged as a replay.
@@ -501,7 +493,7 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
     let (code, out, err) = outbox(&db, &replay).await;
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("replay requested for 1 dead letter(s)"),
+        out.contains("replay requested by bob for 1 dead letter(s)"),
         "{out}"
     );
     eventually(WAIT, "the replay to succeed", || async {
@@ -528,6 +520,7 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["event_id"], poison.as_str());
     assert_eq!(rows[0]["kind"], "lifecycle-observation:consumer-replayed");
+    assert_eq!(rows[0]["actor"], "bob", "the replay names who asked for it");
 
     // A replayed letter is not dead: neither replay nor resolve applies.
     let err = outbox_fails(&db, 4, &replay).await;
@@ -555,6 +548,8 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
         &[
             "dead-letters",
             "replay",
+            "--by",
+            "bob",
             "--project",
             "p",
             "--consumer-id",
@@ -600,6 +595,8 @@ async fn replay_all_marks_every_dead_letter_and_skips_pruned_events() {
         &[
             "dead-letters",
             "replay",
+            "--by",
+            "bob",
             "--project",
             "p",
             "--consumer-id",
@@ -636,6 +633,8 @@ async fn replay_all_marks_every_dead_letter_and_skips_pruned_events() {
         &[
             "dead-letters",
             "replay",
+            "--by",
+            "bob",
             "--project",
             "p",
             "--consumer-id",
@@ -658,6 +657,8 @@ async fn replay_all_marks_every_dead_letter_and_skips_pruned_events() {
         &[
             "dead-letters",
             "replay",
+            "--by",
+            "bob",
             "--project",
             "p",
             "--consumer-id",
@@ -757,7 +758,12 @@ async fn resolve_records_who_and_why_on_the_letter_and_only_ids_in_the_audit() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(leaked, 0, "the reason never reaches the audit trail");
+    assert_eq!(
+        leaked, 1,
+        "the reason is on the resolution's audit row, and only there"
+    );
+    let trail = outbox_json(&db, &["audit", "--kind", "dead-letter-resolved"]).await;
+    assert_eq!(trail["audit"][0]["reason"], reason);
 
     // Shown with who and why; resolving or replaying again is a conflict naming the state.
     let show = outbox_json(
@@ -789,6 +795,8 @@ async fn resolve_records_who_and_why_on_the_letter_and_only_ids_in_the_audit() {
         &[
             "dead-letters",
             "replay",
+            "--by",
+            "bob",
             "--project",
             "p",
             "--consumer-id",
@@ -811,7 +819,7 @@ async fn resolve_records_who_and_why_on_the_letter_and_only_ids_in_the_audit() {
     assert_eq!(
         header(&table),
         [
-            "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT", "ACTOR", "COUNT"
+            "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT_ID", "ACTOR", "COUNT", "REASON"
         ]
     );
     assert!(
@@ -868,18 +876,7 @@ async fn retire_stops_the_running_consumer_refuses_a_restart_and_reactivation_re
     write_event(&db, "p", "t1").await;
     let dead = seed_letter(&db, "p", "c", "t2", "dead", 10).await;
     let recorder = Recorder::default();
-    let shutdown = CancellationToken::new();
-    let consumer = outbox_consumer::Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        fast_config("p", "c"),
-        recorder.clone(),
-        recorder.clone(),
-    );
-    let run = {
-        let token = shutdown.clone();
-        tokio::spawn(async move { consumer.run(token).await })
-    };
+    let (_shutdown, run) = start(&db, fast_config("p", "c"), &recorder);
     eventually(WAIT, "the consumer to hold its lease", || async {
         let status = outbox_json(&db, &["status", "--project", "p"]).await;
         status["consumers"][0]["lease_live"] == true
@@ -936,6 +933,8 @@ async fn retire_stops_the_running_consumer_refuses_a_restart_and_reactivation_re
         &[
             "dead-letters",
             "replay",
+            "--by",
+            "bob",
             "--project",
             "p",
             "--consumer-id",
@@ -977,6 +976,10 @@ async fn retire_stops_the_running_consumer_refuses_a_restart_and_reactivation_re
     ];
     let err = outbox_fails(&db, 4, &[&["consume"][..], &consume].concat()).await;
     assert!(err.contains("consumer c of project p is retired"), "{err}");
+    assert!(
+        err.contains("run: outbox consume --project p --consumer-id c --reactivate"),
+        "the refusal names the exact command: {err}"
+    );
 
     // ...unless reactivated, which reconciles from the live set.
     let mut process = ConsumeProcess::spawn(&db.url, &[&consume[..], &["--reactivate"]].concat());
@@ -1049,6 +1052,8 @@ async fn missing_targets_exit_3_naming_them() {
             vec![
                 "dead-letters",
                 "replay",
+                "--by",
+                "bob",
                 "--project",
                 "p",
                 "--consumer-id",
@@ -1062,6 +1067,8 @@ async fn missing_targets_exit_3_naming_them() {
             vec![
                 "dead-letters",
                 "replay",
+                "--by",
+                "bob",
                 "--project",
                 "x",
                 "--consumer-id",
@@ -1144,7 +1151,12 @@ async fn retrying_deliveries_are_not_dead_letters() {
         "--event-id",
         event.as_str(),
     ];
-    let err = outbox_fails(&db, 4, &[&["dead-letters", "replay"][..], &letter].concat()).await;
+    let err = outbox_fails(
+        &db,
+        4,
+        &[&["dead-letters", "replay", "--by", "bob"][..], &letter].concat(),
+    )
+    .await;
     assert!(
         err.contains(&format!(
             "dead letter {event} of consumer c in project p is retrying, not dead"
@@ -1295,6 +1307,8 @@ async fn bad_input_exits_2_and_changes_nothing() {
             vec![
                 "dead-letters",
                 "replay",
+                "--by",
+                "bob",
                 "--project",
                 "p",
                 "--consumer-id",
@@ -1306,6 +1320,8 @@ async fn bad_input_exits_2_and_changes_nothing() {
             vec![
                 "dead-letters",
                 "replay",
+                "--by",
+                "bob",
                 "--project",
                 "p",
                 "--consumer-id",

@@ -3,84 +3,19 @@
 //! test cluster would break every other test.
 
 use std::collections::BTreeSet;
-use std::process::Command;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::Utc;
-use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
+use outbox_tests::cluster_kit::{PrivateCluster, try_write};
 use outbox_tests::consumer_kit::eventually;
 use outbox_tests::process_kit::ConsumeProcess;
-use tokio_postgres::{Config, NoTls};
-
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.pg-restart");
-const PORT: &str = "54339";
-
-fn pg(action: &str) -> String {
-    let output = Command::new("bash")
-        .arg(SCRIPT)
-        .arg(action)
-        .env("OUTBOX_PG_DIR", DIR)
-        .env("OUTBOX_PG_PORT", PORT)
-        .output()
-        .expect("run scripts/pg.sh");
-    assert!(
-        output.status.success(),
-        "pg.sh {action}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap().trim().to_owned()
-}
-
-/// Stops the private cluster however the test ends.
-struct ClusterGuard;
-
-impl Drop for ClusterGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("bash")
-            .arg(SCRIPT)
-            .arg("down")
-            .env("OUTBOX_PG_DIR", DIR)
-            .env("OUTBOX_PG_PORT", PORT)
-            .status();
-    }
-}
-
-/// Writes one event; `Err` when the outcome is unknown (the database went away).
-async fn try_write(config: &Config, task: &str) -> Result<String, ()> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(|_| ())?;
-    tokio::spawn(connection);
-    let tx = client.transaction().await.map_err(|_| ())?;
-    let event = TaskDeleted::new(
-        ProjectId::new("p").unwrap(),
-        TaskId::new(task).unwrap(),
-        Utc::now(),
-        Prior::default(),
-    )
-    .unwrap();
-    Writer::new(&Schema::default(), WriterProcessId::new("w").unwrap())
-        .record(&tx, &event)
-        .await
-        .map_err(|_| ())?;
-    tx.commit().await.map_err(|_| ())?;
-    Ok(event.event_id())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_restart_mid_stream_loses_nothing() {
-    let url = pg("reset");
-    let _guard = ClusterGuard;
-    let config = Config::from_str(&url).unwrap();
-    {
-        let (mut client, connection) = config.connect(NoTls).await.unwrap();
-        tokio::spawn(connection);
-        outbox_core::migrate(&mut client, &Schema::default())
-            .await
-            .unwrap();
-    }
+    let cluster = PrivateCluster::start("restart");
+    let url = cluster.url.clone();
+    let config = cluster.migrate().await;
     let mut consumer = ConsumeProcess::spawn(
         &url,
         &[
@@ -109,7 +44,7 @@ async fn a_postgres_restart_mid_stream_loses_nothing() {
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(id) = try_write(&config, &format!("w{w}-{i}")).await {
+                    if let Ok(id) = try_write(&config, "p", &format!("w{w}-{i}")).await {
                         confirmed.lock().unwrap().insert(id);
                     } else {
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -124,9 +59,9 @@ async fn a_postgres_restart_mid_stream_loses_nothing() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before_restart = consumer.sequences().len();
     assert!(before_restart > 0, "delivery started before the restart");
-    pg("down");
+    cluster.stop();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    pg("up");
+    cluster.resume();
     tokio::time::sleep(Duration::from_millis(2000)).await;
     stop.store(true, Ordering::Relaxed);
     for w in writers {

@@ -10,19 +10,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outbox_consumer::{
-    Consumer, ConsumerConfig, ConsumerError, Handler, HandlerFailure, ObservedEvent,
-    ReconcileReason, RunSummary,
-};
+use outbox_consumer::{Handler, HandlerFailure, ObservedEvent, ReconcileReason};
 use outbox_core::{HoldBack, ProjectId, PruneOptions, PruneReport, Pruner, Schema, Sequencer};
-use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
+use outbox_tests::consumer_kit::{
+    Recorder, SeedEvent, WAIT, cursor, eventually, fast_config, seed_consumer, seed_delivery,
+    start, start_with, write_event,
+};
 use outbox_tests::process_kit::run_outbox;
 use outbox_tests::{TestDb, fresh_db};
 use rand::{Rng, SeedableRng};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-
-const WAIT: Duration = Duration::from_secs(15);
 
 // ------------------------------------------------------------------------------------------
 // Helpers
@@ -85,27 +82,6 @@ async fn age(db: &TestDb, project: &str, from: i64, through: i64, days: i32) {
         .unwrap();
 }
 
-/// Adds a consumer row directly: `cursor` None is a missing cursor.
-async fn add_consumer(
-    db: &TestDb,
-    project: &str,
-    consumer: &str,
-    cursor: Option<i64>,
-    retired: bool,
-) {
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_consumer_cursors
-                 (project_id, consumer_id, last_acked_sequence, state, retired_at, retired_by)
-             VALUES ($1, $2, $3, CASE WHEN $4 THEN 'retired' ELSE 'active' END,
-                     CASE WHEN $4 THEN now() END, CASE WHEN $4 THEN 'test' END)",
-            &[&project, &consumer, &cursor, &retired],
-        )
-        .await
-        .unwrap();
-}
-
 async fn set_cursor(db: &TestDb, project: &str, consumer: &str, cursor: i64) {
     db.connect()
         .await
@@ -113,34 +89,6 @@ async fn set_cursor(db: &TestDb, project: &str, consumer: &str, cursor: i64) {
             "UPDATE outbox.lifecycle_consumer_cursors SET last_acked_sequence = $3
              WHERE project_id = $1 AND consumer_id = $2",
             &[&project, &consumer, &cursor],
-        )
-        .await
-        .unwrap();
-}
-
-/// Adds a delivery row for the event at `sequence`: `settled_days_ago` moves `resolved_at`
-/// (resolved) or `updated_at` (replayed) back.
-async fn add_delivery(
-    db: &TestDb,
-    project: &str,
-    consumer: &str,
-    sequence: i64,
-    state: &str,
-    settled_days_ago: i32,
-) {
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_deliveries
-                 (project_id, consumer_id, event_id, sequence, attempts, state, parked_at,
-                  resolved_at, resolved_by, updated_at)
-             SELECT $1, $2, o.event_id, o.sequence, 10, $4, now(),
-                    CASE WHEN $4 = 'resolved' THEN now() - make_interval(days => $5) END,
-                    CASE WHEN $4 = 'resolved' THEN 'test' END,
-                    now() - make_interval(days => $5)
-             FROM outbox.lifecycle_outbox AS o
-             WHERE o.project_id = $1 AND o.sequence = $3",
-            &[&project, &consumer, &sequence, &state, &settled_days_ago],
         )
         .await
         .unwrap();
@@ -225,29 +173,6 @@ async fn pruned_audits(db: &TestDb) -> Vec<(String, Option<String>, String, i64)
         .collect()
 }
 
-fn start(
-    db: &TestDb,
-    config: ConsumerConfig,
-    recorder: &Recorder,
-) -> (
-    CancellationToken,
-    JoinHandle<Result<RunSummary, ConsumerError>>,
-) {
-    let shutdown = CancellationToken::new();
-    let consumer = Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        config,
-        recorder.clone(),
-        recorder.clone(),
-    );
-    let token = shutdown.clone();
-    (
-        shutdown,
-        tokio::spawn(async move { consumer.run(token).await }),
-    )
-}
-
 // ------------------------------------------------------------------------------------------
 // The rule
 // ------------------------------------------------------------------------------------------
@@ -256,8 +181,8 @@ fn start(
 async fn prunes_exactly_the_old_events_every_active_consumer_acknowledged() {
     let db = fresh_db().await;
     assert_eq!(write_sequenced(&db, "p", 10).await, 10);
-    add_consumer(&db, "p", "fast", Some(10), false).await;
-    add_consumer(&db, "p", "slow", Some(6), false).await;
+    seed_consumer(&db, "p", "fast", Some(10), false).await;
+    seed_consumer(&db, "p", "slow", Some(6), false).await;
     age(&db, "p", 1, 8, 31).await;
 
     let report = prune(&db, PruneOptions::default()).await;
@@ -306,7 +231,7 @@ async fn never_prunes_an_event_an_active_consumer_has_not_acknowledged() {
     let db = fresh_db().await;
     write_sequenced(&db, "p", 20).await;
     age(&db, "p", 1, 20, 400).await;
-    add_consumer(&db, "p", "c", Some(0), false).await;
+    seed_consumer(&db, "p", "c", Some(0), false).await;
     let report = prune(&db, options(Duration::ZERO)).await;
     assert_eq!(report.events_pruned, 0, "even with zero retention");
     assert_eq!(retained(&db, "p").await.len(), 20);
@@ -323,8 +248,8 @@ async fn a_consumer_without_a_cursor_holds_back_everything_until_retired() {
     let db = fresh_db().await;
     write_sequenced(&db, "p", 5).await;
     age(&db, "p", 1, 5, 60).await;
-    add_consumer(&db, "p", "done", Some(5), false).await;
-    add_consumer(&db, "p", "new", None, false).await;
+    seed_consumer(&db, "p", "done", Some(5), false).await;
+    seed_consumer(&db, "p", "new", None, false).await;
     let report = prune(&db, PruneOptions::default()).await;
     assert_eq!(report.events_pruned, 0);
     assert_eq!(
@@ -357,9 +282,9 @@ async fn a_retired_consumer_never_holds_back_pruning() {
     let db = fresh_db().await;
     write_sequenced(&db, "p", 8).await;
     age(&db, "p", 1, 8, 31).await;
-    add_consumer(&db, "p", "active", Some(8), false).await;
-    add_consumer(&db, "p", "gone", Some(1), true).await;
-    add_consumer(&db, "p", "never-started", None, true).await;
+    seed_consumer(&db, "p", "active", Some(8), false).await;
+    seed_consumer(&db, "p", "gone", Some(1), true).await;
+    seed_consumer(&db, "p", "never-started", None, true).await;
     let report = prune(&db, PruneOptions::default()).await;
     assert_eq!(entry(&report, "p").floor, 8);
     assert!(retained(&db, "p").await.is_empty());
@@ -398,15 +323,15 @@ async fn dead_letter_retention_rules() {
     let db = fresh_db().await;
     write_sequenced(&db, "p", 10).await;
     age(&db, "p", 1, 10, 90).await;
-    add_consumer(&db, "p", "c", Some(10), false).await;
-    add_consumer(&db, "p", "r", Some(10), true).await;
-    add_delivery(&db, "p", "c", 2, "resolved", 31).await; // settled long ago: goes
-    add_delivery(&db, "p", "c", 3, "resolved", 1).await; // settled yesterday: kept
-    add_delivery(&db, "p", "c", 4, "dead", 0).await; // unresolved: kept, and so is event 4
-    add_delivery(&db, "p", "c", 5, "replayed", 31).await; // replayed long ago: goes
-    add_delivery(&db, "p", "c", 6, "replayed", 2).await; // replayed recently: kept
-    add_delivery(&db, "p", "r", 7, "dead", 0).await; // of a retired consumer: goes
-    add_delivery(&db, "p", "r", 8, "resolved", 0).await; // of a retired consumer: goes
+    seed_consumer(&db, "p", "c", Some(10), false).await;
+    seed_consumer(&db, "p", "r", Some(10), true).await;
+    seed_delivery(&db, "p", "c", SeedEvent::Sequence(2), "resolved", 10, 31).await; // settled long ago: goes
+    seed_delivery(&db, "p", "c", SeedEvent::Sequence(3), "resolved", 10, 1).await; // settled yesterday: kept
+    seed_delivery(&db, "p", "c", SeedEvent::Sequence(4), "dead", 10, 0).await; // unresolved: kept, and so is event 4
+    seed_delivery(&db, "p", "c", SeedEvent::Sequence(5), "replayed", 10, 31).await; // replayed long ago: goes
+    seed_delivery(&db, "p", "c", SeedEvent::Sequence(6), "replayed", 10, 2).await; // replayed recently: kept
+    seed_delivery(&db, "p", "r", SeedEvent::Sequence(7), "dead", 10, 0).await; // of a retired consumer: goes
+    seed_delivery(&db, "p", "r", SeedEvent::Sequence(8), "resolved", 10, 0).await; // of a retired consumer: goes
 
     let dead_event = event_id_at(&db, "p", 4).await;
     let report = prune(&db, PruneOptions::default()).await;
@@ -500,8 +425,8 @@ async fn a_retired_consumers_dead_letter_does_not_hold_its_event() {
     let db = fresh_db().await;
     write_sequenced(&db, "p", 4).await;
     age(&db, "p", 1, 4, 31).await;
-    add_consumer(&db, "p", "r", Some(1), false).await;
-    add_delivery(&db, "p", "r", 2, "dead", 0).await;
+    seed_consumer(&db, "p", "r", Some(1), false).await;
+    seed_delivery(&db, "p", "r", SeedEvent::Sequence(2), "dead", 10, 0).await;
     assert_eq!(prune(&db, PruneOptions::default()).await.events_pruned, 1);
     db.connect()
         .await
@@ -559,7 +484,7 @@ async fn matches_the_rule_on_random_projects() {
             } else {
                 Some(rng.random_range(0..=head))
             };
-            add_consumer(&db, &project, &name, cursor, retired).await;
+            seed_consumer(&db, &project, &name, cursor, retired).await;
             consumers.push((name, cursor, retired));
         }
         let mut kept = Vec::new();
@@ -579,7 +504,16 @@ async fn matches_the_rule_on_random_projects() {
                 if exists {
                     continue;
                 }
-                add_delivery(&db, &project, name, sequence, state, days).await;
+                seed_delivery(
+                    &db,
+                    &project,
+                    name,
+                    SeedEvent::Sequence(sequence),
+                    state,
+                    10,
+                    days,
+                )
+                .await;
                 let settled_long_ago = matches!(state, "resolved" | "replayed") && days == 31;
                 if !*retired && !settled_long_ago {
                     kept.push((name.clone(), sequence, state.to_owned()));
@@ -704,10 +638,10 @@ async fn a_dry_run_reports_what_would_go_and_changes_nothing() {
     let db = fresh_db().await;
     write_sequenced(&db, "p", 50).await;
     age(&db, "p", 1, 40, 31).await;
-    add_consumer(&db, "p", "c", Some(45), false).await;
-    add_consumer(&db, "p", "r", Some(0), true).await;
-    add_delivery(&db, "p", "r", 3, "dead", 0).await;
-    add_delivery(&db, "p", "c", 2, "resolved", 40).await;
+    seed_consumer(&db, "p", "c", Some(45), false).await;
+    seed_consumer(&db, "p", "r", Some(0), true).await;
+    seed_delivery(&db, "p", "r", SeedEvent::Sequence(3), "dead", 10, 0).await;
+    seed_delivery(&db, "p", "c", SeedEvent::Sequence(2), "resolved", 10, 40).await;
     let dry = prune(
         &db,
         PruneOptions {
@@ -885,18 +819,7 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
     config.prune_interval = Some(Duration::from_millis(50));
     config.retention = Duration::ZERO;
     config.batch_size = 20;
-    let shutdown = CancellationToken::new();
-    let consumer = Consumer::new(
-        db.pool(4),
-        Some(db.config.clone()),
-        config,
-        Slow(recorder.clone()),
-        recorder.clone(),
-    );
-    let run = {
-        let token = shutdown.clone();
-        tokio::spawn(async move { consumer.run(token).await })
-    };
+    let (shutdown, run) = start_with(&db, config, Slow(recorder.clone()), recorder.clone());
     eventually(WAIT, "the consumer's cursor", || async {
         cursor(&db, "p", "c").await.is_some()
     })
@@ -1162,7 +1085,7 @@ async fn the_runtime_sweeps_its_project_at_start_and_on_schedule() {
     write_sequenced(&db, "other", 4).await;
     age(&db, "p", 1, 4, 31).await;
     age(&db, "other", 1, 4, 31).await;
-    add_consumer(&db, "p", "c", Some(4), false).await;
+    seed_consumer(&db, "p", "c", Some(4), false).await;
 
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c");
@@ -1262,9 +1185,9 @@ async fn outbox_prune_prints_what_it_removed() {
     write_sequenced(&db, "p", 12).await;
     write_sequenced(&db, "q", 2).await;
     age(&db, "p", 1, 12, 31).await;
-    add_consumer(&db, "p", "c", Some(9), false).await;
-    add_consumer(&db, "p", "r", Some(0), true).await;
-    add_delivery(&db, "p", "r", 1, "dead", 0).await;
+    seed_consumer(&db, "p", "c", Some(9), false).await;
+    seed_consumer(&db, "p", "r", Some(0), true).await;
+    seed_delivery(&db, "p", "r", SeedEvent::Sequence(1), "dead", 10, 0).await;
     let url = db.url.as_str();
 
     let (code, out, err) = run_outbox(&[
@@ -1285,8 +1208,13 @@ async fn outbox_prune_prints_what_it_removed() {
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
         [
-            "PROJECT", "HEAD", "FLOOR", "NEW", "FLOOR", "(DRY", "RUN)", "EVENTS", "DEAD",
-            "LETTERS", "HELD", "BY"
+            "PROJECT",
+            "HEAD",
+            "FLOOR",
+            "NEW_FLOOR",
+            "EVENTS",
+            "DEAD_LETTERS",
+            "HELD_BY"
         ]
     );
     assert!(
@@ -1299,7 +1227,7 @@ async fn outbox_prune_prints_what_it_removed() {
     assert!(
         out.contains(
             "dry run: would prune 9 event(s) and 1 dead letter(s) in 2 project(s) \
-                      (retention 30days, batches of 4)"
+                      (retention 30d, batches of 4)"
         ),
         "{out}"
     );
@@ -1469,8 +1397,8 @@ async fn outbox_status_flags_the_pruning_backlog_and_a_held_floor_until_pruned()
     write_sequenced(&db, "p", 10).await;
     write_sequenced(&db, "q", 3).await;
     age(&db, "p", 1, 10, 40).await;
-    add_consumer(&db, "p", "fast", Some(10), false).await;
-    add_consumer(&db, "p", "slow", Some(4), false).await;
+    seed_consumer(&db, "p", "fast", Some(10), false).await;
+    seed_consumer(&db, "p", "slow", Some(4), false).await;
     let url = db.url.as_str();
 
     // 1..=4 are prunable (no sweep ran); 5..=10 are 40 days old and held by `slow`.
@@ -1568,7 +1496,7 @@ async fn outbox_status_flags_the_pruning_backlog_and_a_held_floor_until_pruned()
 
     // `slow` catches up, but an unresolved dead letter of `fast` at 7 holds the floor.
     set_cursor(&db, "p", "slow", 10).await;
-    add_delivery(&db, "p", "fast", 7, "dead", 0).await;
+    seed_delivery(&db, "p", "fast", SeedEvent::Sequence(7), "dead", 10, 0).await;
     let (p, _) = status_of(&db, "p", &[]).await;
     assert_eq!(p["prunable"], 2, "{p}");
     assert_eq!(p["held_by"]["reason"], "dead_letter");

@@ -362,3 +362,44 @@ async fn each_bad_input_gets_the_same_specific_error_in_rust_and_sql() {
     ));
     let _ = ValidationError::PriorNotObject;
 }
+
+/// Every NULL argument of the SQL writer is a 22023 naming that argument, never a NOT NULL
+/// violation naming a column.
+#[tokio::test]
+async fn sql_writer_names_each_null_argument() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    let cases = [
+        (
+            "SELECT outbox.write_task_deleted(NULL, 'T', now(), 'w', NULL)",
+            "invalid project_id: must not be empty",
+        ),
+        (
+            "SELECT outbox.write_task_deleted('p1', NULL, now(), 'w', NULL)",
+            "invalid task_id: must not be empty",
+        ),
+        (
+            "SELECT outbox.write_task_deleted('p1', 'T', NULL, 'w', NULL)",
+            "invalid deleted_at: must not be null",
+        ),
+        (
+            "SELECT outbox.write_task_deleted('p1', 'T', now(), NULL, NULL)",
+            "invalid writer_process_id: must not be empty",
+        ),
+        (
+            "SELECT outbox.write_task_deleted('p1', 'T', now(), 'w', '{\"column\": null}')",
+            "invalid prior.column: must be a string",
+        ),
+        (
+            "SELECT outbox.write_task_deleted('p1', 'T', now(), 'w', '[]')",
+            "invalid prior: must be a JSON object",
+        ),
+    ];
+    for (statement, expected) in cases {
+        let err = client.query_one(statement, &[]).await.expect_err(statement);
+        let db_error = err.as_db_error().expect("a server error");
+        assert_eq!(db_error.code().code(), "22023", "{statement}: {db_error:?}");
+        assert_eq!(db_error.message(), expected, "{statement}");
+    }
+    assert_eq!(count(&client).await, 0, "nothing was written");
+}

@@ -136,7 +136,7 @@ pub async fn run(url: &str, scenario: Scenario) -> BoxResult<Outcome> {
     let mut config = db::parse(url)?;
     config.application_name("outbox-bench-latency");
 
-    // The consumer: the runtime's defaults (sequencer every 10 ms, poll every 1 s, batches
+    // The consumer: the runtime's defaults (elected sequencer, 2-50 ms adaptive tick, poll every 1 s, batches
     // of 500) except where the scenario says otherwise.
     let mut consumer_config =
         ConsumerConfig::new(ProjectId::new(&project)?, ConsumerId::new(&consumer_id)?);

@@ -18,19 +18,16 @@
 #![forbid(unsafe_code)]
 
 mod catchup;
-mod db;
 mod latency;
 mod pooler;
 mod procfs;
 mod report;
-mod stats;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Errors of a benchmark binary: reported, never matched on.
-pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use outbox_bench::{BoxResult, db, stats};
 
 /// Consumer benchmarks: catch-up throughput and peak RSS, and commit-to-handler latency.
 #[derive(Debug, Parser)]
@@ -165,7 +162,11 @@ async fn run(args: BenchArgs) -> BoxResult<()> {
     if !args.skip_latency {
         let url = db::fresh_database(&admin_url, "outbox_bench_latency").await?;
         for listen in [true, false] {
-            for rate in [500, 2000] {
+            for rate in [500, 2000, 5000] {
+                if !listen && rate == 5000 {
+                    // Poll-only latency is the poll interval at any rate.
+                    continue;
+                }
                 let scenario = latency::Scenario {
                     listen,
                     rate,

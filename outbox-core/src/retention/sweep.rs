@@ -1,207 +1,22 @@
-//! The retention sweep: prunes old, acknowledged events and settled dead letters in bounded
-//! batches, keeping the retention floor exact.
-//!
-//! ## The rule
-//! An event of a project is pruned only when all of these hold:
-//! - it is older than the retention period (`occurred_at < now() - retention`, default 30 days);
-//! - every non-retired consumer of the project has acknowledged it
-//!   (`last_acked_sequence >= sequence`). A non-retired consumer with a missing (NULL) cursor
-//!   holds back everything: it has not reconciled yet. A retired consumer holds back nothing.
-//!   A project with no consumers at all is pruned by age alone: a consumer that appears later
-//!   has no cursor and reconciles from the live task set, which needs no history (one started
-//!   with `StartFrom::Earliest` falls back to reconciliation once the floor is above 0);
-//! - no unresolved dead letter (`dead` or `replay_requested`) of a non-retired consumer refers
-//!   to it: a replay needs the event row.
-//!
-//! Pruning is contiguous per project: a sweep removes sequences `pruned_through + 1 ..= N`
-//! where N is the highest sequence such that it and every retained sequence below it satisfy
-//! the rule. So an event held back (too young, not acknowledged, or a dead letter's) stops the
-//! floor below it, and `lifecycle_project_heads.pruned_through` stays exact: every event at or
-//! below it is gone, every event above it is retained.
-//!
-//! Delivery rows go as well: a `resolved` dead letter once `resolved_at` is older than the
-//! retention period, a `replayed` one once its replay (`updated_at`) is (a replay settles a
-//! dead letter as a resolution does), and every delivery row of a retired consumer at the
-//! next sweep (retirement is the explicit, audited decision to stop caring about them; a
-//! reactivated consumer reconciles anyway). Unresolved dead letters of non-retired consumers
-//! are kept until they are resolved or their consumer is retired.
-//!
-//! ## Bounded and safe
-//! Every batch (default 500 events, or delivery rows) is its own short transaction: it takes
-//! the schema's transaction-level `prune` advisory lock, reads the project's floor, head and
-//! cursors, deletes the batch and advances `pruned_through` in the same transaction, and adds
-//! to this sweep's `lifecycle-observation:pruned` audit row. So two batches never run at the
-//! same time. A second sweep *waits* for the lock (at most 5 s, `lock_timeout`) rather than
-//! skipping: sweeps running side by side (the runtimes of a project's consumers, `outbox
-//! prune`) interleave batch by batch and split the work, each batch deciding afresh from the
-//! floor and cursors it reads under the lock, and every sweep finishes the projects it was
-//! asked to sweep (a sweep that skipped on contention could be kept from other projects
-//! indefinitely by sweeps of one project). A project (or its delivery rows) with nothing to
-//! prune is passed over without taking the lock, so sweeps only meet where there is work.
-//! Writers only insert unsequenced rows and the sequencer only numbers them, so neither ever
-//! waits on a deleted row; the project-heads row the sequencer also updates is locked by the
-//! batch only from its last statement to its commit.
+//! The sweep: [`Pruner`] applies the plan batch by batch, each batch its own short
+//! transaction under the schema's `prune` advisory lock; [`Sweep`] is one sweep in progress.
 
 use crate::stmt::Unnamed as _;
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt;
-use std::time::Duration;
 
 use serde::Serialize;
 use tokio_postgres::{Client, IsolationLevel, Transaction};
 
+use super::plan::{
+    BATCH_IDLE_TIMEOUT, BATCH_LOCK_TIMEOUT, HoldBack, Plan, ProjectState, PruneOptions,
+    PruneOptionsError, bound,
+};
+use super::sql;
+use crate::admin::{AuditLog, AuditRecord};
 use crate::error::Error;
 use crate::ids::ProjectId;
-use crate::retention_sql as sql;
 use crate::schema::Schema;
-
-/// Default retention period of events and settled dead letters: 30 days.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 86_400);
-
-/// Longest retention period accepted: 100 years (365-day years).
-pub const MAX_RETENTION: Duration = Duration::from_secs(36_500 * 86_400);
-
-/// Default number of events (or delivery rows) one batch removes.
-pub const DEFAULT_PRUNE_BATCH: i64 = 500;
-
-/// Largest batch accepted.
-pub const MAX_PRUNE_BATCH: i64 = 100_000;
-
-/// Default actor recorded on the sweep's audit rows.
-pub const DEFAULT_PRUNE_ACTOR: &str = "retention-sweep";
-
-/// The server ends a batch idle inside its transaction for longer (releasing its locks).
-const BATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A batch waiting longer than this for a row lock fails (and the sweep with it) rather than
-/// queueing writers or the sequencer behind it.
-const BATCH_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How a sweep runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PruneOptions {
-    /// Events older than this (and acknowledged, and not a dead letter's) are pruned; settled
-    /// dead letters are pruned this long after they were settled. Zero is allowed (tests,
-    /// benchmarks).
-    pub retention: Duration,
-    /// Events (or delivery rows) per batch transaction, 1..=[`MAX_PRUNE_BATCH`].
-    pub batch_size: i64,
-    /// Only this project; `None` sweeps every project with sequenced events.
-    pub project: Option<ProjectId>,
-    /// Report what would go without deleting anything.
-    pub dry_run: bool,
-    /// Recorded as `actor` on the audit rows (same characters as an ID, 1..=200).
-    pub actor: String,
-}
-
-impl Default for PruneOptions {
-    /// 30 days, batches of 500, every project, for real, actor `retention-sweep`.
-    fn default() -> Self {
-        Self {
-            retention: DEFAULT_RETENTION,
-            batch_size: DEFAULT_PRUNE_BATCH,
-            project: None,
-            dry_run: false,
-            actor: DEFAULT_PRUNE_ACTOR.to_owned(),
-        }
-    }
-}
-
-/// Sweep options were refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PruneOptionsError {
-    /// The batch size is out of range.
-    #[error("invalid prune batch size {0}: use 1 to {MAX_PRUNE_BATCH}")]
-    BatchSize(i64),
-    /// The retention period is too long.
-    #[error("invalid retention period {0:?}: at most 36500 days")]
-    Retention(Duration),
-    /// The audit actor is empty, too long or has characters outside `A-Za-z0-9._:@-`.
-    #[error("invalid prune actor {0:?}: use 1 to 200 characters from A-Z a-z 0-9 . _ : @ -")]
-    Actor(String),
-}
-
-impl PruneOptions {
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<(), PruneOptionsError> {
-        if !(1..=MAX_PRUNE_BATCH).contains(&self.batch_size) {
-            return Err(PruneOptionsError::BatchSize(self.batch_size));
-        }
-        if self.retention > MAX_RETENTION {
-            return Err(PruneOptionsError::Retention(self.retention));
-        }
-        let actor_ok = (1..=200).contains(&self.actor.len())
-            && self
-                .actor
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._:@-".contains(c));
-        if !actor_ok {
-            return Err(PruneOptionsError::Actor(self.actor.clone()));
-        }
-        Ok(())
-    }
-}
-
-/// Why a project's floor stops where it does (below its head).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "reason", rename_all = "snake_case")]
-pub enum HoldBack {
-    /// A non-retired consumer has no cursor yet (it has not reconciled): nothing is pruned.
-    MissingCursor {
-        /// The consumer (the first by ID, if several).
-        consumer_id: String,
-    },
-    /// The slowest non-retired consumer has acknowledged only up to `cursor`.
-    Cursor {
-        /// The consumer.
-        consumer_id: String,
-        /// Its last acknowledged sequence.
-        cursor: i64,
-    },
-    /// The next event is younger than the retention period.
-    Retention {
-        /// The first retained event's sequence.
-        sequence: i64,
-    },
-    /// The next event is an unresolved dead letter of a non-retired consumer.
-    DeadLetter {
-        /// The consumer.
-        consumer_id: String,
-        /// The dead letter's event.
-        event_id: String,
-        /// Its sequence.
-        sequence: i64,
-    },
-}
-
-impl fmt::Display for HoldBack {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HoldBack::MissingCursor { consumer_id } => {
-                write!(
-                    f,
-                    "consumer {consumer_id} has no cursor (not reconciled yet)"
-                )
-            }
-            HoldBack::Cursor {
-                consumer_id,
-                cursor,
-            } => write!(f, "consumer {consumer_id} acknowledged up to {cursor}"),
-            HoldBack::Retention { sequence } => {
-                write!(f, "event {sequence} is within the retention period")
-            }
-            HoldBack::DeadLetter {
-                consumer_id,
-                sequence,
-                ..
-            } => write!(
-                f,
-                "event {sequence} is an unresolved dead letter of {consumer_id}"
-            ),
-        }
-    }
-}
+use crate::states::AuditKind;
 
 /// What a sweep did (or, in a dry run, would do) to one project.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -272,7 +87,7 @@ struct Statements {
     delete_deliveries: String,
     count_deliveries: String,
     any_deliveries: String,
-    audit_open: String,
+    audit: AuditLog,
     audit_add: String,
 }
 
@@ -320,7 +135,7 @@ impl Pruner {
                 delete_deliveries: r(sql::DELETE_DELIVERIES),
                 count_deliveries: r(sql::COUNT_DELIVERIES),
                 any_deliveries: r(sql::ANY_DELIVERIES),
-                audit_open: r(sql::AUDIT_OPEN),
+                audit: AuditLog::new(schema),
                 audit_add: r(sql::AUDIT_ADD),
             },
         })
@@ -373,17 +188,8 @@ impl Pruner {
         tx: &Transaction<'_>,
         project: &str,
     ) -> Result<Option<ProjectState>, tokio_postgres::Error> {
-        let row = tx
-            .query_opt_unnamed(&self.sql.project_state, &[&project])
-            .await?;
-        Ok(row.map(|row| ProjectState {
-            head: row.get(0),
-            floor: row.get(1),
-            missing: row.get(2),
-            slowest: row
-                .get::<_, Option<String>>(3)
-                .zip(row.get::<_, Option<i64>>(4)),
-        }))
+        let row = tx.query_opt_unnamed(&self.sql.project_state, &[&project]).await?;
+        row.as_ref().map(ProjectState::decode).transpose()
     }
 
     /// Decides the next batch of `project` from `floor`: how far it may go and why not further.
@@ -418,18 +224,9 @@ impl Pruner {
                 )
                 .await?;
             if let Some(row) = held {
-                let kind: &str = row.get(0);
-                let sequence: i64 = row.get(1);
+                let (sequence, first) = HoldBack::decode_first_held(&row)?;
                 target = sequence - 1;
-                hold = Some(if kind == "dead_letter" {
-                    HoldBack::DeadLetter {
-                        consumer_id: row.get(2),
-                        event_id: row.get(3),
-                        sequence,
-                    }
-                } else {
-                    HoldBack::Retention { sequence }
-                });
+                hold = Some(first);
             }
         }
         // No rule stopped this batch and the head is further: only the batch size did.
@@ -483,7 +280,7 @@ impl Pruner {
                 &[&project, &state.floor, &plan.target],
             )
             .await?
-            .get(0)
+            .try_get("events")?
         } else {
             0
         };
@@ -495,52 +292,6 @@ impl Pruner {
             capped: plan.more,
             hold: plan.hold,
         }))
-    }
-}
-
-/// A project's bounds as read at the start of a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ProjectState {
-    /// Last assigned sequence.
-    head: i64,
-    /// Current retention floor.
-    floor: i64,
-    /// A non-retired consumer with a missing cursor.
-    missing: Option<String>,
-    /// The slowest non-retired consumer with a cursor, and that cursor.
-    slowest: Option<(String, i64)>,
-}
-
-/// One batch's decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Plan {
-    /// The new floor (equal to the old one when nothing may go).
-    target: i64,
-    /// What stopped the floor below the head, if anything did.
-    hold: Option<HoldBack>,
-    /// Only the batch size stopped it: run another batch.
-    more: bool,
-}
-
-/// The highest sequence a batch starting at `floor` may reach judging by head, batch size and
-/// cursors alone, and the consumer that limits it (if one does). Never below `floor`.
-fn bound(floor: i64, state: &ProjectState, batch: i64) -> (i64, Option<HoldBack>) {
-    let upper = state.head.min(floor.saturating_add(batch)).max(floor);
-    if let Some(consumer_id) = &state.missing {
-        let hold = HoldBack::MissingCursor {
-            consumer_id: consumer_id.clone(),
-        };
-        return (floor, Some(hold));
-    }
-    match &state.slowest {
-        Some((consumer_id, cursor)) if *cursor < upper => {
-            let hold = HoldBack::Cursor {
-                consumer_id: consumer_id.clone(),
-                cursor: *cursor,
-            };
-            ((*cursor).max(floor), Some(hold))
-        }
-        _ => (upper, None),
     }
 }
 
@@ -614,10 +365,11 @@ impl Sweep<'_> {
         }
         let Some(pending) = &mut self.pending else {
             let only = self.pruner.options.project.as_ref().map(ProjectId::as_str);
-            let rows = client
-                .query_unnamed(&self.pruner.sql.projects, &[&only])
-                .await?;
-            let projects: VecDeque<String> = rows.iter().map(|row| row.get(0)).collect();
+            let rows = client.query_unnamed(&self.pruner.sql.projects, &[&only]).await?;
+            let projects = rows
+                .iter()
+                .map(|row| row.try_get("project_id"))
+                .collect::<Result<VecDeque<String>, _>>()?;
             self.projects_total = projects.len();
             self.pending = Some(projects);
             return Ok(true);
@@ -794,7 +546,7 @@ async fn deliveries_batch(
             &[&project, &pruner.retention_secs],
         )
         .await?
-        .get(0);
+        .try_get("any_prunable")?;
     if !any {
         tx.commit().await?;
         return Ok(Batch::Done);
@@ -808,7 +560,7 @@ async fn deliveries_batch(
         .await?;
     let mut per_consumer: BTreeMap<String, i64> = BTreeMap::new();
     for row in &rows {
-        *per_consumer.entry(row.get(0)).or_default() += 1;
+        *per_consumer.entry(row.try_get("consumer_id")?).or_default() += 1;
     }
     let mut audits = Vec::with_capacity(per_consumer.len());
     for (consumer, count) in per_consumer {
@@ -841,13 +593,22 @@ async fn add_audit(
                 .await?;
             Ok(id)
         }
-        None => Ok(tx
-            .query_one_unnamed(
-                &pruner.sql.audit_open,
-                &[&project, &consumer, &pruner.options.actor, &count],
+        None => Ok(pruner
+            .sql
+            .audit
+            .record(
+                tx,
+                &AuditRecord {
+                    reason: None,
+                    kind: AuditKind::Pruned,
+                    project_id: project,
+                    consumer_id: consumer,
+                    event_id: None,
+                    actor: Some(&pruner.options.actor),
+                    count: Some(count),
+                },
             )
-            .await?
-            .get(0)),
+            .await?),
     }
 }
 
@@ -885,7 +646,7 @@ async fn dry_run_project(
     let events: i64 = tx
         .query_one_unnamed(&pruner.sql.count_events, &[&project, &state.floor, &floor])
         .await?
-        .get(0);
+        .try_get("events")?;
     let deliveries: i64 = tx
         .query_unnamed(
             &pruner.sql.count_deliveries,
@@ -893,117 +654,12 @@ async fn dry_run_project(
         )
         .await?
         .iter()
-        .map(|row| row.get::<_, i64>(1))
-        .sum();
+        .map(|row| row.try_get::<_, i64>("deliveries"))
+        .sum::<Result<i64, _>>()?;
     tx.commit().await?;
     current.entry.floor = floor;
     current.entry.held_by = hold;
     current.entry.events_pruned = events as u64;
     current.entry.dead_letters_pruned = deliveries as u64;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state(head: i64, floor: i64) -> ProjectState {
-        ProjectState {
-            head,
-            floor,
-            missing: None,
-            slowest: None,
-        }
-    }
-
-    #[test]
-    fn options_are_checked() {
-        PruneOptions::default().validate().unwrap();
-        let mut o = PruneOptions {
-            batch_size: 0,
-            ..PruneOptions::default()
-        };
-        assert_eq!(o.validate(), Err(PruneOptionsError::BatchSize(0)));
-        o.batch_size = MAX_PRUNE_BATCH + 1;
-        assert!(o.validate().is_err());
-        o.batch_size = MAX_PRUNE_BATCH;
-        o.validate().unwrap();
-        o.retention = Duration::ZERO;
-        o.validate().unwrap();
-        o.retention = MAX_RETENTION + Duration::from_secs(1);
-        assert!(matches!(o.validate(), Err(PruneOptionsError::Retention(_))));
-        for bad in ["", "a b", "x\n", &"a".repeat(201)] {
-            let o = PruneOptions {
-                actor: bad.to_owned(),
-                ..PruneOptions::default()
-            };
-            assert!(
-                matches!(o.validate(), Err(PruneOptionsError::Actor(_))),
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn no_consumers_bounds_by_head_and_batch() {
-        assert_eq!(bound(0, &state(1000, 0), 500), (500, None));
-        assert_eq!(bound(800, &state(1000, 800), 500), (1000, None));
-        assert_eq!(bound(1000, &state(1000, 1000), 500), (1000, None));
-    }
-
-    #[test]
-    fn a_missing_cursor_holds_everything() {
-        let mut s = state(1000, 10);
-        s.missing = Some("new".into());
-        s.slowest = Some(("fast".into(), 900));
-        let (upper, hold) = bound(10, &s, 500);
-        assert_eq!(upper, 10);
-        assert_eq!(
-            hold,
-            Some(HoldBack::MissingCursor {
-                consumer_id: "new".into()
-            })
-        );
-    }
-
-    #[test]
-    fn the_slowest_cursor_bounds_when_below_the_batch_end() {
-        let mut s = state(1000, 0);
-        s.slowest = Some(("slow".into(), 120));
-        assert_eq!(
-            bound(0, &s, 500),
-            (
-                120,
-                Some(HoldBack::Cursor {
-                    consumer_id: "slow".into(),
-                    cursor: 120
-                })
-            )
-        );
-        // A cursor at or past the batch end does not limit this batch.
-        s.slowest = Some(("slow".into(), 500));
-        assert_eq!(bound(0, &s, 500), (500, None));
-        // A cursor below the floor (the consumer will reconcile) never moves it back.
-        s.slowest = Some(("slow".into(), 3));
-        assert_eq!(bound(10, &s, 500).0, 10);
-        // A cursor above the head (restored database) does not lift the bound past the head.
-        s.slowest = Some(("slow".into(), 5000));
-        assert_eq!(bound(900, &s, 500), (1000, None));
-    }
-
-    #[test]
-    fn hold_back_reads_well() {
-        let hold = HoldBack::DeadLetter {
-            consumer_id: "c".into(),
-            event_id: "e".into(),
-            sequence: 7,
-        };
-        assert_eq!(
-            hold.to_string(),
-            "event 7 is an unresolved dead letter of c"
-        );
-        let json = serde_json::to_value(&hold).unwrap();
-        assert_eq!(json["reason"], "dead_letter");
-        assert_eq!(json["sequence"], 7);
-    }
 }

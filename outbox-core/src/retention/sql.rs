@@ -8,16 +8,16 @@
 /// paused sweeper cannot keep its locks, and `$2` lock timeout, so a batch never queues for
 /// long behind another sweep or (and so in front of) the sequencer on a heads row; both
 /// milliseconds as text.
-pub const BOUND_BATCH: &str = "
+pub(super) const BOUND_BATCH: &str = "
 SELECT set_config('idle_in_transaction_session_timeout', $1, true),
        set_config('lock_timeout', $2, true)";
 
 /// Takes the sweep lock for the rest of the batch transaction (`$1`: the schema's `prune`
 /// key), waiting for another sweep's batch to commit (at most the lock timeout).
-pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+pub(super) const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// Projects with sequenced events, in order: `$1` one project or NULL for all.
-pub const PROJECTS: &str = "
+pub(super) const PROJECTS: &str = "
 SELECT project_id
 FROM {{schema}}.lifecycle_project_heads
 WHERE ($1::text IS NULL OR project_id = $1)
@@ -26,7 +26,7 @@ ORDER BY project_id";
 /// What bounds a project's floor from above: its head, its floor, the first non-retired
 /// consumer with a missing cursor (it holds back everything) and the slowest non-retired
 /// consumer with its cursor. `$1` project.
-pub const PROJECT_STATE: &str = "
+pub(super) const PROJECT_STATE: &str = "
 SELECT h.head_sequence, h.pruned_through,
        missing.consumer_id AS missing_consumer,
        slowest.consumer_id AS slowest_consumer,
@@ -53,7 +53,7 @@ WHERE h.project_id = $1";
 /// unresolved dead letter of a non-retired consumer refers to (replay needs the row). Pruning
 /// is contiguous, so the floor stops just below it. Returns no row when nothing in the range
 /// is held. `kind` is `retention` or `dead_letter`.
-pub const FIRST_HELD: &str = "
+pub(super) const FIRST_HELD: &str = "
 SELECT kind, sequence, consumer_id, event_id
 FROM (
     (SELECT 'retention' AS kind, o.sequence, NULL::text AS consumer_id, o.event_id
@@ -77,18 +77,18 @@ ORDER BY sequence, kind DESC
 LIMIT 1";
 
 /// Deletes the events of project `$1` in `($2, $3]`; the count is the number removed.
-pub const DELETE_EVENTS: &str = "
+pub(super) const DELETE_EVENTS: &str = "
 DELETE FROM {{schema}}.lifecycle_outbox
 WHERE project_id = $1 AND sequence > $2 AND sequence <= $3";
 
 /// Counts the events of project `$1` in `($2, $3]` (what a dry run would delete).
-pub const COUNT_EVENTS: &str = "
-SELECT count(*) FROM {{schema}}.lifecycle_outbox
+pub(super) const COUNT_EVENTS: &str = "
+SELECT count(*) AS events FROM {{schema}}.lifecycle_outbox
 WHERE project_id = $1 AND sequence > $2 AND sequence <= $3";
 
 /// Moves the floor of project `$1` from `$2` to `$3`, in the transaction that deleted the
 /// events: changes nothing (0 rows) if the floor is no longer `$2`.
-pub const ADVANCE_FLOOR: &str = "
+pub(super) const ADVANCE_FLOOR: &str = "
 UPDATE {{schema}}.lifecycle_project_heads
 SET pruned_through = $3
 WHERE project_id = $1 AND pruned_through = $2";
@@ -108,7 +108,7 @@ macro_rules! prunable_delivery {
 
 /// Deletes up to `$3` prunable delivery rows of project `$1` (`$2`: retention seconds);
 /// returns the consumer of each. Rows an operator is changing right now are skipped.
-pub const DELETE_DELIVERIES: &str = concat!(
+pub(super) const DELETE_DELIVERIES: &str = concat!(
     "
 WITH doomed AS (
     SELECT d.project_id, d.consumer_id, d.event_id
@@ -129,9 +129,9 @@ RETURNING d.consumer_id"
 );
 
 /// How many delivery rows of project `$1` would go, per consumer (`$2`: retention seconds).
-pub const COUNT_DELIVERIES: &str = concat!(
+pub(super) const COUNT_DELIVERIES: &str = concat!(
     "
-SELECT d.consumer_id, count(*)
+SELECT d.consumer_id, count(*) AS deliveries
 FROM {{schema}}.lifecycle_deliveries AS d
 JOIN {{schema}}.lifecycle_consumer_cursors AS c
   ON c.project_id = d.project_id AND c.consumer_id = d.consumer_id
@@ -143,7 +143,7 @@ ORDER BY d.consumer_id"
 );
 
 /// Whether project `$1` has any prunable delivery row (`$2`: retention seconds).
-pub const ANY_DELIVERIES: &str = concat!(
+pub(super) const ANY_DELIVERIES: &str = concat!(
     "
 SELECT EXISTS (
     SELECT 1
@@ -152,16 +152,9 @@ SELECT EXISTS (
       ON c.project_id = d.project_id AND c.consumer_id = d.consumer_id
     WHERE d.project_id = $1 AND ",
     prunable_delivery!(),
-    ")"
+    ") AS any_prunable"
 );
 
-/// Opens this sweep's `pruned` audit row of a project's events (`$2` consumer NULL) or of one
-/// consumer's delivery rows (`$2` set): `$1` project, `$3` actor, `$4` count.
-pub const AUDIT_OPEN: &str = "
-INSERT INTO {{schema}}.lifecycle_audit (kind, project_id, consumer_id, event_id, actor, count)
-VALUES ('lifecycle-observation:pruned', $1, $2, NULL, $3, $4)
-RETURNING id";
-
 /// Adds a later batch's count to this sweep's audit row `$1`.
-pub const AUDIT_ADD: &str = "
+pub(super) const AUDIT_ADD: &str = "
 UPDATE {{schema}}.lifecycle_audit SET count = count + $2 WHERE id = $1";

@@ -1,0 +1,59 @@
+# Helpers the benchmark scripts share; sourced, never run. Before sourcing, set `bench_name`
+# (the log prefix), `pg_dir` and `pg_port` (the disposable cluster), and, for the sequencer
+# helpers and cleanup, `work` (a scratch directory). After it, `outbox` and `DATABASE_URL`
+# come from `bench_cluster`.
+
+log() { echo "$bench_name: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+# pg ACTION: scripts/pg.sh on the benchmark's own cluster (never the shared .pg one).
+pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
+
+# Quiet, unaligned, stop at the first error: results are read back by the scripts.
+sql() { psql "$DATABASE_URL" -X -q -t -A -v ON_ERROR_STOP=1 "$@"; }
+
+# bench_cluster: builds the CLI (release) and resets the cluster; sets `outbox` and exports
+# DATABASE_URL.
+bench_cluster() {
+    log "building the CLI (release)"
+    cargo build --release -p outbox-cli >&2
+    outbox=$root/target/release/outbox
+    log "resetting the bench cluster in $pg_dir (port $pg_port)"
+    DATABASE_URL=$(pg reset)
+    export DATABASE_URL
+}
+
+sequencer_pid=
+
+# start_sequencer: `outbox sequence --every 50ms` in the background, output in $work.
+start_sequencer() {
+    OUTBOX_LOG=warn "$outbox" sequence --every 50ms >"$work/sequencer.out" 2>"$work/sequencer.err" &
+    sequencer_pid=$!
+    # Give it time to install its signal handlers (before that, SIGINT would kill it).
+    sleep 0.5
+    kill -0 "$sequencer_pid" 2>/dev/null || { cat "$work/sequencer.err" >&2; die "the sequencer did not start"; }
+}
+
+# stop_sequencer: SIGINT, which `outbox sequence --every` honours at any moment (between ticks,
+# inside one, or while reconnecting) with exit 0; anything else is a failure.
+stop_sequencer() {
+    local status=0
+    kill -INT "$sequencer_pid" 2>/dev/null || true
+    wait "$sequencer_pid" || status=$?
+    sequencer_pid=
+    [ "$status" -eq 0 ] || { cat "$work/sequencer.err" >&2; die "the sequencer failed (exit $status)"; }
+}
+
+# bench_cleanup: the EXIT trap. Runs `bench_cleanup_extra` first when the script defines it,
+# then stops the sequencer and the cluster and removes $work; keeps the exit status.
+bench_cleanup() {
+    local status=$?
+    if declare -F bench_cleanup_extra >/dev/null; then bench_cleanup_extra; fi
+    if [ -n "$sequencer_pid" ]; then
+        kill -TERM "$sequencer_pid" 2>/dev/null || true
+        wait "$sequencer_pid" 2>/dev/null || true
+    fi
+    pg down >/dev/null 2>&1 || log "could not stop the bench cluster in $pg_dir"
+    [ -z "${work:-}" ] || rm -rf "$work"
+    exit "$status"
+}

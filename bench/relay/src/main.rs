@@ -1,0 +1,497 @@
+//! `outbox-relay-bench`: benchmarks of `outbox relay nats`.
+//!
+//! ```text
+//! outbox-relay-bench --database-url URL --nats-url nats://127.0.0.1:PORT --outbox PATH
+//! ```
+//!
+//! 1. Floor: this process publishes N messages of the relay's size and headers straight to
+//!    JetStream, 256 in flight: what NATS itself takes on this machine.
+//! 2. Throughput: the real `outbox relay nats` process drains a backlog of N sequenced events
+//!    into a fresh stream, for several `--max-in-flight` windows (1 = unpipelined). Timed
+//!    from the process's start to the cursor reaching N (so start-up counts); the stream is
+//!    then checked to hold exactly N messages.
+//! 3. Latency: writers commit at a fixed rate; a JetStream pull consumer in this process
+//!    receives the relayed messages; commit-to-receipt percentiles.
+//!
+//! The markdown report goes to stdout and to `bench/RESULTS-relay.md`; progress to stderr.
+
+#![forbid(unsafe_code)]
+
+mod db;
+mod latency;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use bytes::Bytes;
+use clap::Parser;
+
+pub use outbox_bench::BoxResult;
+pub use outbox_bench::stats::{Percentiles, percentiles};
+
+/// Prints progress on stderr.
+#[macro_export]
+macro_rules! progress {
+    ($($arg:tt)*) => { eprintln!("outbox-relay-bench: {}", format!($($arg)*)) };
+}
+
+/// Relay benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay-bench")]
+struct Settings {
+    /// URL of a disposable cluster (its `postgres` database); the benchmark creates and drops
+    /// its own databases there.
+    #[arg(long)]
+    database_url: String,
+    /// A NATS server with JetStream, used only by this benchmark.
+    #[arg(long)]
+    nats_url: String,
+    /// The `outbox` binary to benchmark (a release build).
+    #[arg(long)]
+    outbox: PathBuf,
+    /// Events in the backlog.
+    #[arg(long, env = "BENCH_EVENTS")]
+    events: Option<i64>,
+    /// Repetitions of the default-window throughput run (default 3; 1 with BENCH_QUICK=1).
+    #[arg(long, env = "BENCH_REPS")]
+    reps: Option<usize>,
+    /// Seconds of writing in the latency run (default 10; 3 with BENCH_QUICK=1).
+    #[arg(long, env = "BENCH_LATENCY_SECONDS")]
+    latency_seconds: Option<f64>,
+    /// Where the markdown report is written (besides stdout).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../RESULTS-relay.md"))]
+    results: PathBuf,
+}
+
+impl Settings {
+    /// `host:port` for the client.
+    fn nats_address(&self) -> String {
+        self.nats_url.trim_start_matches("nats://").to_owned()
+    }
+}
+
+/// A running relay process; stderr goes to a file shown when it fails.
+pub struct RelayProcess {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl RelayProcess {
+    /// Starts `outbox relay nats` with `args` after the connection options.
+    fn spawn(settings: &Settings, url: &str, args: &[&str]) -> BoxResult<Self> {
+        let log = std::env::temp_dir().join(format!(
+            "outbox-relay-bench-{}-{}.log",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
+        let child = tokio::process::Command::new(&settings.outbox)
+            .args(["--database-url", url, "relay", "nats", "--nats-url"])
+            .arg(&settings.nats_url)
+            .args(args)
+            .env("OUTBOX_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", settings.outbox.display()))?;
+        Ok(Self { child, log })
+    }
+
+    /// An error with the relay's log if it has exited.
+    fn check_alive(&mut self) -> BoxResult<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            return Err(format!("the relay exited ({status}):\n{log}").into());
+        }
+        Ok(())
+    }
+
+    /// SIGTERM and wait; an error if it did not exit 0.
+    async fn terminate(mut self) -> BoxResult<()> {
+        if let Some(pid) = self.child.id() {
+            std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()?;
+        }
+        let status = self.child.wait().await?;
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let _ = std::fs::remove_file(&self.log);
+        if !status.success() {
+            return Err(format!("the relay exited ({status}):\n{log}").into());
+        }
+        Ok(())
+    }
+}
+
+/// One throughput run.
+#[derive(Debug, Clone)]
+struct Throughput {
+    /// `--max-in-flight`.
+    window: u32,
+    /// `--batch-size`.
+    batch: u32,
+    /// Events relayed.
+    events: i64,
+    /// From process start to the cursor at `events`.
+    seconds: f64,
+    /// Messages the stream held afterwards.
+    stored: u64,
+}
+
+fn main() -> std::process::ExitCode {
+    let settings = Settings::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(settings)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(settings: Settings) -> BoxResult<()> {
+    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let events = settings
+        .events
+        .unwrap_or(if quick { 100_000 } else { 1_000_000 });
+    let reps = settings.reps.unwrap_or(if quick { 1 } else { 3 }).max(1);
+    let latency_seconds = settings
+        .latency_seconds
+        .unwrap_or(if quick { 3.0 } else { 10.0 });
+    let load_before = load_average();
+
+    let client = async_nats::connect(settings.nats_address()).await?;
+    let nats_version = client.server_info().version.clone();
+    let js = jetstream::new(client);
+
+    progress!("floor: {events} direct publishes, 256 in flight");
+    let floor = publish_floor(&js, events).await?;
+    progress!("  {:.0} messages/s", events as f64 / floor);
+
+    let url = db::fresh_database(&settings.database_url, "outbox_bench_relay").await?;
+    progress!("writing a backlog of {events} sequenced events");
+    let backlog_seconds = db::write_backlog(&url, "bench", events).await?;
+    progress!("backlog written in {backlog_seconds:.1} s");
+
+    let mut runs = Vec::new();
+    // (window, batch size, events): the defaults, repeated; then one run each of other
+    // windows and a larger batch. The unpipelined and small windows run over a tenth of the
+    // backlog: enough to be steady, and unpipelined the whole backlog would take minutes.
+    let mut plan: Vec<(u32, u32, i64)> = (0..reps).map(|_| (256, 500, events)).collect();
+    plan.push((1, 500, (events / 10).max(1)));
+    plan.push((16, 500, (events / 10).max(1)));
+    plan.push((1024, 500, events));
+    plan.push((256, 2000, events));
+    for (i, (window, batch, target)) in plan.into_iter().enumerate() {
+        progress!("throughput: --max-in-flight {window} --batch-size {batch}, {target} events");
+        let run = relay_throughput(&settings, &url, &js, i, (window, batch), target).await?;
+        progress!(
+            "  {:.1} s, {:.0} events/s, {} stored",
+            run.seconds,
+            run.events as f64 / run.seconds,
+            run.stored
+        );
+        if run.stored != run.events as u64 {
+            return Err(format!(
+                "the stream holds {} messages for {} relayed events",
+                run.stored, run.events
+            )
+            .into());
+        }
+        runs.push(run);
+    }
+
+    let latency_url = db::fresh_database(&settings.database_url, "outbox_bench_relay_lat").await?;
+    let latency = latency::run(&settings, &latency_url, 2000, latency_seconds).await?;
+    progress!(
+        "latency: p50 {:?} p99 {:?} max {:?} ({} events, {} missing, {} duplicates, {} out of order)",
+        latency.latency.p50,
+        latency.latency.p99,
+        latency.latency.max,
+        latency.latency.count,
+        latency.missing,
+        latency.duplicates,
+        latency.out_of_order
+    );
+
+    let report = render(&Report {
+        quick,
+        events,
+        reps,
+        backlog_seconds,
+        floor_seconds: floor,
+        runs,
+        latency,
+        server: db::server_description(&settings.database_url).await?,
+        nats_version,
+        load_before,
+        load_after: load_average(),
+    });
+    print!("{report}");
+    std::fs::write(&settings.results, &report)
+        .map_err(|e| format!("cannot write {}: {e}", settings.results.display()))?;
+    progress!("report written to {}", settings.results.display());
+    Ok(())
+}
+
+/// A payload the size of the relay's: one `consume` event line.
+fn sample_body(n: i64) -> Bytes {
+    Bytes::from(
+        serde_json::json!({
+            "type": "event", "project_id": "floor", "consumer_id": "relay-bench",
+            "sequence": n, "event_id": format!("task-deleted:b{n}:2026-01-01T00:00:00.000000Z"),
+            "event_type": "task:deleted", "task_id": format!("b{n}"),
+            "deleted_at": "2026-01-01T00:00:00.000000Z", "writer_process_id": "bench-backlog",
+            "occurred_at": "2026-01-01T00:00:00.000000Z", "payload_version": 1,
+            "prior": {"column": "todo", "status": "open"}, "attempt": 1, "replay": false
+        })
+        .to_string(),
+    )
+}
+
+/// Publishes `events` messages straight to a fresh stream, 256 awaiting their PubAck, and
+/// returns the seconds taken.
+async fn publish_floor(js: &jetstream::Context, events: i64) -> BoxResult<f64> {
+    let _ = js.delete_stream("BENCH_FLOOR").await;
+    js.create_stream(jetstream::stream::Config {
+        name: "BENCH_FLOOR".into(),
+        subjects: vec!["floor.>".into()],
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await?;
+    let started = Instant::now();
+    let mut in_flight = std::collections::VecDeque::new();
+    for n in 1..=events {
+        if in_flight.len() >= 256 {
+            let ack: jetstream::context::PublishAckFuture =
+                in_flight.pop_front().expect("non-empty");
+            ack.await?;
+        }
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Outbox-Sequence", n.to_string().as_str());
+        headers.insert("Outbox-Project", "floor");
+        let message = jetstream::message::PublishMessage::build()
+            .payload(sample_body(n))
+            .headers(headers)
+            .message_id(format!("task-deleted:b{n}:2026-01-01T00:00:00.000000Z"));
+        in_flight.push_back(js.send_publish("floor.p.task_deleted", message).await?);
+    }
+    for ack in in_flight {
+        ack.await?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    js.delete_stream("BENCH_FLOOR").await?;
+    Ok(seconds)
+}
+
+/// Runs the relay over the backlog into a fresh stream until its cursor reaches `target`.
+async fn relay_throughput(
+    settings: &Settings,
+    url: &str,
+    js: &jetstream::Context,
+    run: usize,
+    (window, batch): (u32, u32),
+    target: i64,
+) -> BoxResult<Throughput> {
+    let stream = format!("BENCH_T{run}");
+    let consumer = format!("relay-t{run}");
+    let window_text = window.to_string();
+    let batch_text = batch.to_string();
+    let probe = db::connect(&db::parse(url)?).await?;
+    let started = Instant::now();
+    let mut relay = RelayProcess::spawn(
+        settings,
+        url,
+        &[
+            "--project",
+            "bench",
+            "--consumer-id",
+            &consumer,
+            "--stream",
+            &stream,
+            "--subject-prefix",
+            &format!("bench{run}"),
+            "--start-from",
+            "earliest",
+            "--no-prune",
+            "--max-in-flight",
+            &window_text,
+            "--batch-size",
+            &batch_text,
+        ],
+    )?;
+    loop {
+        if db::cursor(&probe, "bench", &consumer).await? >= target {
+            break;
+        }
+        relay.check_alive()?;
+        if started.elapsed() > Duration::from_secs(900) {
+            return Err("the relay did not finish within 15 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    relay.terminate().await?;
+    let acked = db::cursor(&probe, "bench", &consumer).await?;
+    let mut handle = js.get_stream(&stream).await?;
+    let stored = handle.info().await?.state.messages;
+    js.delete_stream(&stream).await?;
+    Ok(Throughput {
+        window,
+        batch,
+        // Everything acknowledged by the time the relay stopped.
+        events: acked,
+        seconds: seconds * acked as f64 / target as f64,
+        stored,
+    })
+}
+
+/// The 1-, 5- and 15-minute load averages.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Everything the report shows.
+struct Report {
+    quick: bool,
+    events: i64,
+    reps: usize,
+    backlog_seconds: f64,
+    floor_seconds: f64,
+    runs: Vec<Throughput>,
+    latency: latency::Outcome,
+    server: String,
+    nats_version: String,
+    load_before: String,
+    load_after: String,
+}
+
+fn render(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let revision = std::env::var("BENCH_REVISION").unwrap_or_else(|_| "unknown".into());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let _ = writeln!(out, "# Relay benchmark: `outbox relay nats`\n");
+    if r.quick {
+        let _ = writeln!(
+            out,
+            "**Smoke run (BENCH_QUICK=1): small backlog, one repetition; not a measurement.**\n"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Revision `{revision}`; {cpus} CPUs shared by PostgreSQL, nats-server, the relay and \
+         this driver; {}; nats-server {} (JetStream, file storage, one node). Load average \
+         before {}, after {}.\n",
+        r.server, r.nats_version, r.load_before, r.load_after
+    );
+    let _ = writeln!(out, "## Throughput over a backlog\n");
+    let _ = writeln!(
+        out,
+        "A backlog of {} sequenced events (written in {:.1} s). Each run starts the release \
+         `outbox relay nats` process as a new consumer (`--start-from earliest`) into a fresh \
+         stream and is timed from the process's start (connect, stream creation, lease) until \
+         its cursor reaches the target; the stream is then checked to hold exactly as many \
+         messages as were acknowledged. The floor is this \
+         driver publishing messages of the same size and headers straight to JetStream, 256 \
+         awaiting their PubAck: no database, no relay.\n",
+        r.events, r.backlog_seconds
+    );
+    let _ = writeln!(
+        out,
+        "| run | --max-in-flight | --batch-size | events | seconds | events/s |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| floor: direct publish | 256 | - | {} | {:.1} | {:.0} |",
+        r.events,
+        r.floor_seconds,
+        r.events as f64 / r.floor_seconds
+    );
+    for (i, run) in r.runs.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "| relay {} | {} | {} | {} | {:.1} | {:.0} |",
+            i + 1,
+            run.window,
+            run.batch,
+            run.events,
+            run.seconds,
+            run.events as f64 / run.seconds
+        );
+    }
+    let default_rates: Vec<f64> = r
+        .runs
+        .iter()
+        .filter(|run| run.window == 256 && run.batch == 500 && run.events == r.events)
+        .map(|run| run.events as f64 / run.seconds)
+        .collect();
+    let med = outbox_bench::stats::median(&default_rates).unwrap_or(f64::NAN);
+    let _ = writeln!(
+        out,
+        "\n**Median of {} run(s) with the defaults (window 256, batches of 500): {:.0} events/s** (goal ≥ 50,000: \
+         {}); {:.2} of the direct-publish floor.\n",
+        default_rates.len(),
+        med,
+        if med >= 50_000.0 { "met" } else { "not met" },
+        med / (r.events as f64 / r.floor_seconds)
+    );
+    let l = &r.latency;
+    let _ = writeln!(out, "## Commit to JetStream consumer\n");
+    let _ = writeln!(
+        out,
+        "8 writer connections commit one event per transaction on an open-loop schedule at \
+         {} events/s for {} s (achieved {:.0}/s); the relay runs with its defaults (LISTEN, \
+         sequencer every 10 ms); a JetStream pull consumer in the driver (`messages()`, no \
+         acks) receives them. Latency is from `COMMIT` returning to the message's arrival, on \
+         one monotonic clock.\n",
+        l.rate, l.seconds, l.achieved_rate
+    );
+    let _ = writeln!(
+        out,
+        "| events | p50 | p99 | max | missing | duplicates | out of order |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} |",
+        l.latency.count,
+        l.latency.p50.as_secs_f64() * 1000.0,
+        l.latency.p99.as_secs_f64() * 1000.0,
+        l.latency.max.as_secs_f64() * 1000.0,
+        l.missing,
+        l.duplicates,
+        l.out_of_order
+    );
+    let _ = writeln!(
+        out,
+        "\n**p99 {:.1} ms** (goal ≤ 25 ms at 2,000 events/s: {}).",
+        l.latency.p99.as_secs_f64() * 1000.0,
+        if l.latency.p99 <= Duration::from_millis(25) {
+            "met"
+        } else {
+            "not met"
+        }
+    );
+    let _ = r.reps;
+    out
+}

@@ -1,0 +1,181 @@
+//! `outbox relay nats`: a durable consumer whose handler publishes every event of its project
+//! to a NATS JetStream stream, so that many downstream services fan out from JetStream instead
+//! of each polling the application's database.
+
+mod publisher;
+mod settings;
+mod stream;
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::RetentionPolicy;
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::cli::{ConsumeArgs, Global, parse_duration};
+use crate::consume_cmd::{build_config, connections, finish, run_with};
+use crate::failure::Failure;
+use crate::shutdown::Shutdown;
+
+pub use publisher::{Publisher, PublisherSettings};
+pub use settings::{parse_nats_urls, validate_stream_name, validate_subject_prefix};
+pub use stream::{Ensured, StreamError, StreamSpec};
+
+/// `outbox relay`.
+#[derive(Debug, Subcommand)]
+pub enum RelayCommand {
+    /// Relay the project's events into a NATS JetStream stream: one message per event on
+    /// <prefix>.<project>.task_deleted, acknowledged only after JetStream confirms it. Takes
+    /// every `consume` option.
+    Nats(Box<NatsArgs>),
+}
+
+/// JetStream's retention policy for a stream the relay creates.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RetentionArg {
+    /// Keep messages until max-age (or another limit) removes them; any number of
+    /// downstream consumers, each with its own position.
+    Limits,
+    /// Keep a message until every downstream consumer that exists has acknowledged it.
+    Interest,
+    /// A work queue: a message goes once one consumer acknowledges it.
+    Workqueue,
+}
+
+impl From<RetentionArg> for RetentionPolicy {
+    fn from(arg: RetentionArg) -> Self {
+        match arg {
+            RetentionArg::Limits => RetentionPolicy::Limits,
+            RetentionArg::Interest => RetentionPolicy::Interest,
+            RetentionArg::Workqueue => RetentionPolicy::WorkQueue,
+        }
+    }
+}
+
+/// `outbox relay nats`.
+#[derive(Debug, Args)]
+pub struct NatsArgs {
+    /// Every `outbox consume` option (--child does not apply).
+    #[command(flatten)]
+    pub consume: ConsumeArgs,
+    /// NATS server, nats://HOST:PORT; a comma-separated list for a cluster.
+    #[arg(long, value_name = "URL")]
+    pub nats_url: String,
+    /// JetStream stream the relay publishes into (created when missing, verified otherwise).
+    #[arg(long, default_value = "LIFECYCLE")]
+    pub stream: String,
+    /// Subject prefix: events go to <prefix>.<project>.task_deleted; the stream covers
+    /// <prefix>.>.
+    #[arg(long, default_value = "lifecycle")]
+    pub subject_prefix: String,
+    /// JetStream duplicate window: a repeat of an event within it is dropped. At least the
+    /// longest relay outage or crash-restart you expect.
+    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    pub duplicate_window: Duration,
+    /// Retention policy of the stream.
+    #[arg(long, value_enum, default_value_t = RetentionArg::Limits)]
+    pub stream_retention: RetentionArg,
+    /// Maximum age of a message in the stream ("unlimited" for none). At least the duplicate
+    /// window.
+    #[arg(long, value_parser = parse_max_age, default_value = "7d")]
+    pub stream_max_age: Duration,
+    /// Replicas of the stream (3 on a 3-node cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub stream_replicas: u8,
+    /// Most publishes awaiting JetStream's confirmation at once.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_in_flight: u32,
+    /// How long one publish may wait for JetStream's confirmation before it counts as failed.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub publish_timeout: Duration,
+    /// How long one connection attempt to NATS may take.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub nats_connect_timeout: Duration,
+    /// How often the client pings NATS (a dead connection is noticed after two missed pongs).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub nats_ping_interval: Duration,
+}
+
+/// Parses `--stream-max-age`: a duration, or `unlimited`.
+fn parse_max_age(text: &str) -> Result<Duration, String> {
+    if text.eq_ignore_ascii_case("unlimited") {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(text)
+}
+
+/// Runs `outbox relay ...`.
+pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> {
+    match command {
+        RelayCommand::Nats(args) => run_nats(global, *args).await,
+    }
+}
+
+/// Everything checkable without a connection, in one place so that each refusal exits 2
+/// before anything is contacted.
+fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Failure> {
+    if args.consume.child.is_some() {
+        return Err(Failure::usage(
+            "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
+        ));
+    }
+    let servers = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
+    validate_subject_prefix(&args.subject_prefix).map_err(Failure::usage)?;
+    validate_stream_name(&args.stream).map_err(Failure::usage)?;
+    if !args.stream_max_age.is_zero() && args.duplicate_window > args.stream_max_age {
+        return Err(Failure::usage(format!(
+            "--duplicate-window {} is longer than --stream-max-age {}: JetStream cannot \
+             deduplicate against messages it no longer keeps",
+            humantime::format_duration(args.duplicate_window),
+            humantime::format_duration(args.stream_max_age)
+        )));
+    }
+    let spec = StreamSpec {
+        name: args.stream.clone(),
+        prefix: args.subject_prefix.clone(),
+        duplicate_window: args.duplicate_window,
+        retention: args.stream_retention.into(),
+        max_age: args.stream_max_age,
+        replicas: usize::from(args.stream_replicas),
+    };
+    Ok((servers, spec))
+}
+
+async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
+    let (servers, spec) = check(&args)?;
+    let shutdown = Shutdown::install()?;
+    let database = global.database()?;
+    let config = build_config(global, &args.consume)?;
+    config
+        .validate()
+        .map_err(|e| Failure::usage(e.to_string()))?;
+
+    let publisher = Publisher::new(PublisherSettings {
+        servers,
+        prefix: args.subject_prefix.clone(),
+        project: args.consume.consumer.project.to_string(),
+        consumer: args.consume.consumer.consumer_id.to_string(),
+        window: args.max_in_flight as usize,
+        publish_timeout: args.publish_timeout,
+        connect_timeout: args.nats_connect_timeout,
+        ping_interval: args.nats_ping_interval,
+    });
+    // Fail fast when NATS cannot be reached or the stream is wrong; once running, the relay
+    // rides out outages through the retry schedule instead.
+    let js = publisher.connect_now().await.map_err(Failure::runtime)?;
+    match stream::ensure(&js, &spec).await {
+        Ok(Ensured::Created) => tracing::info!(stream = %spec.name, "created the stream"),
+        Ok(Ensured::Verified) => tracing::info!(stream = %spec.name, "stream matches"),
+        Err(e @ StreamError::Mismatch { .. }) => return Err(Failure::usage(e.to_string())),
+        Err(e) => return Err(Failure::runtime(e.to_string())),
+    }
+    drop(js);
+
+    let connections = connections(&database, args.consume.no_listen).await?;
+    let result = run_with(connections, config, publisher, shutdown.token()).await;
+    finish(
+        result,
+        "relay",
+        args.consume.live_query.is_some(),
+        "outbox relay nats --nats-url URL",
+    )
+}

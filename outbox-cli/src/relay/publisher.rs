@@ -1,0 +1,395 @@
+//! The relay's handler: each observed event becomes one JetStream publish, pipelined.
+//!
+//! `handle` sends the publish and keeps its PubAck future; at most `window` are outstanding,
+//! and when the window is full `handle` first waits for the oldest. `before_ack_prefix` waits
+//! for the rest, so the runtime acknowledges exactly the prefix JetStream confirmed, in
+//! sequence order; the first unconfirmed event is a failure of that event (held cursor,
+//! persisted attempt, retry schedule, dead letter).
+//!
+//! **Order across connections.** One NATS connection is one ordered byte stream, and the
+//! server stores a stream's messages in the order it reads them, so on one connection an event
+//! that was lost means every later one was lost too. The client library's automatic reconnect
+//! would break that: publishes queued before the disconnect are sent on the new connection,
+//! after an earlier one vanished with the old. So each client is allowed exactly one
+//! connection (`max_reconnects(1)`, which counts the first), and the relay itself replaces a
+//! dead client, with backoff, only after every publish of the old one has been resolved.
+//! A retried event whose first publish did reach the stream is dropped by JetStream's
+//! duplicate window (`Nats-Msg-Id` = event ID), so it is stored once.
+
+use std::collections::VecDeque;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::client::Client;
+use async_nats::connection::State;
+use async_nats::jetstream::Context;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::publish::PublishAck;
+use bytes::Bytes;
+use outbox_consumer::{
+    FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, PartialAck, Reconciler,
+};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::settings::{NatsServer, event_subject, reconcile_subject};
+use crate::sink::{event_line, reconcile_line};
+
+/// How the publisher reaches NATS.
+#[derive(Debug, Clone)]
+pub struct PublisherSettings {
+    /// Servers, tried in turn.
+    pub servers: Vec<NatsServer>,
+    /// Subject prefix.
+    pub prefix: String,
+    /// The project relayed.
+    pub project: String,
+    /// The consumer ID, named in reconciliation notices.
+    pub consumer: String,
+    /// Most publishes awaiting their PubAck.
+    pub window: usize,
+    /// How long one PubAck may take.
+    pub publish_timeout: Duration,
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// Client ping interval: how soon a silently dead connection is noticed.
+    pub ping_interval: Duration,
+}
+
+/// A PubAck not yet received.
+type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+
+/// A publish awaiting its PubAck.
+struct InFlight {
+    /// The event's sequence.
+    sequence: i64,
+    /// The PubAck.
+    ack: AckFuture,
+    /// When the relay stops waiting (sent + publish timeout).
+    deadline: Instant,
+}
+
+/// One client and its JetStream context; never reconnected (see the module docs).
+struct Link {
+    client: Client,
+    js: Context,
+}
+
+/// Mutable state; the runtime calls the handler for one event at a time.
+struct Pipeline {
+    /// The current client, if any.
+    link: Option<Link>,
+    /// Publishes awaiting their PubAck, in sequence order.
+    in_flight: VecDeque<InFlight>,
+    /// The first event whose publish failed since the last acknowledgement.
+    failed: Option<(i64, HandlerFailure)>,
+    /// Index of the next server to try.
+    next_server: usize,
+    /// Consecutive failed connection attempts, for the backoff.
+    connect_failures: u32,
+    /// No connection attempt before this.
+    retry_connect_at: Option<Instant>,
+}
+
+/// The relay's handler and reconciler.
+pub struct Publisher {
+    settings: PublisherSettings,
+    subject: String,
+    state: Mutex<Pipeline>,
+}
+
+fn class(code: &str) -> HandlerFailure {
+    HandlerFailure::new(FailureClass::new(code).expect("built-in classes are valid"))
+}
+
+/// A bounded failure class for a publish error.
+fn publish_failure(error: &PublishError) -> HandlerFailure {
+    class(match error.kind() {
+        PublishErrorKind::TimedOut => "nats_ack_timeout",
+        PublishErrorKind::StreamNotFound => "nats_no_stream",
+        PublishErrorKind::BrokenPipe => "nats_disconnected",
+        PublishErrorKind::MaxAckPending => "nats_backpressure",
+        PublishErrorKind::WrongLastMessageId
+        | PublishErrorKind::WrongLastSequence
+        | PublishErrorKind::Other => "nats_refused",
+    })
+}
+
+impl Publisher {
+    /// A publisher with no connection yet; `connect_now` or the first event makes one.
+    pub fn new(settings: PublisherSettings) -> Self {
+        let subject = event_subject(&settings.prefix, &settings.project);
+        Self {
+            settings,
+            subject,
+            state: Mutex::new(Pipeline {
+                link: None,
+                in_flight: VecDeque::new(),
+                failed: None,
+                next_server: 0,
+                connect_failures: 0,
+                retry_connect_at: None,
+            }),
+        }
+    }
+
+    /// Connects once, to any server, for the start-up checks; the error names each server.
+    pub async fn connect_now(&self) -> Result<Context, String> {
+        let mut errors = Vec::new();
+        let mut state = self.state.lock().await;
+        for _ in 0..self.settings.servers.len() {
+            match self.open(&mut state).await {
+                Ok(()) => {
+                    return Ok(state.link.as_ref().expect("just opened").js.clone());
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(errors.join("; "))
+    }
+
+    /// Opens a new client to the next server in turn.
+    async fn open(&self, state: &mut Pipeline) -> Result<(), String> {
+        let server = &self.settings.servers[state.next_server % self.settings.servers.len()];
+        state.next_server = state.next_server.wrapping_add(1);
+        let options = async_nats::ConnectOptions::new()
+            .name(format!(
+                "outbox-relay {}/{}",
+                self.settings.project, self.settings.consumer
+            ))
+            .max_reconnects(1)
+            .ignore_discovered_servers()
+            .connection_timeout(self.settings.connect_timeout)
+            .ping_interval(self.settings.ping_interval);
+        let client = options
+            .connect(server.address.as_str())
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", server.shown))?;
+        let js = async_nats::jetstream::ContextBuilder::new()
+            .timeout(self.settings.publish_timeout)
+            .max_ack_inflight(self.settings.window.max(1) + 1)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        tracing::info!(server = %server.shown, "connected to NATS");
+        state.link = Some(Link { client, js });
+        Ok(())
+    }
+
+    /// Whether the current client can still take publishes: connected, and on the
+    /// connection it started with.
+    fn link_usable(link: &Link) -> bool {
+        link.client.connection_state() == State::Connected
+            && link
+                .client
+                .statistics()
+                .connects
+                .load(std::sync::atomic::Ordering::Relaxed)
+                <= 1
+    }
+
+    /// A usable client, replacing a dead one (with backoff) once nothing of the old one is
+    /// still outstanding.
+    async fn ensure_link(&self, state: &mut Pipeline) -> Result<(), HandlerFailure> {
+        if state.link.as_ref().is_some_and(Self::link_usable) {
+            return Ok(());
+        }
+        if !state.in_flight.is_empty() {
+            // The old connection's publishes must be resolved first: they fail once it is
+            // gone, and a new connection must not overtake them.
+            return Err(class("nats_disconnected"));
+        }
+        if let Some(old) = state.link.take() {
+            tracing::warn!("NATS connection lost; opening a new one");
+            drop(old);
+        }
+        if let Some(at) = state.retry_connect_at {
+            tokio::time::sleep_until(at).await;
+        }
+        match self.open(state).await {
+            Ok(()) => {
+                state.connect_failures = 0;
+                state.retry_connect_at = None;
+                Ok(())
+            }
+            Err(e) => {
+                state.connect_failures = state.connect_failures.saturating_add(1);
+                let delay = connect_backoff(state.connect_failures);
+                tracing::warn!(error = %e, retry_in = ?delay, "NATS unavailable");
+                state.retry_connect_at = Some(Instant::now() + delay);
+                Err(class("nats_unavailable"))
+            }
+        }
+    }
+
+    /// Waits for the oldest outstanding PubAck; a failure is remembered as the failure of
+    /// that event (the first one only: later ones are retried after it anyway).
+    ///
+    /// Cancellation-safe: the publish leaves the window only once its outcome is known, so a
+    /// handler abandoned at shutdown while waiting here leaves it for `before_ack_prefix`.
+    async fn settle_oldest(&self, state: &mut Pipeline) {
+        let Some(oldest) = state.in_flight.front_mut() else {
+            return;
+        };
+        let (sequence, deadline) = (oldest.sequence, oldest.deadline);
+        let outcome = tokio::time::timeout_at(deadline, &mut oldest.ack).await;
+        state.in_flight.pop_front();
+        let result = match outcome {
+            Ok(result) => result.map_err(|e| {
+                tracing::warn!(sequence, error = %e, "JetStream did not confirm a publish");
+                publish_failure(&e)
+            }),
+            Err(_) => {
+                tracing::warn!(sequence, "JetStream did not confirm a publish in time");
+                Err(class("nats_ack_timeout"))
+            }
+        };
+        match (result, &state.failed) {
+            (Err(failure), None) => state.failed = Some((sequence, failure)),
+            (Ok(ack), Some((failed_at, _))) if !ack.duplicate => {
+                // Stored after an earlier event that was not: possible only when JetStream
+                // refused one message and accepted the next on the same connection.
+                tracing::error!(
+                    sequence,
+                    failed_at,
+                    "JetStream stored an event after an earlier one it did not: the stream \
+                     holds this project out of order until the earlier event is retried"
+                );
+                metrics::counter!("outbox_relay_out_of_order_total").increment(1);
+            }
+            _ => {}
+        }
+    }
+
+    /// Sends one message and returns its PubAck future.
+    async fn send(
+        &self,
+        state: &mut Pipeline,
+        subject: String,
+        msg_id: &str,
+        sequence: i64,
+        body: String,
+    ) -> Result<AckFuture, HandlerFailure> {
+        self.ensure_link(state).await?;
+        let link = state.link.as_ref().expect("ensured");
+        let max_payload = link.client.server_info().max_payload;
+        if max_payload > 0 && body.len() + 256 > max_payload {
+            return Err(class("nats_payload_too_large"));
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("Outbox-Sequence", sequence.to_string().as_str());
+        headers.insert("Outbox-Project", self.settings.project.as_str());
+        let message = PublishMessage::build()
+            .payload(Bytes::from(body))
+            .headers(headers)
+            .message_id(msg_id);
+        match link.js.send_publish(subject, message).await {
+            Ok(ack) => Ok(Box::pin(ack.into_future())),
+            Err(e) => {
+                tracing::warn!(sequence, error = %e, "could not send a publish to NATS");
+                Err(publish_failure(&e))
+            }
+        }
+    }
+}
+
+/// Delay before the next connection attempt after `failures` failed ones: doubling from
+/// 100 ms, capped at 10 s (attempt 1 → 100 ms, 2 → 200 ms, ..., 8+ → 10 s).
+pub fn connect_backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(7);
+    Duration::from_millis(100u64 << exp).min(Duration::from_secs(10))
+}
+
+impl Handler for Publisher {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        let mut state = self.state.lock().await;
+        if let Some((_, failure)) = &state.failed {
+            // An earlier event failed: stop here; before_ack_prefix charges that event.
+            return Err(failure.clone());
+        }
+        while state.in_flight.len() >= self.settings.window.max(1) {
+            self.settle_oldest(&mut state).await;
+            if let Some((_, failure)) = &state.failed {
+                return Err(failure.clone());
+            }
+        }
+        let ack = self
+            .send(
+                &mut state,
+                self.subject.clone(),
+                &event.event_id,
+                event.sequence,
+                event_line(event),
+            )
+            .await?;
+        state.in_flight.push_back(InFlight {
+            sequence: event.sequence,
+            ack,
+            deadline: Instant::now() + self.settings.publish_timeout,
+        });
+        Ok(())
+    }
+
+    async fn before_ack_prefix(&self, handled: &[ObservedEvent]) -> Result<(), PartialAck> {
+        let mut state = self.state.lock().await;
+        while !state.in_flight.is_empty() {
+            self.settle_oldest(&mut state).await;
+        }
+        let Some((failed_at, failure)) = state.failed.take() else {
+            return Ok(());
+        };
+        let durable = handled
+            .iter()
+            .position(|e| e.sequence == failed_at)
+            .unwrap_or(0);
+        Err(PartialAck { durable, failure })
+    }
+}
+
+impl Reconciler for Publisher {
+    /// Publishes the reconciliation notice to `<prefix>.<project>.reconcile` (the same JSON
+    /// line `consume` prints), so downstream services learn that history was skipped and
+    /// which tasks are live, and waits for its PubAck.
+    async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
+        let mut state = self.state.lock().await;
+        while !state.in_flight.is_empty() {
+            self.settle_oldest(&mut state).await;
+        }
+        state.failed = None;
+        let subject = reconcile_subject(&self.settings.prefix, &self.settings.project);
+        let msg_id = format!(
+            "reconcile:{}:{}:{}",
+            self.settings.project, self.settings.consumer, live.head_sequence
+        );
+        let ack = self
+            .send(
+                &mut state,
+                subject,
+                &msg_id,
+                live.head_sequence,
+                reconcile_line(live, &self.settings.consumer),
+            )
+            .await?;
+        match tokio::time::timeout(self.settings.publish_timeout, ack).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(publish_failure(&e)),
+            Err(_) => Err(class("nats_ack_timeout")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap() {
+        assert_eq!(connect_backoff(1), Duration::from_millis(100));
+        assert_eq!(connect_backoff(2), Duration::from_millis(200));
+        assert_eq!(connect_backoff(7), Duration::from_millis(6400));
+        assert_eq!(connect_backoff(8), Duration::from_secs(10));
+        assert_eq!(connect_backoff(u32::MAX), Duration::from_secs(10));
+    }
+}

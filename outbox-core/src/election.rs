@@ -1,0 +1,307 @@
+//! One active sequencer among many processes: a lease row with a generation, and an adaptive
+//! tick for the process that holds it.
+//!
+//! Every process that may sequence (each consumer's embedded sequencer, `outbox sequence
+//! --every`) runs an [`ElectedSequencer`]. The holder of the lease row ticks; the others only
+//! try to take the row every quarter of the lease TTL, one statement that matches nothing and
+//! writes nothing while the lease is held. So 50 idle processes cost the database about
+//! `50 / (TTL / 4)` statements per second for the election, plus the leader's idle ticks,
+//! instead of one probe per process every 10 ms.
+//!
+//! The lease is a row, not a session advisory lock, so it works through transaction-mode
+//! poolers and outlives a reconnect. It decides who *should* tick, never whether numbering is
+//! correct: each tick still takes the transaction-level sequencer lock and numbers in a
+//! snapshot taken after it (see [`Sequencer`]), so a deposed leader that has not noticed yet
+//! (paused, say, then continued) and its successor still number one at a time, gap-free and
+//! never twice.
+//!
+//! Timing, with TTL `t`: the leader renews every `t/4` and regards itself the leader until
+//! `t - t/5` after its last successful renewal was sent (so it steps down before the row
+//! expires, even when renewals fail); a follower looks at the row every `t/4`. When the leader
+//! dies its row expires at most `t` after its last renewal, and a follower takes over within
+//! `t/4` of that: numbering pauses for at most `1.25 t`. A leader that stops cleanly releases
+//! the row and a follower takes over at its next look.
+//!
+//! The leader's tick is adaptive ([`Cadence`]): every [`FAST_TICK`] while events keep
+//! arriving, doubling after each tick that found nothing, up to the idle tick. So a steady
+//! stream waits at most a few milliseconds for its numbers, and an idle leader costs one probe
+//! per idle tick.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::Client;
+
+use crate::error::Error;
+use crate::schema::Schema;
+use crate::sequencer::Sequencer;
+use crate::stmt::Unnamed as _;
+use crate::sql;
+
+/// The leader's tick right after a tick that numbered something.
+pub const FAST_TICK: Duration = Duration::from_millis(2);
+
+/// Default slowest tick of an idle leader.
+pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(50);
+
+/// Default length of the sequencer lease.
+pub const DEFAULT_SEQUENCER_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// Shortest sequencer lease accepted (tests use short ones; below this, renewals would crowd
+/// the database and a slow round trip would cost the lease).
+pub const MIN_SEQUENCER_LEASE_TTL: Duration = Duration::from_millis(500);
+
+/// The adaptive tick: [`FAST_TICK`]-fast after activity, doubling while idle, capped at the
+/// idle tick. A pure state machine.
+///
+/// With the defaults (2 ms, 50 ms): after a tick that numbered events the next comes in 2 ms,
+/// then 4, 8, 16, 32, 50, 50, ... ms while nothing arrives.
+#[derive(Debug, Clone)]
+pub struct Cadence {
+    /// The delay after a tick that numbered something.
+    fast: Duration,
+    /// The cap while idle.
+    idle: Duration,
+    /// The delay before the next tick.
+    current: Duration,
+}
+
+impl Cadence {
+    /// A cadence between `fast` and `idle` (`fast` is lowered to `idle` if above it).
+    pub fn new(fast: Duration, idle: Duration) -> Self {
+        let fast = fast.min(idle);
+        Self {
+            fast,
+            idle,
+            current: fast,
+        }
+    }
+
+    /// The delay before the next tick, after a tick that numbered `numbered` events.
+    pub fn after_tick(&mut self, numbered: u64) -> Duration {
+        self.current = if numbered > 0 {
+            self.fast
+        } else {
+            self.current.saturating_mul(2).clamp(self.fast, self.idle)
+        };
+        self.current
+    }
+}
+
+/// The interval of renewals (leader) and looks at the row (followers): a quarter of the TTL.
+pub fn check_interval(ttl: Duration) -> Duration {
+    ttl / 4
+}
+
+/// How long after sending a successful claim or renewal the leader regards the lease as its
+/// own: the TTL less a fifth, so it steps down before the row expires on the server even if
+/// its clock runs slow or its renewals fail.
+pub fn local_validity(ttl: Duration) -> Duration {
+    ttl - ttl / 5
+}
+
+/// The lease as this process holds it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// The generation of the lease row while this process holds it.
+    generation: i64,
+    /// Until when this process regards itself the leader.
+    valid_until: Instant,
+    /// When to renew next.
+    renew_at: Instant,
+}
+
+/// A sequencer that ticks only while it holds the sequencer lease. See the module docs.
+#[derive(Debug)]
+pub struct ElectedSequencer {
+    /// The numbering itself.
+    sequencer: Sequencer,
+    /// The claim/renew statement for the schema.
+    claim: String,
+    /// The release statement for the schema.
+    release: String,
+    /// This process's name in the lease row (host, PID, random suffix).
+    owner: String,
+    /// Length of the lease.
+    ttl: Duration,
+    /// The lease, while held.
+    held: Option<Held>,
+    /// When a follower looks at the row next.
+    next_check: Instant,
+    /// The leader's adaptive tick.
+    cadence: Cadence,
+}
+
+impl ElectedSequencer {
+    /// An elected sequencer named `owner` (unique per process run), with lease `ttl` (at least
+    /// [`MIN_SEQUENCER_LEASE_TTL`]) and `idle_tick` as the slowest tick while leading.
+    pub fn new(
+        sequencer: Sequencer,
+        schema: &Schema,
+        owner: String,
+        ttl: Duration,
+        idle_tick: Duration,
+    ) -> Self {
+        Self {
+            sequencer,
+            claim: schema.render(sql::CLAIM_SEQUENCER_LEASE),
+            release: schema.render(sql::RELEASE_SEQUENCER_LEASE),
+            owner,
+            ttl: ttl.max(MIN_SEQUENCER_LEASE_TTL),
+            held: None,
+            next_check: Instant::now(),
+            cadence: Cadence::new(FAST_TICK, idle_tick),
+        }
+    }
+
+    /// The generation of the lease while this process leads.
+    pub fn generation(&self) -> Option<i64> {
+        self.held.map(|h| h.generation)
+    }
+
+    /// This process's name in the lease row.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// One step: as a follower, looks at the lease row when due (taking it when free or
+    /// expired); as the leader, renews when due and numbers what has committed. Returns how
+    /// long to wait before the next step. An error leaves the role as it was, except that a
+    /// leader whose renewals keep failing steps down when its local validity runs out.
+    pub async fn step(&mut self, client: &mut Client) -> Result<Duration, Error> {
+        let now = Instant::now();
+        if let Some(held) = self.held {
+            if now >= held.valid_until {
+                tracing::warn!(
+                    generation = held.generation,
+                    "sequencer lease not renewed in time; stepping down"
+                );
+                self.held = None;
+                self.next_check = now;
+            } else if now >= held.renew_at {
+                self.claim(client).await?;
+            }
+        }
+        if self.held.is_none() {
+            if now < self.next_check {
+                return Ok(self.next_check - now);
+            }
+            self.claim(client).await?;
+            if self.held.is_none() {
+                return Ok(self.next_check.saturating_duration_since(Instant::now()));
+            }
+        }
+        let numbered = self.sequencer.drain(client).await?;
+        Ok(self.cadence.after_tick(numbered))
+    }
+
+    /// Claims or renews the lease, updating the role.
+    async fn claim(&mut self, client: &Client) -> Result<(), Error> {
+        let sent_at = Instant::now();
+        let generation = self.held.map_or(0, |h| h.generation);
+        let row = client
+            .query_opt_unnamed(
+                &self.claim,
+                &[&self.owner, &generation, &self.ttl.as_secs_f64()],
+            )
+            .await?;
+        let check = check_interval(self.ttl);
+        match row {
+            Some(row) => {
+                let new: i64 = row.try_get("generation")?;
+                if new != generation {
+                    tracing::info!(generation = new, owner = %self.owner, "leading the sequencer");
+                }
+                self.held = Some(Held {
+                    generation: new,
+                    valid_until: sent_at + local_validity(self.ttl),
+                    renew_at: sent_at + check,
+                });
+                // Right after taking over, tick fast: work may have piled up.
+                self.cadence.after_tick(1);
+            }
+            None => {
+                if let Some(held) = self.held.take() {
+                    tracing::warn!(
+                        generation = held.generation,
+                        "sequencer lease taken over by another process; following"
+                    );
+                }
+                self.next_check = sent_at + check;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives the lease up, if held, so a follower takes over at its next look. Best effort:
+    /// an unreleased lease simply expires.
+    pub async fn release(&mut self, client: &Client) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        if let Err(e) = client
+            .execute_unnamed(&self.release, &[&self.owner, &held.generation])
+            .await
+        {
+            tracing::warn!(error = %e, "could not release the sequencer lease; it will expire");
+        }
+    }
+}
+
+/// A name for this process run in a lease row: host, PID and a per-run suffix (so a
+/// restarted process with a recycled PID is a different owner).
+pub fn owner_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    // RandomState is seeded randomly per process; mixed with the time it names this run.
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!(
+        "{host}:{}:{:08x}",
+        std::process::id(),
+        hasher.finish() as u32
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cadence_is_fast_after_activity_and_backs_off_to_idle() {
+        let mut c = Cadence::new(Duration::from_millis(2), Duration::from_millis(50));
+        let ms = |d: Duration| d.as_millis();
+        assert_eq!(ms(c.after_tick(3)), 2);
+        let idle: Vec<u128> = (0..7).map(|_| ms(c.after_tick(0))).collect();
+        assert_eq!(idle, vec![4, 8, 16, 32, 50, 50, 50]);
+        assert_eq!(ms(c.after_tick(1)), 2);
+        // A fast tick above the idle one is lowered to it.
+        let mut c = Cadence::new(Duration::from_millis(20), Duration::from_millis(5));
+        assert_eq!(ms(c.after_tick(1)), 5);
+        assert_eq!(ms(c.after_tick(0)), 5);
+    }
+
+    #[test]
+    fn lease_arithmetic_steps_down_before_expiry() {
+        let ttl = Duration::from_secs(10);
+        assert_eq!(check_interval(ttl), Duration::from_millis(2500));
+        assert_eq!(local_validity(ttl), Duration::from_secs(8));
+        // Three renewals are attempted before the leader steps down.
+        assert!(check_interval(ttl) * 3 < local_validity(ttl));
+        assert!(local_validity(ttl) < ttl);
+    }
+
+    #[test]
+    fn owner_tokens_differ_per_call() {
+        assert_ne!(owner_token(), owner_token());
+        assert!(owner_token().contains(&std::process::id().to_string()));
+    }
+}

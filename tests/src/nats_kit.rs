@@ -1,0 +1,311 @@
+//! Test kit for the JetStream relay: a real `nats-server` with JetStream on a free port and a
+//! temporary store directory, a relay process, and a reader that reads a stream back whole.
+//!
+//! The binary is `OUTBOX_NATS_SERVER`, or `nats-server` on the PATH (`make test` installs
+//! Debian's package through `scripts/nats.sh ensure` when it is missing).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, Context};
+
+use crate::process_kit::OutboxProcess;
+
+/// Distinguishes store directories of servers started by one test binary.
+static SERVERS: AtomicUsize = AtomicUsize::new(0);
+
+/// The nats-server binary, or a loud failure saying how to get one.
+pub fn nats_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("OUTBOX_NATS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path).chain([PathBuf::from("/usr/sbin")]) {
+        let candidate = dir.join("nats-server");
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "nats-server not found: run `bash scripts/nats.sh ensure` (make test does) or set \
+         OUTBOX_NATS_SERVER"
+    );
+}
+
+/// A free TCP port on 127.0.0.1 (the kernel's choice; released just before use).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// A running nats-server with JetStream, stopped and its store removed on drop.
+pub struct NatsServer {
+    /// The server process while running.
+    child: Option<std::process::Child>,
+    /// Client port on 127.0.0.1, kept across restarts.
+    pub port: u16,
+    /// JetStream store directory, kept across restarts.
+    store: PathBuf,
+}
+
+impl NatsServer {
+    /// Starts a server and waits until it accepts connections.
+    pub async fn start() -> Self {
+        let n = SERVERS.fetch_add(1, Ordering::Relaxed);
+        let store = std::env::temp_dir().join(format!(
+            "outbox-nats-{}-{n}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&store).expect("create store dir");
+        let mut server = Self {
+            child: None,
+            port: free_port(),
+            store,
+        };
+        server.launch().await;
+        server
+    }
+
+    async fn launch(&mut self) {
+        let log = std::fs::File::create(self.store.join("server.log")).expect("log file");
+        let child = std::process::Command::new(nats_server_binary())
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(self.store.join("js"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("nats-server did not start; log:\n{}", self.log());
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.store.join("server.log")).unwrap_or_default()
+    }
+
+    /// Stops the server (SIGTERM: JetStream flushes its store) and waits for it to exit.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            for _ in 0..400 {
+                if child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the server and starts it again on the same port and store.
+    pub async fn restart(&mut self, down_for: Duration) {
+        self.stop().await;
+        tokio::time::sleep(down_for).await;
+        self.launch().await;
+    }
+
+    /// A JetStream context on a new client.
+    pub async fn jetstream(&self) -> Context {
+        let client = async_nats::connect(format!("127.0.0.1:{}", self.port))
+            .await
+            .expect("connect to nats-server");
+        jetstream::new(client)
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// One message read back from a stream.
+#[derive(Debug, Clone)]
+pub struct Relayed {
+    /// Stream sequence.
+    pub stream_sequence: u64,
+    /// Subject.
+    pub subject: String,
+    /// `Nats-Msg-Id`.
+    pub msg_id: String,
+    /// `Outbox-Sequence`.
+    pub outbox_sequence: i64,
+    /// `Outbox-Project`.
+    pub project: String,
+    /// The body.
+    pub body: serde_json::Value,
+}
+
+/// Every message of `stream`, in stream order.
+pub async fn read_stream(js: &Context, stream: &str) -> Vec<Relayed> {
+    let mut handle = js.get_stream(stream).await.expect("get stream");
+    let state = handle.info().await.expect("stream info").state.clone();
+    let mut out = Vec::new();
+    for seq in state.first_sequence.max(1)..=state.last_sequence {
+        let Ok(message) = handle.get_raw_message(seq).await else {
+            continue;
+        };
+        let header = |name: &str| {
+            // The client parses standard names into their own variant, which a lookup by
+            // text does not find.
+            let value = if name == "Nats-Msg-Id" {
+                message.headers.get(async_nats::header::NATS_MESSAGE_ID)
+            } else {
+                message.headers.get(name)
+            };
+            value.map(|v| v.as_str().to_owned()).unwrap_or_else(|| {
+                panic!("message {seq} lacks header {name}: {:?}", message.headers)
+            })
+        };
+        out.push(Relayed {
+            stream_sequence: seq,
+            subject: message.subject.to_string(),
+            msg_id: header("Nats-Msg-Id"),
+            outbox_sequence: header("Outbox-Sequence").parse().expect("numeric sequence"),
+            project: header("Outbox-Project"),
+            body: serde_json::from_slice(&message.payload).expect("JSON body"),
+        });
+    }
+    handle = js.get_stream(stream).await.expect("get stream");
+    drop(handle);
+    out
+}
+
+/// Asserts that `stream` holds every event of `expected` ((sequence, event_id) of one project,
+/// in sequence order) exactly once, in that order, with matching headers and body, and
+/// nothing else on the project's event subject.
+pub fn assert_exactly_once_in_order(
+    messages: &[Relayed],
+    prefix: &str,
+    project: &str,
+    expected: &[(i64, String)],
+) {
+    let subject = format!("{prefix}.{project}.task_deleted");
+    let got: Vec<&Relayed> = messages.iter().filter(|m| m.subject == subject).collect();
+    let got_seqs: Vec<i64> = got.iter().map(|m| m.outbox_sequence).collect();
+    let want_seqs: Vec<i64> = expected.iter().map(|(s, _)| *s).collect();
+    if got_seqs != want_seqs {
+        let mut seen = std::collections::BTreeMap::new();
+        for s in &got_seqs {
+            *seen.entry(*s).or_insert(0) += 1;
+        }
+        let dups: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        let missing: Vec<_> = want_seqs.iter().filter(|s| !seen.contains_key(s)).collect();
+        let out_of_order = got_seqs.windows(2).filter(|w| w[1] <= w[0]).count();
+        panic!(
+            "project {project}: {} messages for {} events; duplicates {dups:?}, missing \
+             {missing:?}, {out_of_order} out of order",
+            got_seqs.len(),
+            want_seqs.len()
+        );
+    }
+    for (message, (sequence, event_id)) in got.iter().zip(expected) {
+        assert_eq!(&message.msg_id, event_id, "Nats-Msg-Id of {sequence}");
+        assert_eq!(message.project, project, "Outbox-Project of {sequence}");
+        assert_eq!(
+            message.body["event_id"],
+            event_id.as_str(),
+            "body of {sequence}"
+        );
+        assert_eq!(message.body["sequence"], *sequence, "body of {sequence}");
+        assert_eq!(message.body["type"], "event", "body of {sequence}");
+    }
+}
+
+/// Starts `outbox --database-url URL relay nats ARGS` (the relay prints nothing on stdout;
+/// its log is collected from stderr).
+pub fn spawn_relay(url: &str, args: &[&str]) -> OutboxProcess {
+    let mut command = vec!["nats"];
+    command.extend_from_slice(args);
+    OutboxProcess::spawn_command(url, "relay", &command)
+}
+
+/// Reads `count` messages of `filter` through a durable pull consumer with explicit
+/// acknowledgement, the way the README tells downstream services to consume; returns
+/// (subject, `Nats-Msg-Id`, `Outbox-Sequence`) in delivery order.
+pub async fn consume_durable(
+    js: &Context,
+    stream: &str,
+    durable: &str,
+    filter: &str,
+    count: usize,
+) -> Vec<(String, String, i64)> {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+    use futures_util::StreamExt;
+
+    let consumer = js
+        .get_stream(stream)
+        .await
+        .expect("get stream")
+        .get_or_create_consumer(
+            durable,
+            pull::Config {
+                durable_name: Some(durable.into()),
+                filter_subject: filter.into(),
+                ack_policy: AckPolicy::Explicit,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create durable consumer");
+    let mut messages = consumer.messages().await.expect("consume");
+    let mut out = Vec::with_capacity(count);
+    while out.len() < count {
+        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {count} messages delivered", out.len()))
+            .expect("message stream ended")
+            .expect("message");
+        let headers = message.headers.as_ref().expect("headers");
+        let msg_id = headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .expect("Nats-Msg-Id")
+            .as_str()
+            .to_owned();
+        let sequence = headers
+            .get("Outbox-Sequence")
+            .expect("Outbox-Sequence")
+            .as_str()
+            .parse()
+            .expect("numeric sequence");
+        out.push((message.subject.to_string(), msg_id, sequence));
+        message.ack().await.expect("ack");
+    }
+    out
+}

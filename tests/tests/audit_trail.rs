@@ -1,0 +1,221 @@
+//! The audit trail as an operator reads it: every action with its actor, reasons that outlive
+//! a reactivation, `--since`, `--follow`, and dead letters named by sequence.
+
+use std::time::Duration;
+
+use outbox_tests::consumer_kit::{
+    SeedCursor, SeedEvent, eventually, seed_consumer, seed_delivery, write_event,
+};
+use outbox_tests::process_kit::{OutboxProcess, outbox_json, outbox_on as outbox};
+use outbox_tests::{TestDb, fresh_db};
+use serde_json::Value;
+
+/// A consumer `c` of project `p` with one dead letter at sequence 1.
+async fn with_dead_letter(db: &TestDb) -> String {
+    let event = write_event(db, "p", "t1").await;
+    let (code, _, err) = outbox(db, &["sequence"]).await;
+    assert_eq!(code, 0, "{err}");
+    seed_consumer(db, "p", "c", SeedCursor::Head, false).await;
+    seed_delivery(db, "p", "c", SeedEvent::Sequence(1), "dead", 10, 0).await;
+    event
+}
+
+#[tokio::test]
+async fn a_retirement_reason_survives_reactivation_and_every_row_names_its_actor() {
+    let db = fresh_db().await;
+    with_dead_letter(&db).await;
+    let (code, _, err) = outbox(
+        &db,
+        &[
+            "consumers",
+            "retire",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--by",
+            "alice",
+            "--reason",
+            "moved to the new dashboard",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = outbox(
+        &db,
+        &[
+            "consume",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--reactivate",
+            "--exit-when-caught-up",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let listed = outbox_json(&db, &["consumers", "list"]).await;
+    assert_eq!(listed["consumers"][0]["state"], "active");
+    assert_eq!(listed["consumers"][0]["retired_reason"], Value::Null);
+
+    let retired = outbox_json(&db, &["audit", "--kind", "consumer-retired"]).await;
+    assert_eq!(retired["audit"][0]["actor"], "alice");
+    assert_eq!(retired["audit"][0]["reason"], "moved to the new dashboard");
+    let reactivated = outbox_json(&db, &["audit", "--kind", "consumer-reactivated"]).await;
+    let actor = reactivated["audit"][0]["actor"].as_str().expect("an actor");
+    assert!(actor.contains('@'), "user@host: {actor}");
+
+    // The table shows the reason too.
+    let (code, table, _) = outbox(&db, &["audit", "--kind", "consumer-retired"]).await;
+    assert_eq!(code, 0);
+    assert!(table.lines().next().unwrap().ends_with("REASON"), "{table}");
+    assert!(table.contains("moved to the new dashboard"), "{table}");
+}
+
+#[tokio::test]
+async fn dead_letters_are_named_by_sequence_and_replay_requests_are_audited() {
+    let db = fresh_db().await;
+    let event = with_dead_letter(&db).await;
+    let show = outbox_json(
+        &db,
+        &[
+            "dead-letters",
+            "show",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--sequence",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(show["event_id"], event.as_str());
+    assert!(show["event"]["prior"].is_object(), "{show}");
+    assert_eq!(show["event"]["writer_process_id"], "test-writer");
+    let (code, table, _) = outbox(
+        &db,
+        &[
+            "dead-letters",
+            "show",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--sequence",
+            "1",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(table.lines().any(|l| l.starts_with("prior ")), "{table}");
+
+    let (code, _, err) = outbox(
+        &db,
+        &[
+            "dead-letters",
+            "show",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--sequence",
+            "7",
+        ],
+    )
+    .await;
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("dead letter at sequence 7 of consumer c in project p not found"),
+        "{err}"
+    );
+
+    let request = outbox_json(
+        &db,
+        &[
+            "dead-letters",
+            "replay",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--sequence",
+            "1",
+            "--by",
+            "bob",
+        ],
+    )
+    .await;
+    assert_eq!(request["requested"], serde_json::json!([event]));
+    assert_eq!(request["requested_by"], "bob");
+    let trail = outbox_json(&db, &["audit", "--kind", "dead-letter-replay-requested"]).await;
+    let row = &trail["audit"][0];
+    assert_eq!(row["actor"], "bob");
+    assert_eq!(row["event_id"], event.as_str());
+    assert_eq!(row["count"], 10, "the letter's attempts so far");
+}
+
+#[tokio::test]
+async fn audit_since_and_follow() {
+    let db = fresh_db().await;
+    with_dead_letter(&db).await;
+    let resolve = [
+        "dead-letters",
+        "resolve",
+        "--project",
+        "p",
+        "--consumer-id",
+        "c",
+        "--sequence",
+        "1",
+        "--by",
+        "carol",
+        "--reason",
+        "not needed",
+    ];
+
+    // Following: rows recorded after it started arrive as JSON lines.
+    let mut follow = OutboxProcess::spawn_command(
+        &db.url,
+        "audit",
+        &["--follow", "--follow-interval", "100ms", "--output", "json"],
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (code, _, err) = outbox(&db, &resolve).await;
+    assert_eq!(code, 0, "{err}");
+    eventually(
+        Duration::from_secs(10),
+        "the resolution to be followed",
+        || async {
+            follow
+                .lines()
+                .iter()
+                .any(|l| l.value["kind"] == "lifecycle-observation:dead-letter-resolved")
+        },
+    )
+    .await;
+    let line = follow
+        .lines()
+        .into_iter()
+        .find(|l| l.value["kind"] == "lifecycle-observation:dead-letter-resolved")
+        .unwrap();
+    assert_eq!(line.value["actor"], "carol");
+    assert_eq!(line.value["reason"], "not needed");
+    follow.signal("TERM");
+    assert_eq!(follow.wait().await, 0, "{}", follow.stderr());
+
+    // --since: an hour ago finds it, a moment after it does not.
+    let recent = outbox_json(&db, &["audit", "--since", "1h"]).await;
+    assert_eq!(recent["audit"].as_array().unwrap().len(), 1);
+    let at = recent["audit"][0]["recorded_at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let later = chrono::DateTime::parse_from_rfc3339(&at).unwrap() + chrono::Duration::seconds(1);
+    let none = outbox_json(&db, &["audit", "--since", &later.to_rfc3339()]).await;
+    assert_eq!(none["audit"], serde_json::json!([]));
+    let (code, _, err) = outbox(&db, &["audit", "--since", "yesterday-ish"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid --since"), "{err}");
+}
