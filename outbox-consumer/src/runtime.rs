@@ -13,13 +13,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::background;
-use crate::listener;
 use crate::config::{ConfigError, ConsumerConfig, StartFrom};
 use crate::dispatch::{BatchOutcome, DispatchContext, DispatchMode, InTransaction, Plain};
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
+use crate::listener;
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.

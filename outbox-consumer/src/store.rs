@@ -157,7 +157,9 @@ pub(crate) async fn bounds(
     statements: &Statements,
     project: &str,
 ) -> Result<(i64, i64), ConsumerError> {
-    let row = client.query_one_unnamed(&statements.bounds, &[&project]).await?;
+    let row = client
+        .query_one_unnamed(&statements.bounds, &[&project])
+        .await?;
     Ok((
         row.try_get("head_sequence")?,
         row.try_get("pruned_through")?,

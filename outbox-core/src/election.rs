@@ -35,8 +35,8 @@ use tokio_postgres::Client;
 use crate::error::Error;
 use crate::schema::Schema;
 use crate::sequencer::Sequencer;
-use crate::stmt::Unnamed as _;
 use crate::sql;
+use crate::stmt::Unnamed as _;
 
 /// The leader's tick right after a tick that numbered something.
 pub const FAST_TICK: Duration = Duration::from_millis(2);

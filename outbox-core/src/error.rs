@@ -42,7 +42,13 @@ pub enum Error {
         /// Migration name.
         name: String,
     },
-    /// The schema lacks migrations this build needs (or was never migrated).
+    /// The schema was never migrated (or `--schema` names the wrong one).
+    #[error("schema `{schema}` is not migrated (run `outbox migrate`, or check `--schema`)")]
+    NotMigrated {
+        /// The schema.
+        schema: String,
+    },
+    /// The schema lacks migrations this build needs.
     #[error(
         "schema {schema} is at migration {applied}, but this build needs migration(s) \
          {needed:?}: run `outbox migrate` first"

@@ -74,13 +74,13 @@ pub use admin::{
     DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
     Resolution, Retirement, Status,
 };
-pub use election::{
-    Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
-    MIN_SEQUENCER_LEASE_TTL, owner_token,
-};
 pub use connect::{
     ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
     explain as explain_connect_error,
+};
+pub use election::{
+    Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
+    MIN_SEQUENCER_LEASE_TTL, owner_token,
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{

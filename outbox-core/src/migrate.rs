@@ -193,6 +193,11 @@ pub async fn check_schema_version(
     if version.pending.is_empty() {
         return Ok(());
     }
+    if version.applied.is_empty() {
+        return Err(Error::NotMigrated {
+            schema: schema.name().to_owned(),
+        });
+    }
     Err(Error::SchemaBehind {
         schema: schema.name().to_owned(),
         applied: version.applied.iter().copied().max().unwrap_or(0),

@@ -228,7 +228,11 @@ async fn the_whole_service_works_through_pgbouncer_in_transaction_mode() {
         "--event-id",
         p2_ids[1].as_str(),
     ];
-    outbox_ok(&url, &[&["dead-letters", "replay"][..], &letter_a].concat()).await;
+    outbox_ok(
+        &url,
+        &[&["dead-letters", "replay", "--by", "ops"][..], &letter_a].concat(),
+    )
+    .await;
     eventually(WAIT, "the replay to succeed", || async {
         delivery_state(&settings, &p2_ids[1]).await == "replayed"
     })

@@ -1,13 +1,16 @@
 //! Upgrades: `migrate --dry-run` lists what is pending and changes nothing; every command
-//! refuses a schema migrated by a newer build or missing migrations; and an upgrade from
-//! migration 0001 to the latest, run while a consumer is live, keeps events, cursors, leases,
-//! retrying deliveries and dead letters, and consumers continue from their cursors.
+//! refuses a schema migrated by a newer build or missing migrations; an upgrade from migration
+//! 0001 to the latest, run while a consumer holds its lease, keeps events, cursors, leases,
+//! retrying deliveries and dead letters, and consumers continue from their cursors; and roles
+//! added after later migrations get grants on what those added.
 
 use std::time::Duration;
 
 use outbox_consumer::{Consumer, RetrySchedule};
-use outbox_core::{MIGRATIONS, Schema, migrate, migrate_with};
-use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
+use outbox_core::{MIGRATIONS, Schema, Sequencer, migrate, migrate_with};
+use outbox_tests::consumer_kit::{
+    Recorder, SeedEvent, cursor, eventually, fast_config, seed_consumer, seed_delivery, write_event,
+};
 use outbox_tests::process_kit::run_outbox;
 use outbox_tests::{TASKS_TABLE, TestDb, empty_db, fresh_db};
 use tokio_util::sync::CancellationToken;
@@ -103,6 +106,8 @@ fn commands(url: &str) -> Vec<Vec<String>> {
             "--consumer-id",
             "c",
             "--all",
+            "--by",
+            "ops",
         ]),
         base(&["prune"]),
         base(&["sequence"]),
@@ -263,54 +268,49 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
             .unwrap();
         client.batch_execute(TASKS_TABLE).await.unwrap();
     }
+    let mut ids = Vec::new();
     for task in ["t1", "t2", "poison", "t4", "slow", "t6"] {
-        write_event(&db, "p", task).await;
+        ids.push(write_event(&db, "p", task).await);
     }
-
-    // c-dead parks "poison" and passes it; c-retry holds at "slow" with a retry due in an
-    // hour; c-live keeps running, lease held, through the upgrade.
-    let dead = Recorder::default();
-    dead.fail_task("poison");
-    let (stop, run) = start(
+    // The state a build of migration 0001 left behind (this build's consumers need the later
+    // migrations, so it is written as that build wrote it): the events numbered by the
+    // sequencer, whose statements 0001 already had; c-dead parked "poison" and passed it;
+    // c-retry holds at "slow" with a retry due later; c-live's process still holds its lease.
+    let mut client = db.connect().await;
+    Sequencer::new(&Schema::default())
+        .drain(&mut client)
+        .await
+        .unwrap();
+    seed_consumer(&db, "p", "c-dead", Some(6), false).await;
+    seed_delivery(&db, "p", "c-dead", SeedEvent::Id(&ids[2]), "dead", 2, 0).await;
+    seed_consumer(&db, "p", "c-retry", Some(4), false).await;
+    seed_delivery(
         &db,
-        "c-dead",
-        &dead,
-        RetrySchedule::new(vec![Duration::from_millis(10)], 2).unwrap(),
-    );
-    eventually(WAIT, "c-dead past its dead letter", || async {
-        cursor(&db, "p", "c-dead").await == Some(6)
-    })
-    .await;
-    stop.cancel();
-    run.await.unwrap().unwrap();
-
-    let retry = Recorder::default();
-    retry.fail_task("slow");
-    let (stop, run) = start(
-        &db,
+        "p",
         "c-retry",
-        &retry,
-        RetrySchedule::new(vec![Duration::from_secs(3600)], 5).unwrap(),
-    );
-    eventually(WAIT, "c-retry holding at the failing event", || async {
-        cursor(&db, "p", "c-retry").await == Some(4)
-            && retry.events().iter().any(|e| e.task_id == "slow")
-    })
+        SeedEvent::Id(&ids[4]),
+        "retrying",
+        1,
+        0,
+    )
     .await;
-    stop.cancel();
-    run.await.unwrap().unwrap();
-
-    let live = Recorder::default();
-    let (stop_live, run_live) = start(
-        &db,
-        "c-live",
-        &live,
-        RetrySchedule::new(vec![Duration::from_millis(10)], 3).unwrap(),
+    seed_consumer(&db, "p", "c-live", Some(6), false).await;
+    client
+        .execute(
+            "UPDATE outbox.lifecycle_consumer_cursors \
+             SET lease_owner = 'old-build:1:a', lease_generation = 1, \
+                 lease_expires_at = now() + interval '2 seconds', heartbeat_at = now() \
+             WHERE consumer_id = 'c-live'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (dead, retry, live) = (
+        Recorder::default(),
+        Recorder::default(),
+        Recorder::default(),
     );
-    eventually(WAIT, "c-live caught up", || async {
-        cursor(&db, "p", "c-live").await == Some(6)
-    })
-    .await;
+    retry.fail_task("slow");
 
     let before = state(&db).await;
     assert!(
@@ -324,7 +324,7 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
             .any(|l| l.starts_with("delivery c-retry") && l.ends_with("retrying"))
     );
 
-    // The upgrade, with c-live running.
+    // The upgrade, with c-live's lease held.
     let (code, out, err) = run_outbox(&["--database-url", &db.url, "migrate"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("applied migration(s)"), "{out}");
@@ -337,13 +337,21 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
     for task in ["t7", "t8"] {
         write_event(&db, "p", task).await;
     }
-    eventually(WAIT, "c-live to continue through the upgrade", || async {
+    // c-live's old process is gone; this build takes its lease over once it expires.
+    let (stop_live, run_live) = start(
+        &db,
+        "c-live",
+        &live,
+        RetrySchedule::new(vec![Duration::from_millis(10)], 3).unwrap(),
+    );
+    eventually(WAIT, "c-live to continue after the upgrade", || async {
         cursor(&db, "p", "c-live").await == Some(8)
     })
     .await;
     stop_live.cancel();
-    run_live.await.unwrap().unwrap();
-    assert_eq!(live.sequences(), (1..=8).collect::<Vec<_>>());
+    let summary = run_live.await.unwrap().unwrap();
+    assert_eq!(summary.generation, 2, "the old lease's generation was kept");
+    assert_eq!(live.sequences(), vec![7, 8]);
 
     let (stop, run) = start(
         &db,
@@ -380,4 +388,42 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
             .any(|l| l.starts_with("delivery c-retry") && l.ends_with("1 retrying")),
         "{still:?}"
     );
+}
+
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and then 5,
+/// and the roles can then use what 3 and 4 added (their grants are column by column).
+#[tokio::test]
+async fn roles_added_after_later_migrations_get_their_grants() {
+    let db = empty_db().await;
+    let mut client = db.connect().await;
+    let without_roles: Vec<_> = MIGRATIONS
+        .iter()
+        .filter(|m| [1, 3, 4].contains(&m.version))
+        .copied()
+        .collect();
+    migrate_with(&mut client, &Schema::default(), &without_roles)
+        .await
+        .unwrap();
+    let report = dry_run(&db).await;
+    assert_eq!(versions(&report["pending"]), vec![2, 5]);
+    let report = migrate(&mut client, &Schema::default()).await.unwrap();
+    assert_eq!(report.applied, vec![2, 5]);
+    let row = client
+        .query_one(
+            "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_cursors', \
+                    'last_acked_at', 'UPDATE') AS consumer_stamps_acks, \
+                    has_any_column_privilege('outbox_consumer', \
+                    'outbox.lifecycle_sequencer_lease', 'UPDATE') AS consumer_sequences, \
+                    has_column_privilege('outbox_operator', 'outbox.lifecycle_deliveries', \
+                    'replay_requested_by', 'UPDATE') AS operator_names_replays, \
+                    has_table_privilege('outbox_writer', 'outbox.lifecycle_sequencer_lease', \
+                    'SELECT') AS writer_sees_lease",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>("consumer_stamps_acks"));
+    assert!(row.get::<_, bool>("consumer_sequences"));
+    assert!(row.get::<_, bool>("operator_names_replays"));
+    assert!(!row.get::<_, bool>("writer_sees_lease"));
 }

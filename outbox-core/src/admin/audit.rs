@@ -9,8 +9,8 @@ use tokio_postgres::{Client, GenericClient, Row};
 use super::{Admin, AdminError, Listing, check_limit, parse_state};
 use crate::ids::{ConsumerId, EventId, ProjectId};
 use crate::schema::Schema;
-use crate::stmt::Unnamed as _;
 use crate::states::AuditKind;
+use crate::stmt::Unnamed as _;
 
 /// One audit row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -10,8 +10,8 @@ use super::Reason;
 use super::{Admin, AdminError, AuditRecord, Target, format_time, parse_state};
 use crate::ids::{ConsumerId, OperatorName, ProjectId};
 use crate::schema::Schema;
-use crate::stmt::Unnamed as _;
 use crate::states::{AuditKind, ConsumerState};
+use crate::stmt::Unnamed as _;
 
 /// The retrying event that holds a consumer's cursor.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -11,8 +11,8 @@ use super::{
 };
 use crate::ids::{ConsumerId, EventId, OperatorName, ProjectId};
 use crate::schema::Schema;
-use crate::stmt::Unnamed as _;
 use crate::states::{AuditKind, ConsumerState, DeliveryState};
+use crate::stmt::Unnamed as _;
 
 /// One consumer's delivery state of one failed event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -14,8 +14,8 @@ use crate::retention::{
     DEFAULT_RETENTION, HoldBack, MAX_RETENTION, PruneOptions, PruneOptionsError, Pruner,
 };
 use crate::schema::Schema;
-use crate::stmt::Unnamed as _;
 use crate::states::{ConsumerState, Health};
+use crate::stmt::Unnamed as _;
 
 /// When `status` reports a problem.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -188,7 +188,9 @@ impl Pruner {
         tx: &Transaction<'_>,
         project: &str,
     ) -> Result<Option<ProjectState>, tokio_postgres::Error> {
-        let row = tx.query_opt_unnamed(&self.sql.project_state, &[&project]).await?;
+        let row = tx
+            .query_opt_unnamed(&self.sql.project_state, &[&project])
+            .await?;
         row.as_ref().map(ProjectState::decode).transpose()
     }
 
@@ -365,7 +367,9 @@ impl Sweep<'_> {
         }
         let Some(pending) = &mut self.pending else {
             let only = self.pruner.options.project.as_ref().map(ProjectId::as_str);
-            let rows = client.query_unnamed(&self.pruner.sql.projects, &[&only]).await?;
+            let rows = client
+                .query_unnamed(&self.pruner.sql.projects, &[&only])
+                .await?;
             let projects = rows
                 .iter()
                 .map(|row| row.try_get("project_id"))
