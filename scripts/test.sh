@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/test-deps.sh
+
 # Each run gets its own cluster, so leftovers of an earlier run cannot leak into this one.
 export OUTBOX_PG_DIR=${OUTBOX_PG_DIR:-$PWD/.pg-test}
 export OUTBOX_PG_PORT=${OUTBOX_PG_PORT:-54330}

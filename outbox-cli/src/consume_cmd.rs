@@ -19,7 +19,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
 
-    let (pool, listen) = connections(&database, options.no_listen).await?;
+    let connections = connections(&database, options.no_listen).await?;
     // The metrics listener stops with the run, whichever way the run ends.
     let metrics_stop = shutdown.token().child_token();
     let metrics = match options.metrics_addr {
@@ -41,11 +41,11 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
             );
             let force = sink.clone();
             shutdown.on_force(move || force.kill_now());
-            let result = run_with(pool, listen, config, sink.clone(), token).await;
+            let result = run_with(connections, config, sink.clone(), token).await;
             sink.close().await;
             result
         }
-        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
+        None => run_with(connections, config, StdoutSink::new(consumer_id), token).await,
     };
     metrics_stop.cancel();
     if let Some(metrics) = metrics {
@@ -54,18 +54,34 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     finish(result, "consumer", args_live_query, "outbox consume")
 }
 
-/// The consumer's pool and, unless `no_listen`, its LISTEN connection's configuration. Fails
-/// fast, naming the (redacted) URL, when the database cannot be reached at all; once running,
-/// the consumer rides out outages instead.
+/// What a consumer runs on: its pool, the LISTEN connection's configuration (unless
+/// `--no-listen`), and the TLS connector both use.
+pub(crate) struct Connections {
+    pool: deadpool_postgres::Pool,
+    listen: Option<tokio_postgres::Config>,
+    tls: outbox_core::Connector,
+}
+
+/// The consumer's connections. Fails fast, naming the (redacted) URL, when the database
+/// cannot be reached at all or its schema does not match this build; once running, the
+/// consumer rides out outages instead.
 pub(crate) async fn connections(
     database: &DatabaseUrl,
     no_listen: bool,
-) -> Result<(deadpool_postgres::Pool, Option<tokio_postgres::Config>), Failure> {
+) -> Result<Connections, Failure> {
     drop(database.connect().await?);
     let pool = database.pool(4)?;
-    let mut listen = database.config.clone();
+    let tls = database
+        .settings
+        .connector()
+        .map_err(|e| database.failure(e))?;
+    let mut listen = database.settings.wire_config();
     listen.application_name("outbox-listener");
-    Ok((pool, (!no_listen).then_some(listen)))
+    Ok(Connections {
+        pool,
+        listen: (!no_listen).then_some(listen),
+        tls,
+    })
 }
 
 /// Logs how a run of `what` (consumer, relay) ended, or turns its error into the command's
@@ -94,6 +110,9 @@ pub(crate) fn finish(
 /// live query came from --live-query (else it is the default, which the message then shows);
 /// `command` is what a retired consumer is told to run again with --reactivate.
 pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure {
+    if let Some(denied) = crate::failure::permission_denied(&e) {
+        return denied;
+    }
     let code = match &e {
         ConsumerError::LiveQueryInvalid(problem) if custom_live_query => {
             return Failure::usage(format!("invalid --live-query: {problem}"));
@@ -144,7 +163,9 @@ pub fn build_config(
     config.poll_interval = args.poll_interval;
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
     config.sequencer_lease_ttl = args.sequencer_lease_ttl;
-    config.listen = !args.no_listen;
+    config.pooler = global.pooler.into();
+    // `--pooler transaction` implies polling only.
+    config.listen = !args.no_listen && config.pooler == outbox_core::Pooler::None;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
     config.exit_when_caught_up = args.exit_when_caught_up;
@@ -172,8 +193,7 @@ pub fn build_config(
 /// (through `shutdown`) lets the current event finish or be abandoned within the grace
 /// period, releases the lease and ends the run.
 pub async fn run_with<S>(
-    pool: deadpool_postgres::Pool,
-    listen: Option<tokio_postgres::Config>,
+    connections: Connections,
     config: ConsumerConfig,
     sink: S,
     shutdown: CancellationToken,
@@ -183,12 +203,13 @@ where
 {
     let sink = std::sync::Arc::new(sink);
     Consumer::new(
-        pool,
-        listen,
+        connections.pool,
+        connections.listen,
         config,
         SharedSink(sink.clone()),
         SharedSink(sink),
     )
+    .listen_tls(connections.tls)
     .run(shutdown)
     .await
 }

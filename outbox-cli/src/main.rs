@@ -39,6 +39,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    if let Some(role) = cli.global.role() {
+        failure::set_permission_context(role, cli.command.action());
+    }
     let result = runtime.block_on(async {
         match cli.command {
             Command::Migrate(args) => migrate_cmd::run(&cli.global, args).await,

@@ -62,7 +62,7 @@ impl Drop for TaskGuard {
 /// Starts the background tasks of one run; all stop on `stop`.
 pub(crate) fn spawn(
     pool: &Pool,
-    listen_config: Option<&tokio_postgres::Config>,
+    listen: Option<&listener::Target>,
     config: &ConsumerConfig,
     lease: &Arc<Lease>,
     statements: &Arc<Statements>,
@@ -116,7 +116,9 @@ pub(crate) fn spawn(
             gauges::sample(pool, schema, project, consumer, interval, stop).await
         }));
     }
-    if let (true, Some(listen)) = (config.listen, listen_config) {
+    // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
+    let listens = config.listen && config.pooler == outbox_core::Pooler::None;
+    if let (true, Some(listen)) = (listens, listen) {
         let listen = listen.clone();
         let channel = config.schema.channel();
         let project = config.project_id.to_string();

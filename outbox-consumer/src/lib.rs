@@ -63,7 +63,6 @@ mod history;
 mod lease;
 mod listener;
 mod live_query;
-mod pool;
 mod probe;
 mod retry;
 mod runtime;
@@ -78,7 +77,6 @@ pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
 pub use history::History;
-pub use pool::build_pool;
 pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};

@@ -20,15 +20,26 @@ use crate::background::{TaskGuard, backoff};
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a check may take before the connection is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Where the dedicated LISTEN connection goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The connection's configuration.
+    pub config: Config,
+    /// The pool's TLS connector, so that the listener verifies the server the same way;
+    /// `None` connects without TLS.
+    pub tls: Option<outbox_core::Connector>,
+}
+
 /// Listens until `stop`, calling `wake.notify_one()` for each notification about `project`
 /// and after each (re)connect.
 pub(crate) async fn listen(
-    mut config: Config,
+    target: Target,
     channel: String,
     project: String,
     wake: Arc<Notify>,
     stop: CancellationToken,
 ) {
+    let Target { mut config, tls } = target;
     if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
         config.keepalives_idle(Duration::from_secs(10));
     }
@@ -39,7 +50,7 @@ pub(crate) async fn listen(
     loop {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = session(&config, &channel, &project, &wake) => outcome,
+            outcome = session(&config, tls.as_ref(), &channel, &project, &wake) => outcome,
         };
         match outcome {
             Ok(()) => failures = 0,
@@ -60,33 +71,24 @@ pub(crate) async fn listen(
 /// LISTEN succeeded), `Err` when it could not be set up.
 async fn session(
     config: &Config,
+    tls: Option<&outbox_core::Connector>,
     channel: &str,
     project: &str,
     wake: &Notify,
 ) -> Result<(), String> {
-    let (client, mut connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| format!("connect: {}", outbox_core::describe(&e)))?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
-    // The connection must be polled while the client runs statements, so it gets its own task.
-    let _driver = TaskGuard::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = messages.next().await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if tx.send(n.payload().to_owned()).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "listener connection failed");
-                    return;
-                }
-            }
+    let connect_error =
+        |e: tokio_postgres::Error| format!("connect: {}", outbox_core::describe(&e));
+    let (client, _driver) = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls.tls()).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
         }
-    });
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
+        }
+    };
     client
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
@@ -112,4 +114,33 @@ async fn session(
             }
         }
     }
+}
+
+/// Polls `connection` on its own task (it must be polled while the client runs statements),
+/// forwarding notification payloads to `tx`.
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: mpsc::UnboundedSender<String>,
+) -> TaskGuard
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    TaskGuard::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n.payload().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "listener connection failed");
+                    return;
+                }
+            }
+        }
+    })
 }

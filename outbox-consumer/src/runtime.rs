@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::Sequencer;
+use outbox_core::{Sequencer, Unnamed as _};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::{Config, IsolationLevel};
@@ -19,6 +19,7 @@ use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
+use crate::listener;
 use crate::probe::Probe;
 use crate::store::{self, Held, Statements};
 
@@ -52,6 +53,18 @@ pub struct Consumer<D, R> {
     reconciler: R,
     /// Lease and liveness, for the hosting process's readiness probe.
     probe: Arc<Probe>,
+    /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
+    listen_tls: Option<outbox_core::Connector>,
+}
+
+impl<D, R> Consumer<D, R> {
+    /// Opens the LISTEN connection through `connector` (built by
+    /// [`outbox_core::ConnectSettings::connector`]), so that it uses the same TLS settings as
+    /// the pool; without it the listener connects without TLS.
+    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+        self.listen_tls = Some(connector);
+        self
+    }
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -70,6 +83,7 @@ impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
             dispatch: Plain(handler),
             reconciler,
             probe: Arc::default(),
+            listen_tls: None,
         }
     }
 }
@@ -90,6 +104,7 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             dispatch: InTransaction(handler),
             reconciler,
             probe: Arc::default(),
+            listen_tls: None,
         }
     }
 }
@@ -216,7 +231,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ))
             .into());
         }
-        let statements = Arc::new(Statements::new(&self.config.schema));
+        let statements = Arc::new(Statements::new(&self.config.schema, self.config.pooler));
         // A live query given explicitly is checked before the lease is claimed, so a wrong one
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
@@ -247,9 +262,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .set(lease.fence.generation as f64);
         let stop = CancellationToken::new();
         let wake = Arc::new(Notify::new());
+        let listen = self.listen_config.clone().map(|config| listener::Target {
+            config,
+            tls: self.listen_tls.clone(),
+        });
         let tasks = background::spawn(
             &self.pool,
-            self.listen_config.as_ref(),
+            listen.as_ref(),
             &self.config,
             &lease,
             &statements,
@@ -469,12 +488,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let consumer = &self.config.consumer_id;
         let rows = {
             let client = self.pool.get().await?;
-            client
-                .query(
-                    &statements.read_batch,
-                    &[&project.as_str(), &cursor, &self.config.batch_size],
-                )
-                .await?
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&project.as_str(), &cursor, &self.config.batch_size];
+            if statements.cached {
+                let statement = client.prepare_cached(&statements.read_batch).await?;
+                client.query(&statement, &params).await?
+            } else {
+                client
+                    .query_unnamed(&statements.read_batch, &params)
+                    .await?
+            }
         };
         if rows.is_empty() {
             return Ok(Read::Empty);
@@ -651,7 +674,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await?;
             }
             let waiting: bool = client
-                .query_one(
+                .query_one_unnamed(
                     &statements.has_unsequenced,
                     &[&self.config.project_id.as_str()],
                 )
@@ -837,7 +860,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let rows = {
             let client = self.pool.get().await?;
             client
-                .query(
+                .query_unnamed(
                     &statements.replay_requested,
                     &[&project.as_str(), &consumer.as_str()],
                 )

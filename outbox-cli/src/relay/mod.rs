@@ -170,14 +170,14 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     }
     drop(js);
 
-    let (pool, listen) = connections(&database, args.consume.options.no_listen).await?;
+    let connections = connections(&database, args.consume.options.no_listen).await?;
     // The metrics listener stops with the run, whichever way the run ends.
     let metrics_stop = shutdown.token().child_token();
     let metrics = match args.consume.options.metrics_addr {
         Some(addr) => Some(crate::serve::metrics_only(addr, metrics_stop.clone()).await?),
         None => None,
     };
-    let result = run_with(pool, listen, config, publisher, shutdown.token()).await;
+    let result = run_with(connections, config, publisher, shutdown.token()).await;
     metrics_stop.cancel();
     if let Some(metrics) = metrics {
         let _ = metrics.await;

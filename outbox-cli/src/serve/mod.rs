@@ -208,7 +208,11 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     };
     let pool = database.pool(outbox_consumer::MIN_POOL_SIZE * projects.len() + 1)?;
     let read_pool = database.pool(4)?;
-    let mut listen = database.config.clone();
+    let tls = database
+        .settings
+        .connector()
+        .map_err(|e| database.failure(e))?;
+    let mut listen = database.settings.wire_config();
     listen.application_name("outbox-listener");
     let listen = (!consume.no_listen).then_some(listen);
 
@@ -249,7 +253,8 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             config,
             hub::SharedHubSink(sink.clone()),
             hub::SharedHubSink(sink),
-        );
+        )
+        .listen_tls(tls.clone());
         probes.push((project.clone(), consumer.probe()));
         hubs.insert(project.to_string(), hub);
         let stop = shutdown.clone();

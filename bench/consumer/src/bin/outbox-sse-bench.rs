@@ -24,7 +24,6 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio_postgres::NoTls;
 
 use outbox_bench::{BoxResult, procfs, stats};
 
@@ -331,8 +330,7 @@ async fn run(args: Args) -> BoxResult<()> {
         runtime.block_on(async move {
             let mut writers = Vec::new();
             for step in 0..n_writers {
-                let (db, connection) = writer_config.connect(NoTls).await?;
-                tokio::spawn(connection);
+                let db = outbox_bench::db::connect(&writer_config).await?;
                 let commits = writer_commits.clone();
                 writers.push(tokio::spawn(async move {
                     let statement = db
