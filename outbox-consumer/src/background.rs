@@ -1,7 +1,8 @@
 //! The consumer's background work, beside the delivery loop: the lease heartbeat, the
-//! embedded sequencer, the retention sweep of its project and the wake-up listener. Each runs
-//! as a task guarded by a [`TaskGuard`], so none outlives the run that started it, and every
-//! reconnecting loop here and in the delivery loop waits by the one [`backoff`] schedule.
+//! embedded sequencer, the retention sweep of its project, the sampled gauges and the wake-up
+//! listener. Each runs as a task guarded by a [`TaskGuard`], so none outlives the run that
+//! started it, and every reconnecting loop here and in the delivery loop waits by the one
+//! [`backoff`] schedule.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
+use crate::gauges;
 use crate::lease::{self, Lease};
 use crate::listener;
 use crate::runtime::Signals;
@@ -60,7 +62,7 @@ impl Drop for TaskGuard {
 /// Starts the background tasks of one run; all stop on `stop`.
 pub(crate) fn spawn(
     pool: &Pool,
-    listen_config: Option<&tokio_postgres::Config>,
+    listen: Option<&listener::Target>,
     config: &ConsumerConfig,
     lease: &Arc<Lease>,
     statements: &Arc<Statements>,
@@ -94,7 +96,17 @@ pub(crate) fn spawn(
             stop,
         ));
     }
-    if let (true, Some(listen)) = (config.listen, listen_config) {
+    {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        let (schema, interval) = (config.schema.clone(), config.poll_interval);
+        let (project, consumer) = (config.project_id.clone(), config.consumer_id.clone());
+        tasks.push(TaskGuard::spawn(async move {
+            gauges::sample(pool, schema, project, consumer, interval, stop).await
+        }));
+    }
+    // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
+    let listens = config.listen && config.pooler == outbox_core::Pooler::None;
+    if let (true, Some(listen)) = (listens, listen) {
         let listen = listen.clone();
         let channel = config.schema.channel();
         let wake = Arc::new(listener::ProjectWake {

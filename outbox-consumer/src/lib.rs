@@ -61,11 +61,13 @@ mod config;
 mod dispatch;
 mod error;
 mod event;
+mod gauges;
 mod handler;
+mod history;
 mod lease;
 mod listener;
 mod live_query;
-mod pool;
+mod probe;
 mod retry;
 mod runtime;
 mod set;
@@ -79,7 +81,8 @@ pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
 pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
-pub use pool::build_pool;
+pub use history::History;
+pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};
 pub use set::{ConsumerSet, PairFactory, PairOutcome, Projects};

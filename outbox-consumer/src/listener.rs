@@ -2,7 +2,8 @@
 //!
 //! A notification (its payload is a project ID) is only a hint that the project's head moved;
 //! the cursor scan is the authority. Where a notification goes is the [`Wake`]'s business:
-//! one consumer, or every consumer of the project in a [`ConsumerSet`](crate::ConsumerSet). The connection is checked with TCP keepalives and a periodic `SELECT 1`; when it
+//! one consumer, or every consumer of the project in a [`ConsumerSet`](crate::ConsumerSet). The
+//! connection is checked with TCP keepalives and a periodic `SELECT 1`; when it
 //! dies it is re-opened with capped, jittered backoff, and every (re)connect wakes the loop so
 //! that whatever was missed meanwhile is scanned.
 
@@ -22,6 +23,16 @@ use crate::runtime::Signals;
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a check may take before the connection is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Where the dedicated LISTEN connection goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The connection's configuration.
+    pub config: Config,
+    /// The pool's TLS connector, so that the listener verifies the server the same way;
+    /// `None` connects without TLS.
+    pub tls: Option<outbox_core::Connector>,
+}
+
 /// Where the listener's wake-ups go.
 pub(crate) trait Wake: Send + Sync + 'static {
     /// A notification arrived: the head of project `payload` moved.
@@ -52,11 +63,12 @@ impl Wake for ProjectWake {
 
 /// Listens until `stop`, passing every notification and every (re)connect to `wake`.
 pub(crate) async fn listen(
-    mut config: Config,
+    target: Target,
     channel: String,
     wake: Arc<dyn Wake>,
     stop: CancellationToken,
 ) {
+    let Target { mut config, tls } = target;
     if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
         config.keepalives_idle(Duration::from_secs(10));
     }
@@ -67,7 +79,7 @@ pub(crate) async fn listen(
     loop {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = session(&config, &channel, &*wake) => outcome,
+            outcome = session(&config, tls.as_ref(), &channel, &*wake) => outcome,
         };
         match outcome {
             Ok(()) => failures = 0,
@@ -86,30 +98,25 @@ pub(crate) async fn listen(
 
 /// One connection's lifetime. `Ok` when a working session ended (the connection died after
 /// LISTEN succeeded), `Err` when it could not be set up.
-async fn session(config: &Config, channel: &str, wake: &dyn Wake) -> Result<(), String> {
-    let (client, mut connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| format!("connect: {}", outbox_core::describe(&e)))?;
+async fn session(
+    config: &Config,
+    tls: Option<&outbox_core::Connector>,
+    channel: &str,
+    wake: &dyn Wake,
+) -> Result<(), String> {
     let (tx, mut notifications) = mpsc::unbounded_channel();
-    // The connection must be polled while the client runs statements, so it gets its own task.
-    let _driver = TaskGuard::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = messages.next().await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if tx.send(n.payload().to_owned()).is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "listener connection failed");
-                    return;
-                }
-            }
+    let connect_error =
+        |e: tokio_postgres::Error| format!("connect: {}", outbox_core::describe(&e));
+    let (client, _driver) = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls.tls()).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
         }
-    });
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
+        }
+    };
     client
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
@@ -134,4 +141,33 @@ async fn session(config: &Config, channel: &str, wake: &dyn Wake) -> Result<(), 
             }
         }
     }
+}
+
+/// Polls `connection` on its own task (it must be polled while the client runs statements),
+/// forwarding notification payloads to `tx`.
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: mpsc::UnboundedSender<String>,
+) -> TaskGuard
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    TaskGuard::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n.payload().to_owned()).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "listener connection failed");
+                    return;
+                }
+            }
+        }
+    })
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::Sequencer;
+use outbox_core::{Sequencer, Unnamed as _};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::{Config, IsolationLevel};
@@ -20,6 +20,8 @@ use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
+use crate::listener;
+use crate::probe::Probe;
 use crate::set::{Batch, Hub};
 use crate::store::{self, Held, Statements};
 
@@ -54,6 +56,20 @@ pub struct Consumer<D, R> {
     /// The consumer set this consumer runs in, if any: its hub renews the lease, polls, wakes
     /// the loop, shares reads of the project and groups acknowledgements.
     hub: Option<Arc<Hub>>,
+    /// Lease and liveness, for the hosting process's readiness probe.
+    probe: Arc<Probe>,
+    /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
+    listen_tls: Option<outbox_core::Connector>,
+}
+
+impl<D, R> Consumer<D, R> {
+    /// Opens the LISTEN connection through `connector` (built by
+    /// [`outbox_core::ConnectSettings::connector`]), so that it uses the same TLS settings as
+    /// the pool; without it the listener connects without TLS.
+    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+        self.listen_tls = Some(connector);
+        self
+    }
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -72,6 +88,8 @@ impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
             dispatch: Plain(handler),
             reconciler,
             hub: None,
+            probe: Arc::default(),
+            listen_tls: None,
         }
     }
 }
@@ -92,6 +110,8 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             dispatch: InTransaction(handler),
             reconciler,
             hub: None,
+            probe: Arc::default(),
+            listen_tls: None,
         }
     }
 }
@@ -156,16 +176,19 @@ impl Progress {
     }
 }
 
-/// The consumer's metrics, labelled once per run with its project and ID.
+/// The consumer's metrics, labelled once per run with its project and ID (names as the
+/// README's metric table lists them).
 struct Meters {
-    /// `outbox_consumer_delivered_total`: events acknowledged in order.
+    /// The `project` and `consumer` labels, for the per-class failure counters.
+    labels: [(&'static str, String); 2],
+    /// `outbox_events_delivered_total`: events acknowledged in order.
     delivered: metrics::Counter,
     /// `outbox_consumer_cursor`: the last acknowledged sequence.
     cursor: metrics::Gauge,
-    /// `outbox_consumer_failures_total`: failed attempts.
-    failures: metrics::Counter,
-    /// `outbox_consumer_dead_letters_total`: events parked.
+    /// `outbox_dead_letters_parked_total`: events parked.
     dead_letters: metrics::Counter,
+    /// `outbox_commit_to_dispatch_seconds`: writer's transaction start to first dispatch.
+    commit_to_dispatch: metrics::Histogram,
 }
 
 impl Meters {
@@ -175,11 +198,23 @@ impl Meters {
             ("consumer", config.consumer_id.to_string()),
         ];
         Self {
-            delivered: metrics::counter!("outbox_consumer_delivered_total", &labels),
+            delivered: metrics::counter!("outbox_events_delivered_total", &labels),
             cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
-            failures: metrics::counter!("outbox_consumer_failures_total", &labels),
-            dead_letters: metrics::counter!("outbox_consumer_dead_letters_total", &labels),
+            dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
+            commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
+            labels,
         }
+    }
+
+    /// `outbox_delivery_failures_total`: failed attempts, by failure class.
+    fn failure(&self, class: &FailureClass) -> metrics::Counter {
+        let [project, consumer] = &self.labels;
+        let labels = [
+            project.clone(),
+            consumer.clone(),
+            ("class", class.to_string()),
+        ];
+        metrics::counter!("outbox_delivery_failures_total", &labels)
     }
 }
 
@@ -211,6 +246,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         self
     }
 
+    /// Whether this consumer holds its lease and when it last polled; shared with the run.
+    pub fn probe(&self) -> Arc<Probe> {
+        self.probe.clone()
+    }
+
     /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
     /// the grace period, acknowledges what was handled and releases the lease), or until the
     /// lease is lost or a non-transient error occurs.
@@ -231,7 +271,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         let statements = match hub {
             Some(hub) => hub.statements.clone(),
-            None => Arc::new(Statements::new(&self.config.schema)),
+            None => Arc::new(Statements::new(&self.config.schema, self.config.pooler)),
         };
         // A live query given explicitly is checked before the lease is claimed, so a wrong one
         // holds nothing; the default is checked when it is first needed (a consumer that
@@ -253,6 +293,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             );
         }
         let lease = Arc::new(claimed.lease);
+        let lease_labels = [
+            ("project", self.config.project_id.to_string()),
+            ("consumer", self.config.consumer_id.to_string()),
+        ];
+        self.probe.claimed(lease.fence.generation);
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(1.0);
+        metrics::gauge!("outbox_lease_generation", &lease_labels)
+            .set(lease.fence.generation as f64);
         let stop = CancellationToken::new();
         let (wiring, tasks) = match hub {
             Some(hub) => {
@@ -264,9 +312,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             None => {
                 let signals = Arc::new(Signals::default());
+                let listen = self.listen_config.clone().map(|config| listener::Target {
+                    config,
+                    tls: self.listen_tls.clone(),
+                });
                 let tasks = background::spawn(
                     &self.pool,
-                    self.listen_config.as_ref(),
+                    listen.as_ref(),
                     &self.config,
                     &lease,
                     &statements,
@@ -317,6 +369,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if !matches!(result, Err(ConsumerError::LeaseLost { .. })) {
             lease::release(&self.pool, &lease, &statements.release).await;
         }
+        self.probe.released();
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(0.0);
         result.map(|()| RunSummary {
             generation: lease.fence.generation,
             delivered: progress.delivered,
@@ -343,10 +397,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await
                 {
                     Ok(Step::More) => {
+                        self.probe.polled();
                         failures = 0;
                         continue;
                     }
                     Ok(Step::Idle) => {
+                        self.probe.polled();
                         failures = 0;
                         if self.config.exit_when_caught_up
                             && self
@@ -511,12 +567,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             None => {
                 let client = self.pool.get().await?;
-                let rows = client
-                    .query(
-                        &statements.read_batch,
-                        &[&project.as_str(), &cursor, &limit],
-                    )
-                    .await?;
+                let rows = store::query_hot(
+                    &client,
+                    statements.cached,
+                    &statements.read_batch,
+                    &[&project.as_str(), &cursor, &limit],
+                )
+                .await?;
                 let events = rows
                     .iter()
                     .map(|row| store::decode(row, project, consumer, false, 1))
@@ -557,6 +614,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 break;
             }
             events.push(event);
+        }
+        for event in events.iter().filter(|e| e.attempt == 1) {
+            // Writer's transaction start to dispatch (which follows this read), on this
+            // host's clock. Retries and events kept across a retry wait are not counted again.
+            let waited = (chrono::Utc::now() - event.occurred_at).num_microseconds();
+            progress
+                .meters
+                .commit_to_dispatch
+                .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
         }
         // Go round again at once after a full batch, or one cut short by an undecodable event.
         let more = full || events.len() < read;
@@ -656,7 +722,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if let Some((last, count)) = progress.handled_through.take() {
             progress.advance(last, count);
         }
-        progress.meters.failures.increment(1);
+        progress.meters.failure(&class).increment(1);
         tracing::warn!(
             sequence = event.sequence, event_id = %event.event_id, attempts,
             class = %class, retry_in = ?delay, "event failed; will retry"
@@ -693,7 +759,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await?;
             }
             let waiting: bool = client
-                .query_one(
+                .query_one_unnamed(
                     &statements.has_unsequenced,
                     &[&self.config.project_id.as_str()],
                 )
@@ -771,7 +837,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delay,
         )
         .await?;
-        progress.meters.failures.increment(1);
+        progress.meters.failure(&class).increment(1);
         match delay {
             Some(delay) => {
                 tracing::warn!(
@@ -899,7 +965,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let rows = {
             let client = self.pool.get().await?;
             client
-                .query(
+                .query_unnamed(
                     &statements.replay_requested,
                     &[&project.as_str(), &consumer.as_str()],
                 )

@@ -279,6 +279,43 @@ SELECT h.project_id, h.head_sequence,
                AND d.state = 'replay_requested') AS replay_requested
 FROM {{schema}}.lifecycle_project_heads AS h
 WHERE $1::text[] IS NULL OR h.project_id = ANY($1::text[])";
+/// Retained events `$2 < sequence <= $3`, at most `$4`, in order: read-only history for
+/// ephemeral followers (SSE clients), which own no cursor. Events consumer `$5` parked
+/// without handling them (dead, waiting for a replay, or resolved by hand) are left out: the
+/// followers see what that consumer handled.
+pub const READ_RANGE: &str = "
+SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload
+FROM {{schema}}.lifecycle_outbox AS o
+WHERE o.project_id = $1 AND o.sequence > $2 AND o.sequence <= $3
+  AND NOT EXISTS (
+      SELECT 1 FROM {{schema}}.lifecycle_deliveries AS d
+      WHERE d.project_id = o.project_id AND d.consumer_id = $5 AND d.event_id = o.event_id
+        AND d.state IN ('dead', 'replay_requested', 'resolved'))
+ORDER BY o.sequence
+LIMIT $4";
+
+/// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,
+/// its dead letters, and the unsequenced backlog of the whole outbox with the age of its
+/// oldest event (the sequencer is shared by every project). Both go through the partial index
+/// on unsequenced rows; arrival order stands in for age.
+pub const GAUGES: &str = "
+SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
+                 WHERE project_id = $1), 0) AS head,
+       (SELECT last_acked_sequence FROM {{schema}}.lifecycle_consumer_cursors
+        WHERE project_id = $1 AND consumer_id = $2) AS cursor,
+       (SELECT count(*) FROM {{schema}}.lifecycle_deliveries
+        WHERE project_id = $1 AND consumer_id = $2 AND state = 'dead') AS dead_letters,
+       (SELECT count(*) FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS unsequenced,
+       (SELECT GREATEST(extract(epoch FROM now() - occurred_at), 0)::float8
+        FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL
+        ORDER BY id LIMIT 1) AS oldest_unsequenced";
+
+/// A consumer's acknowledged cursor (NULL while missing), read without taking its lease.
+pub const CURSOR: &str = "
+SELECT last_acked_sequence
+FROM {{schema}}.lifecycle_consumer_cursors
+WHERE project_id = $1 AND consumer_id = $2";
 
 #[cfg(test)]
 mod tests {

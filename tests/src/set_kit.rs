@@ -60,7 +60,9 @@ pub fn start_set(
 ) -> RunningSet {
     let mut config = db.config.clone();
     config.application_name(SET_APPLICATION);
-    let pool = outbox_consumer::build_pool(config.clone(), pool_size).expect("pool builds");
+    let pool = outbox_core::ConnectSettings::from_config(config.clone())
+        .pool(pool_size)
+        .expect("pool builds");
     config.application_name(SET_LISTENER);
     let consumers = consumers
         .iter()

@@ -19,6 +19,7 @@
 
 mod catchup;
 mod latency;
+mod pooler;
 mod report;
 
 use std::path::PathBuf;
@@ -46,6 +47,9 @@ enum Internal {
     /// Drain a backlog as one consumer, report on stdout, exit when stdin closes.
     #[command(hide = true)]
     CatchUpWorker(catchup::WorkerArgs),
+    /// Catch-up through a transaction-mode pooler beside a direct connection (bench/pooler.sh);
+    /// the markdown report goes to stdout.
+    PoolerCompare(pooler::PoolerArgs),
 }
 
 /// Options of a benchmark run.
@@ -103,6 +107,9 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.worker {
             Some(Internal::CatchUpWorker(args)) => catchup::worker(args).await,
+            Some(Internal::PoolerCompare(args)) => pooler::compare(args).await.map(|report| {
+                println!("{report}");
+            }),
             None => run(cli.bench).await,
         }
     });

@@ -65,6 +65,7 @@ impl GroupAcks {
         pool: Pool,
         statement: String,
         owner: String,
+        cached: bool,
         stop: CancellationToken,
     ) {
         loop {
@@ -82,7 +83,7 @@ impl GroupAcks {
                     Err(_) => break,
                 }
             }
-            let outcome = send(&pool, &statement, &owner, &group).await;
+            let outcome = send(&pool, &statement, &owner, cached, &group).await;
             if let Err(e) = &outcome {
                 tracing::debug!(error = %e, "grouped acknowledgement failed; each consumer acknowledges alone");
             }
@@ -106,21 +107,23 @@ async fn send(
     pool: &Pool,
     statement: &str,
     owner: &str,
+    cached: bool,
     group: &[Request],
 ) -> Result<HashSet<(String, String)>, ConsumerError> {
     let projects: Vec<&str> = group.iter().map(|r| r.fence.project.as_str()).collect();
     let consumers: Vec<&str> = group.iter().map(|r| r.fence.consumer.as_str()).collect();
     let generations: Vec<i64> = group.iter().map(|r| r.fence.generation).collect();
     let through: Vec<i64> = group.iter().map(|r| r.through).collect();
-    // Prepared once per pooled connection: under load this runs hundreds of times a second.
+    // Prepared once per pooled connection where that is safe: under load this runs hundreds
+    // of times a second.
     let client = pool.get().await?;
-    let statement = client.prepare_cached(statement).await?;
-    let rows = client
-        .query(
-            &statement,
-            &[&projects, &consumers, &generations, &through, &owner],
-        )
-        .await?;
+    let rows = crate::store::query_hot(
+        &client,
+        cached,
+        statement,
+        &[&projects, &consumers, &generations, &through, &owner],
+    )
+    .await?;
     rows.iter()
         .map(|row| Ok((row.try_get("project_id")?, row.try_get("consumer_id")?)))
         .collect()

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use outbox_core::Schema;
+use outbox_core::{Schema, Unnamed as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -72,6 +72,7 @@ impl Hub {
     /// project (new ones are sent there).
     pub fn new(
         schema: &Schema,
+        pooler: outbox_core::Pooler,
         listed: Option<Vec<String>>,
         consumer_ids: Vec<String>,
         discovered: Option<mpsc::UnboundedSender<String>>,
@@ -80,7 +81,7 @@ impl Hub {
         let (acks, ack_queue) = GroupAcks::new();
         Self {
             owner: crate::runtime::owner_token(),
-            statements: Arc::new(Statements::new(schema)),
+            statements: Arc::new(Statements::new(schema, pooler)),
             heartbeat_set: schema.render(sql::HEARTBEAT_SET),
             poll_set: schema.render(sql::POLL_SET),
             listed,
@@ -104,7 +105,8 @@ impl Hub {
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         let queue = self.ack_queue.lock().expect("hub lock").take()?;
         let (statement, owner) = (self.ack_set.clone(), self.owner.clone());
-        Some(GroupAcks::run(queue, pool, statement, owner, stop))
+        let cached = self.statements.cached;
+        Some(GroupAcks::run(queue, pool, statement, owner, cached, stop))
     }
 
     /// Adds a member holding `lease`; its first round checks for replay requests.
@@ -212,7 +214,7 @@ impl Hub {
         let sent_at = Instant::now();
         let client = pool.get().await?;
         let rows = client
-            .query(
+            .query_unnamed(
                 &self.heartbeat_set,
                 &[
                     &projects,
@@ -271,7 +273,7 @@ impl Hub {
         let rows = {
             let client = pool.get().await?;
             client
-                .query(&self.poll_set, &[&self.listed, &self.consumer_ids])
+                .query_unnamed(&self.poll_set, &[&self.listed, &self.consumer_ids])
                 .await?
         };
         for row in &rows {

@@ -94,6 +94,8 @@ pub struct ConsumerSet<F> {
     consumer_ids: Vec<ConsumerId>,
     /// Makes each pair's handler and reconciler.
     factory: Arc<F>,
+    /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
+    listen_tls: Option<outbox_core::Connector>,
 }
 
 impl<F: PairFactory> ConsumerSet<F> {
@@ -114,7 +116,16 @@ impl<F: PairFactory> ConsumerSet<F> {
             projects,
             consumer_ids,
             factory: Arc::new(factory),
+            listen_tls: None,
         }
+    }
+
+    /// Opens the LISTEN connection through `connector`, as [`Consumer::listen_tls`] does.
+    ///
+    /// [`Consumer::listen_tls`]: crate::Consumer::listen_tls
+    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+        self.listen_tls = Some(connector);
+        self
     }
 
     /// Runs until `shutdown` (every pair then stops as a lone consumer does), or until every
@@ -148,6 +159,7 @@ impl<F: PairFactory> ConsumerSet<F> {
         let consumer_ids = self.consumer_ids.iter().map(|c| c.to_string()).collect();
         let hub = Arc::new(Hub::new(
             &self.template.schema,
+            self.template.pooler,
             listed,
             consumer_ids,
             discovering,
@@ -245,8 +257,14 @@ impl<F: PairFactory> ConsumerSet<F> {
                 hub.poll(pool, interval, stop).await
             }));
         }
-        if let (true, Some(listen)) = (config.listen, &self.listen_config) {
-            let (listen, channel) = (listen.clone(), config.schema.channel());
+        // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
+        let listens = config.listen && config.pooler == outbox_core::Pooler::None;
+        if let (true, Some(config_of_listener)) = (listens, &self.listen_config) {
+            let listen = listener::Target {
+                config: config_of_listener.clone(),
+                tls: self.listen_tls.clone(),
+            };
+            let channel = config.schema.channel();
             let (wake, stop) = (hub.clone() as Arc<dyn listener::Wake>, stop.clone());
             tasks.push(TaskGuard::spawn(async move {
                 listener::listen(listen, channel, wake, stop).await

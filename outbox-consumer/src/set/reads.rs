@@ -108,12 +108,16 @@ impl SharedReads {
         if !current {
             let epoch = reads.epoch.load(Ordering::SeqCst);
             let rows = {
-                // Prepared once per pooled connection: this read runs on every wake-up.
+                // Prepared once per pooled connection where that is safe: this read runs on
+                // every wake-up.
                 let client = pool.get().await?;
-                let statement = client.prepare_cached(&statements.read_batch).await?;
-                client
-                    .query(&statement, &[&project.as_str(), &cursor, &limit])
-                    .await?
+                store::query_hot(
+                    &client,
+                    statements.cached,
+                    &statements.read_batch,
+                    &[&project.as_str(), &cursor, &limit],
+                )
+                .await?
             };
             let events = rows
                 .iter()
