@@ -648,24 +648,6 @@ async fn refusals_404_400_503_and_usage_errors() {
         assert_eq!(code, 2, "{extra:?}: {err}");
         assert!(err.contains(expected), "{extra:?}: {err}");
     }
-    let (code, _, err) = run_outbox(&[
-        "--database-url",
-        &db.url,
-        "consume",
-        "--project",
-        "p1",
-        "--project",
-        "p2",
-        "--consumer-id",
-        "x",
-    ])
-    .await;
-    // `consume` follows one project (main's ConsumerRef); clap refuses a second --project.
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("--project") && err.contains("cannot be used multiple times"),
-        "{err}"
-    );
 }
 
 #[tokio::test]
