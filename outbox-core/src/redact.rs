@@ -10,12 +10,24 @@ const MASK: &str = "***";
 
 /// The connection string with every password replaced by `***`, safe to print.
 pub fn redact_connection_string(text: &str) -> String {
-    let parsed = if text.contains("://") {
+    let parsed = if starts_with_scheme(text) {
         redact_url(text)
     } else {
         redact_key_values(text)
     };
     parsed.unwrap_or_else(|| conservative(text))
+}
+
+/// Whether `text` is a URL: it opens with a scheme (`postgresql://`, or any other, so that a
+/// mistyped `postgress://user:secret@...` is still read as one). A `://` later on, inside a
+/// key=value string's quoted password for instance, does not make it one.
+fn starts_with_scheme(text: &str) -> bool {
+    let Some(end) = text.find("://") else {
+        return false;
+    };
+    let mut scheme = text[..end].chars();
+    scheme.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && scheme.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-'))
 }
 
 /// Keeps what precedes the first mention of a password, drops the rest.
@@ -196,6 +208,14 @@ mod tests {
         );
         assert_eq!(redact(r"password=a\ b user=c"), "password=*** user=c");
         assert_eq!(redact("PASSWORD=x"), "PASSWORD=***");
+        // A `://` inside a value does not make the string a URL (found by the property test).
+        assert_eq!(redact("password='://A'"), "password=***");
+        assert_eq!(redact("host=db password=a://b@c"), "host=db password=***");
+        assert_eq!(
+            redact("mysql://u:pw@db/x"),
+            "mysql://u:***@db/x",
+            "a URL of another scheme is still a URL"
+        );
     }
 
     #[test]
