@@ -141,9 +141,9 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
 /// What a consumer runs on: its pool, the LISTEN connection's configuration (unless
 /// `--no-listen`), and the TLS connector both use.
 pub(crate) struct Connections {
-    pool: deadpool_postgres::Pool,
-    listen: Option<tokio_postgres::Config>,
-    tls: outbox_core::Connector,
+    pub pool: deadpool_postgres::Pool,
+    pub listen: Option<tokio_postgres::Config>,
+    pub tls: outbox_core::Connector,
 }
 
 /// The consumer's connections. Fails fast, naming the (redacted) URL, when the database

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::args::ConsumerRef;
 use crate::child::ChildSink;
 use crate::cli::{ConsumerOptions, Global, parse_duration};
-use crate::consume_cmd::{build_config, classify};
+use crate::consume_cmd::{build_config, classify, connections};
 use crate::failure::Failure;
 use crate::shutdown::Shutdown;
 
@@ -198,7 +198,12 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
 
     // Bind first: a used address is a usage error, reported before anything else happens.
     let listener = http::bind(args.listen, "--listen").await?;
-    drop(database.connect().await?);
+    // Each served project runs its own consumer: at least MIN_POOL_SIZE connections each.
+    let needed = outbox_consumer::MIN_POOL_SIZE * projects.len() + 1;
+    let pool_size = u16::try_from(needed)
+        .unwrap_or(u16::MAX)
+        .max(consume.pool_size);
+    let connections = connections(&database, consume.no_listen, pool_size).await?;
     let metrics = install_metrics()?;
 
     // Cancelled by the first signal, or when any consumer stops.
@@ -207,17 +212,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         Some(addr) => Some(metrics_only(addr, shutdown.clone()).await?),
         None => None,
     };
-    // Each served project runs its own consumer: at least MIN_POOL_SIZE connections each.
-    let needed = outbox_consumer::MIN_POOL_SIZE * projects.len() + 1;
-    let pool = database.pool(needed.max(usize::from(consume.pool_size)))?;
     let read_pool = database.pool(4)?;
-    let tls = database
-        .settings
-        .connector()
-        .map_err(|e| database.failure(e))?;
-    let mut listen = database.settings.wire_config();
-    listen.application_name("outbox-listener");
-    let listen = (!consume.no_listen).then_some(listen);
 
     let mut hubs = BTreeMap::new();
     let mut probes = Vec::new();
@@ -251,13 +246,13 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             child,
         });
         let consumer = Consumer::new(
-            pool.clone(),
-            listen.clone(),
+            connections.pool.clone(),
+            connections.listen.clone(),
             config,
             hub::SharedHubSink(sink.clone()),
             hub::SharedHubSink(sink),
         )
-        .listen_tls(tls.clone());
+        .listen_tls(connections.tls.clone());
         probes.push((project.clone(), consumer.probe()));
         hubs.insert(project.to_string(), hub);
         let stop = shutdown.clone();
