@@ -276,7 +276,7 @@ run() {
     # What the WAL is made of, per transaction: bytes without and with full-page images, heap
     # updates that are not HOT (every index gets a new entry), HOT updates, b-tree leaf inserts.
     local anatomy
-    sql -c 'SELECT txid_current()' >/dev/null # a commit: flushes the WAL up to lsn1, which pg_get_wal_stats requires
+    wal_flushed "$lsn1"
     anatomy=$(sql -F ' ' -c "SELECT round(sum(record_size)::numeric / $txns), round(sum(fpi_size)::numeric / $txns),
         round(coalesce(sum(count) FILTER (WHERE \"resource_manager/record_type\" LIKE 'Heap/UPDATE%'), 0)::numeric / $txns, 2),
         round(coalesce(sum(count) FILTER (WHERE \"resource_manager/record_type\" LIKE 'Heap/HOT_UPDATE%'), 0)::numeric / $txns, 2),
