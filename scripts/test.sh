@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+bash scripts/test-deps.sh
+
 # Each run gets its own cluster, so leftovers of an earlier run cannot leak into this one.
 export OUTBOX_PG_DIR=${OUTBOX_PG_DIR:-$PWD/.pg-test}
 export OUTBOX_PG_PORT=${OUTBOX_PG_PORT:-54330}
@@ -13,6 +15,12 @@ echo "test cluster: $url"
 # The relay's tests start their own nats-server (JetStream, temporary store, free port).
 OUTBOX_NATS_SERVER=$(bash scripts/nats.sh ensure)
 export OUTBOX_NATS_SERVER
+
+# The dashboard's browser test needs Chromium; installed here when missing (fails loudly when
+# it cannot be).
+OUTBOX_CHROMIUM=$(bash scripts/chromium.sh)
+export OUTBOX_CHROMIUM
+echo "chromium: $OUTBOX_CHROMIUM"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -3,9 +3,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
-use outbox_core::Schema;
-
-pub use crate::args::ConsumerRef;
+use outbox_core::{ConsumerId, ProjectId, Schema};
 
 use crate::db::DatabaseUrl;
 
@@ -39,6 +37,30 @@ pub struct Global {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// A pooler between this process and PostgreSQL: `transaction` for PgBouncer (or alike) in
+    /// transaction mode: no session state, unnamed statements only, and no LISTEN (consumers
+    /// poll). TLS settings go in the URL (sslmode, sslrootcert, sslcert, sslkey) or PGSSLMODE
+    /// and PGSSLROOTCERT.
+    #[arg(long, env = "OUTBOX_POOLER", global = true, value_enum, default_value_t = PoolerArg::None)]
+    pub pooler: PoolerArg,
+}
+
+/// `--pooler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PoolerArg {
+    /// A direct connection (or a session-mode pooler).
+    None,
+    /// A transaction-mode pooler such as PgBouncer with `pool_mode = transaction`.
+    Transaction,
+}
+
+impl From<PoolerArg> for outbox_core::Pooler {
+    fn from(arg: PoolerArg) -> Self {
+        match arg {
+            PoolerArg::None => outbox_core::Pooler::None,
+            PoolerArg::Transaction => outbox_core::Pooler::Transaction,
+        }
+    }
 }
 
 /// How logs are written to stderr.
@@ -87,11 +109,23 @@ pub enum Command {
     /// Relay a project's events into another system (NATS JetStream) for fan-out.
     #[command(subcommand)]
     Relay(crate::relay::RelayCommand),
+    /// Run durable consumers (one per --project) and serve them over HTTP: an SSE event
+    /// stream per project, Prometheus /metrics, /healthz and /readyz, and an operator
+    /// dashboard at /.
+    Serve(Box<crate::serve::ServeArgs>),
 }
 
 /// `outbox migrate`.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
+    /// List the pending migrations and change nothing.
+    #[arg(long, conflicts_with = "row_security")]
+    pub dry_run: bool,
+    /// Also enable per-project row security: the schema's writer, consumer and operator
+    /// roles then see and write only the projects bound to them in lifecycle_role_projects
+    /// (see README, Deploying). Idempotent.
+    #[arg(long)]
+    pub row_security: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -153,9 +187,40 @@ impl Global {
             None => DatabaseUrl::from_libpq_env(env)?,
         };
         if let Some(path) = outbox_core::libpq_env::passfile_path(env) {
-            outbox_core::libpq_env::apply_passfile(&mut database.config, &path);
+            outbox_core::libpq_env::apply_passfile(&mut database.settings.config, &path);
         }
-        Ok(database)
+        database.check_schema = Some(self.schema.clone());
+        Ok(database.with_pooler(self.pooler.into()))
+    }
+
+    /// The role this process connects as, for messages; `None` when no valid database is
+    /// given (the command then fails on that first).
+    pub fn role(&self) -> Option<String> {
+        let database = self.database().ok()?;
+        database.settings.config.get_user().map(str::to_owned)
+    }
+}
+
+impl Command {
+    /// What the command does, as in "role R may not ...".
+    pub fn action(&self) -> &'static str {
+        use crate::consumers_cmd::ConsumersCommand as C;
+        use crate::dead_letters_cmd::DeadLettersCommand as D;
+        match self {
+            Command::Migrate(_) => "migrate the outbox schema",
+            Command::Sequence(_) => "number events (outbox sequence)",
+            Command::Consume(_) => "consume events (read events, move its cursor and lease)",
+            Command::Prune(_) => "prune events and settled dead letters",
+            Command::Status(_) => "read the outbox status",
+            Command::Consumers(C::List(_)) => "list consumers",
+            Command::Consumers(C::Retire(_)) => "retire consumers",
+            Command::DeadLetters(D::List(_) | D::Show(_)) => "read dead letters",
+            Command::DeadLetters(D::Replay(_)) => "replay dead letters",
+            Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",
+            Command::Audit(_) => "read the audit trail",
+            Command::Relay(_) => "relay events (read events, move its cursor and lease)",
+            Command::Serve(_) => "serve events (read events, move its cursor and lease)",
+        }
     }
 }
 
@@ -189,12 +254,56 @@ pub enum StartFromArg {
     Earliest,
 }
 
+/// Which consumers `outbox consume` runs: every consumer ID for every project. One project
+/// and one ID is a lone consumer; anything more is a consumer set in one process.
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeTargets {
+    /// The project to consume; repeat it to consume several in one process.
+    #[arg(
+        long = "project",
+        value_name = "PROJECT",
+        required_unless_present = "all_projects"
+    )]
+    pub projects: Vec<ProjectId>,
+    /// Follow every project, including projects whose first event is numbered while this
+    /// process runs (found by the fallback poll, and sooner by their first notification).
+    #[arg(long, conflicts_with = "projects")]
+    pub all_projects: bool,
+    /// The consumer's explicit, stable ID (never generated); repeat it to run several
+    /// consumers of each project.
+    #[arg(long = "consumer-id", value_name = "CONSUMER_ID", required = true)]
+    pub consumer_ids: Vec<ConsumerId>,
+}
+
+impl ConsumeTargets {
+    /// The one (project, consumer) pair, when that is all that was asked for.
+    pub fn single(&self) -> Option<(&ProjectId, &ConsumerId)> {
+        match (
+            self.all_projects,
+            &self.projects[..],
+            &self.consumer_ids[..],
+        ) {
+            (false, [project], [consumer]) => Some((project, consumer)),
+            _ => None,
+        }
+    }
+}
+
 /// `outbox consume`.
 #[derive(Debug, Args)]
 pub struct ConsumeArgs {
-    /// The consumer to run (`--project`, `--consumer-id`).
+    /// The consumers to run (`--project`, `--all-projects`, `--consumer-id`).
     #[command(flatten)]
-    pub consumer: ConsumerRef,
+    pub targets: ConsumeTargets,
+    /// How they run.
+    #[command(flatten)]
+    pub options: ConsumerOptions,
+}
+
+/// Every option of a running consumer beside which one it is: `outbox consume`, `outbox relay
+/// nats` and `outbox serve` (which takes `--project` repeated) share them.
+#[derive(Debug, Args)]
+pub struct ConsumerOptions {
     /// Drive this command (run with sh -c, in its own process group): one event line on its
     /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
     /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
@@ -208,9 +317,13 @@ pub struct ConsumeArgs {
     /// How long the child's process group has between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub child_stop_grace: Duration,
-    /// Poll only; no LISTEN connection (for poolers in transaction mode).
+    /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,
+    /// Connections in the pool, shared by every consumer of the process (which holds one
+    /// more, for LISTEN). At least 3.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(3..=100))]
+    pub pool_size: u16,
     /// Exit at once (code 4) if another process holds this consumer's lease.
     #[arg(long)]
     pub no_wait: bool,
@@ -268,4 +381,7 @@ pub struct ConsumeArgs {
     /// Retention period of the sweep (see `outbox prune --help`).
     #[arg(long, value_parser = crate::prune_cmd::parse_retention, default_value = "30d")]
     pub retention: Duration,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }

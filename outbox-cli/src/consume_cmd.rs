@@ -1,60 +1,172 @@
-//! `outbox consume`: run one durable consumer with a built-in sink.
+//! `outbox consume`: run one durable consumer, or a set of them in one process, with a
+//! built-in sink.
 
-use outbox_consumer::{Consumer, ConsumerConfig, ConsumerError, RetrySchedule, StartFrom};
+use outbox_consumer::{
+    Consumer, ConsumerConfig, ConsumerError, ConsumerSet, Projects, RetrySchedule, StartFrom,
+};
+use outbox_core::{ConsumerId, ProjectId};
 use tokio_util::sync::CancellationToken;
 
+use crate::args::ConsumerRef;
 use crate::child::ChildSink;
-use crate::cli::{ConsumeArgs, Global, StartFromArg};
+use crate::cli::{ConsumeArgs, ConsumerOptions, Global, StartFromArg};
 use crate::db::DatabaseUrl;
 use crate::failure::{ExitCode, Failure};
 use crate::shutdown::Shutdown;
 use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    let Some((project, consumer)) = args.targets.single() else {
+        return run_set(global, args).await;
+    };
     let shutdown = Shutdown::install()?;
     let database = global.database()?;
-    let config = build_config(global, &args)?;
+    let options = &args.options;
+    let consumer = ConsumerRef {
+        project: project.clone(),
+        consumer_id: consumer.clone(),
+    };
+    let config = build_config(global, &consumer, options)?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
 
-    let (pool, listen) = connections(&database, args.no_listen).await?;
+    let connections = connections(&database, options.no_listen, options.pool_size).await?;
+    // The metrics listener stops with the run, whichever way the run ends.
+    let metrics_stop = shutdown.token().child_token();
+    let metrics = match options.metrics_addr {
+        Some(addr) => Some(crate::serve::metrics_only(addr, metrics_stop.clone()).await?),
+        None => None,
+    };
 
-    let consumer_id = args.consumer.consumer_id.to_string();
-    let args_live_query = args.live_query.is_some();
+    let consumer_id = consumer.consumer_id.to_string();
+    let args_live_query = options.live_query.is_some();
     let token = shutdown.token();
-    let result = match args.child {
+    let result = match options.child.clone() {
         Some(command) => {
             let sink = ChildSink::new(
                 command,
                 consumer_id,
-                args.child_timeout,
-                args.child_stop_grace,
+                options.child_timeout,
+                options.child_stop_grace,
                 token.clone(),
             );
             let force = sink.clone();
             shutdown.on_force(move || force.kill_now());
-            let result = run_with(pool, listen, config, sink.clone(), token).await;
+            let result = run_with(connections, config, sink.clone(), token).await;
             sink.close().await;
             result
         }
-        None => run_with(pool, listen, config, StdoutSink::new(consumer_id), token).await,
+        None => run_with(connections, config, StdoutSink::new(consumer_id), token).await,
     };
+    metrics_stop.cancel();
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     finish(result, "consumer", args_live_query, "outbox consume")
 }
 
-/// The consumer's pool and, unless `no_listen`, its LISTEN connection's configuration. Fails
-/// fast, naming the (redacted) URL, when the database cannot be reached at all; once running,
-/// the consumer rides out outages instead.
+/// Several projects, every project, or several consumer IDs: one [`ConsumerSet`] on one pool
+/// and one LISTEN connection, printing the same lines as a lone consumer (each names its
+/// project and consumer). A pair that fails is logged and stops alone; the process ends with
+/// the first such failure's exit code once it stops.
+async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    let options = &args.options;
+    if options.child.is_some() {
+        return Err(Failure::usage(
+            "--child drives one consumer; with several projects, --all-projects or several \
+             consumer IDs, run one `outbox consume --child` per consumer instead",
+        ));
+    }
+    let shutdown = Shutdown::install()?;
+    let database = global.database()?;
+    let targets = &args.targets;
+    let first_project = match targets.projects.first() {
+        Some(project) => project.clone(),
+        None => ProjectId::new("all-projects").expect("a valid project ID"),
+    };
+    let first = ConsumerRef {
+        project: first_project,
+        consumer_id: targets.consumer_ids[0].clone(),
+    };
+    let template = build_config(global, &first, options)?;
+    template
+        .validate()
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let projects = match targets.all_projects {
+        true => Projects::All,
+        false => Projects::Listed(targets.projects.clone()),
+    };
+    let connections = connections(&database, options.no_listen, options.pool_size).await?;
+    let sink = std::sync::Arc::new(StdoutSink::new(String::new()));
+    let factory = move |_: &ProjectId, consumer: &ConsumerId| {
+        let sink = std::sync::Arc::new(sink.for_consumer(consumer.to_string()));
+        (SharedSink(sink.clone()), SharedSink(sink))
+    };
+    let set = ConsumerSet::new(
+        connections.pool,
+        connections.listen,
+        template,
+        projects,
+        targets.consumer_ids.clone(),
+        factory,
+    )
+    .listen_tls(connections.tls);
+    let custom_live_query = options.live_query.is_some();
+    let outcomes = set
+        .run(shutdown.token())
+        .await
+        .map_err(|e| classify(e, custom_live_query, "outbox consume"))?;
+    let total = outcomes.len();
+    let mut failures = outcomes.into_iter().filter_map(|o| o.result.err());
+    match failures.next() {
+        None => {
+            tracing::info!(consumers = total, "consumer set stopped");
+            Ok(())
+        }
+        Some(first) => {
+            let mut failure = classify(first, custom_live_query, "outbox consume");
+            let others = failures.count();
+            if others > 0 {
+                failure.message = format!(
+                    "{} (and {others} more of the {total} consumers failed; see the log)",
+                    failure.message
+                );
+            }
+            Err(failure)
+        }
+    }
+}
+
+/// What a consumer runs on: its pool, the LISTEN connection's configuration (unless
+/// `--no-listen`), and the TLS connector both use.
+pub(crate) struct Connections {
+    pool: deadpool_postgres::Pool,
+    listen: Option<tokio_postgres::Config>,
+    tls: outbox_core::Connector,
+}
+
+/// The consumer's connections. Fails fast, naming the (redacted) URL, when the database
+/// cannot be reached at all or its schema does not match this build; once running, the
+/// consumer rides out outages instead.
 pub(crate) async fn connections(
     database: &DatabaseUrl,
     no_listen: bool,
-) -> Result<(deadpool_postgres::Pool, Option<tokio_postgres::Config>), Failure> {
+    pool_size: u16,
+) -> Result<Connections, Failure> {
     drop(database.connect().await?);
-    let pool = database.pool(4)?;
-    let mut listen = database.config.clone();
+    let pool = database.pool(usize::from(pool_size))?;
+    let tls = database
+        .settings
+        .connector()
+        .map_err(|e| database.failure(e))?;
+    let mut listen = database.settings.wire_config();
     listen.application_name("outbox-listener");
-    Ok((pool, (!no_listen).then_some(listen)))
+    Ok(Connections {
+        pool,
+        listen: (!no_listen).then_some(listen),
+        tls,
+    })
 }
 
 /// Logs how a run of `what` (consumer, relay) ended, or turns its error into the command's
@@ -82,7 +194,10 @@ pub(crate) fn finish(
 /// Maps a consumer error to the command's failure; `custom_live_query` says whether the
 /// live query came from --live-query (else it is the default, which the message then shows);
 /// `command` is what a retired consumer is told to run again with --reactivate.
-fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure {
+pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure {
+    if let Some(denied) = crate::failure::permission_denied(&e) {
+        return denied;
+    }
     let code = match &e {
         ConsumerError::LiveQueryInvalid(problem) if custom_live_query => {
             return Failure::usage(format!("invalid --live-query: {problem}"));
@@ -119,11 +234,13 @@ fn classify(e: ConsumerError, custom_live_query: bool, command: &str) -> Failure
     }
 }
 
-pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(
-        args.consumer.project.clone(),
-        args.consumer.consumer_id.clone(),
-    );
+/// The configuration of `consumer` running with `args`.
+pub fn build_config(
+    global: &Global,
+    consumer: &ConsumerRef,
+    args: &ConsumerOptions,
+) -> Result<ConsumerConfig, Failure> {
+    let mut config = ConsumerConfig::new(consumer.project.clone(), consumer.consumer_id.clone());
     config.schema = global.schema.clone();
     config.batch_size = args.batch_size;
     config.lease_ttl = args.lease_ttl;
@@ -131,7 +248,9 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
     config.poll_interval = args.poll_interval;
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
     config.sequencer_lease_ttl = args.sequencer_lease_ttl;
-    config.listen = !args.no_listen;
+    config.pooler = global.pooler.into();
+    // `--pooler transaction` implies polling only.
+    config.listen = !args.no_listen && config.pooler == outbox_core::Pooler::None;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
     config.exit_when_caught_up = args.exit_when_caught_up;
@@ -159,8 +278,7 @@ pub fn build_config(global: &Global, args: &ConsumeArgs) -> Result<ConsumerConfi
 /// (through `shutdown`) lets the current event finish or be abandoned within the grace
 /// period, releases the lease and ends the run.
 pub async fn run_with<S>(
-    pool: deadpool_postgres::Pool,
-    listen: Option<tokio_postgres::Config>,
+    connections: Connections,
     config: ConsumerConfig,
     sink: S,
     shutdown: CancellationToken,
@@ -170,12 +288,13 @@ where
 {
     let sink = std::sync::Arc::new(sink);
     Consumer::new(
-        pool,
-        listen,
+        connections.pool,
+        connections.listen,
         config,
         SharedSink(sink.clone()),
         SharedSink(sink),
     )
+    .listen_tls(connections.tls)
     .run(shutdown)
     .await
 }

@@ -1,19 +1,25 @@
-//! Database URLs and connections.
+//! Database URLs and connections: a thin shell over outbox-core's connection factory
+//! ([`outbox_core::ConnectSettings`]), which handles TLS and the pooler mode.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use tokio_postgres::{Client, Config, NoTls};
+use outbox_core::{ConnectError, ConnectSettings, Pooler, Schema};
+use tokio_postgres::Client;
 
 use crate::failure::Failure;
 
-/// A parsed `postgresql://` URL (or key=value string), with its text kept for messages.
+/// A parsed `postgresql://` URL (or key=value string, or the libpq variables), with a
+/// printable description kept for messages.
 #[derive(Debug, Clone)]
 pub struct DatabaseUrl {
-    /// The parsed configuration.
-    pub config: Config,
     /// The URL with any password replaced, safe to print.
     pub redacted: String,
+    /// Connection, TLS settings and pooler mode, for the connection factory.
+    pub settings: ConnectSettings,
+    /// The schema whose version every connection checks before use (`None` for `migrate`,
+    /// which brings it up to date itself).
+    pub check_schema: Option<Schema>,
 }
 
 impl FromStr for DatabaseUrl {
@@ -21,20 +27,14 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let redacted = redact(text);
-        let mut config =
-            Config::from_str(text).map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
-        if config.get_hosts().is_empty() {
+        let settings = ConnectSettings::parse(text)
+            .map_err(|e| format!("invalid database URL {redacted}: {e}"))?;
+        if settings.config.get_hosts().is_empty() {
             return Err(format!(
                 "invalid database URL {redacted}: it names no host or socket directory"
             ));
         }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(Duration::from_secs(10));
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("outbox");
-        }
-        Ok(Self { config, redacted })
+        Ok(Self::with_defaults(settings, redacted))
     }
 }
 
@@ -46,9 +46,10 @@ pub fn redact(text: &str) -> String {
 
 impl DatabaseUrl {
     /// The connection the libpq variables describe (PGHOST, PGPORT, PGUSER, PGDATABASE,
-    /// PGPASSWORD, ...), or a usage error naming every way to give a database.
+    /// PGPASSWORD, PGSSLMODE, PGSSLROOTCERT, ...), or a usage error naming every way to give
+    /// a database.
     pub fn from_libpq_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, Failure> {
-        let found = outbox_core::libpq_env::config_from_env(var)
+        let found = outbox_core::libpq_env::config_from_env(&var)
             .map_err(|e| Failure::usage(e.to_string()))?;
         let Some(found) = found else {
             return Err(Failure::usage(
@@ -56,40 +57,57 @@ impl DatabaseUrl {
                  variables PGHOST, PGPORT, PGUSER, PGDATABASE)",
             ));
         };
-        let mut config = found.config;
+        let settings = ConnectSettings::from_config_with_env(found.config, &var)
+            .map_err(|e| Failure::usage(format!("{}: {e}", found.description)))?;
+        Ok(Self::with_defaults(settings, found.description))
+    }
+
+    /// A connect timeout and an application name unless given.
+    fn with_defaults(mut settings: ConnectSettings, redacted: String) -> Self {
+        let config = &mut settings.config;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(10));
         }
         if config.get_application_name().is_none() {
             config.application_name("outbox");
         }
-        Ok(Self {
-            config,
-            redacted: found.description,
-        })
+        Self {
+            redacted,
+            settings,
+            check_schema: None,
+        }
+    }
+
+    /// The same URL with `pooler` as its statement mode.
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.settings.pooler = pooler;
+        self
     }
 
     /// A small pool for a consumer runtime or a command.
     pub fn pool(&self, size: usize) -> Result<deadpool_postgres::Pool, Failure> {
-        outbox_consumer::build_pool(self.config.clone(), size)
-            .map_err(|e| Failure::runtime(format!("cannot build the connection pool: {e}")))
+        self.settings.pool(size).map_err(|e| self.failure(e))
     }
 
-    /// Opens one connection; its driver task ends when the client is dropped.
+    /// Opens one connection (its driver task ends when the client is dropped) and, unless
+    /// this is `migrate`, checks that the schema matches this build.
     pub async fn connect(&self) -> Result<Client, Failure> {
-        let (client, connection) = self.config.connect(NoTls).await.map_err(|e| {
-            Failure::runtime(format!(
-                "cannot connect to {}: {}",
-                self.redacted,
-                outbox_core::describe(&e)
-            ))
-        })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection closed");
-            }
-        });
+        let client = self.settings.connect().await.map_err(|e| self.failure(e))?;
+        if let Some(schema) = &self.check_schema {
+            outbox_core::check_schema_version(&client, schema).await?;
+        }
         Ok(client)
+    }
+
+    /// A connection failure naming the (redacted) URL and the cause; settings that can never
+    /// work are usage errors.
+    pub fn failure(&self, e: ConnectError) -> Failure {
+        match e {
+            ConnectError::Invalid(message) => {
+                Failure::usage(format!("invalid database URL {}: {message}", self.redacted))
+            }
+            other => Failure::runtime(format!("cannot connect to {}: {other}", self.redacted)),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! How a command fails: a message for the operator and the exit code scripts rely on.
 
 use std::fmt;
+use std::sync::OnceLock;
 
 /// Exit codes, the same for every command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +51,45 @@ impl fmt::Display for Failure {
     }
 }
 
+/// Who this process connects as and what the command does, for permission errors.
+static PERMISSION_CONTEXT: OnceLock<(String, &'static str)> = OnceLock::new();
+
+/// Records the connecting role and the command's action (once, before the command runs), so
+/// that a refused privilege (SQLSTATE 42501) reads "permission denied: role R may not ...".
+pub fn set_permission_context(role: String, action: &'static str) {
+    let _ = PERMISSION_CONTEXT.set((role, action));
+}
+
+/// The permission-denied failure for `e`, if a statement was refused for lack of a privilege
+/// (SQLSTATE 42501) anywhere in its chain of causes.
+pub fn permission_denied(e: &(dyn std::error::Error + 'static)) -> Option<Failure> {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = current {
+        let refused = error
+            .downcast_ref::<tokio_postgres::Error>()
+            .and_then(|e| e.as_db_error())
+            .filter(|db| db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE);
+        if let Some(db) = refused {
+            let (role, action) = PERMISSION_CONTEXT
+                .get()
+                .map(|(r, a)| (r.as_str(), *a))
+                .unwrap_or(("(this role)", "do this"));
+            return Some(Failure::runtime(format!(
+                "permission denied: role {role} may not {action} ({}); grant it the role \
+                 this process needs (see README, Deploying)",
+                db.message()
+            )));
+        }
+        current = error.source();
+    }
+    None
+}
+
 impl From<outbox_core::Error> for Failure {
     fn from(e: outbox_core::Error) -> Self {
+        if let Some(denied) = permission_denied(&e) {
+            return denied;
+        }
         match e {
             outbox_core::Error::Validation(_) => Failure::usage(e.to_string()),
             _ => Failure::runtime(e.to_string()),
@@ -61,6 +99,9 @@ impl From<outbox_core::Error> for Failure {
 
 impl From<tokio_postgres::Error> for Failure {
     fn from(e: tokio_postgres::Error) -> Self {
+        if let Some(denied) = permission_denied(&e) {
+            return denied;
+        }
         Failure::runtime(format!("database error: {}", outbox_core::describe(&e)))
     }
 }
@@ -68,6 +109,9 @@ impl From<tokio_postgres::Error> for Failure {
 impl From<outbox_core::AdminError> for Failure {
     fn from(e: outbox_core::AdminError) -> Self {
         use outbox_core::AdminError;
+        if let Some(denied) = permission_denied(&e) {
+            return denied;
+        }
         let code = match &e {
             AdminError::Invalid(_) => ExitCode::Usage,
             AdminError::NotFound { .. } => ExitCode::NotFound,

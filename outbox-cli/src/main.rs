@@ -16,6 +16,7 @@ mod output;
 mod prune_cmd;
 mod relay;
 mod sequence_cmd;
+mod serve;
 mod shutdown;
 mod sink;
 mod status_cmd;
@@ -38,6 +39,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
+    if let Some(role) = cli.global.role() {
+        failure::set_permission_context(role, cli.command.action());
+    }
     let result = runtime.block_on(async {
         match cli.command {
             Command::Migrate(args) => migrate_cmd::run(&cli.global, args).await,
@@ -49,6 +53,7 @@ fn main() -> std::process::ExitCode {
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
             Command::Relay(command) => relay::run(&cli.global, command).await,
+            Command::Serve(args) => serve::run(&cli.global, *args).await,
         }
     });
     match result {

@@ -2,6 +2,8 @@
 
 use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use serde_json::json;
+use std::sync::Arc;
+
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::sync::Mutex;
 
@@ -34,8 +36,8 @@ fn stdout_failed(e: std::io::Error) -> HandlerFailure {
 /// Writes one JSON line per event to stdout; flushes before each acknowledgement, so an
 /// acknowledged event has always been written out.
 pub struct StdoutSink {
-    /// Buffered stdout.
-    out: Mutex<BufWriter<tokio::io::Stdout>>,
+    /// Buffered stdout, shared by every consumer of a set so that lines never interleave.
+    out: Arc<Mutex<BufWriter<tokio::io::Stdout>>>,
     /// For the reconciliation line.
     consumer: String,
 }
@@ -43,7 +45,15 @@ pub struct StdoutSink {
 impl StdoutSink {
     pub fn new(consumer: String) -> Self {
         Self {
-            out: Mutex::new(BufWriter::new(tokio::io::stdout())),
+            out: Arc::new(Mutex::new(BufWriter::new(tokio::io::stdout()))),
+            consumer,
+        }
+    }
+
+    /// The sink of another consumer of the same process, writing to the same buffer.
+    pub fn for_consumer(&self, consumer: String) -> Self {
+        Self {
+            out: self.out.clone(),
             consumer,
         }
     }

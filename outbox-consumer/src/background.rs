@@ -1,20 +1,22 @@
 //! The consumer's background work, beside the delivery loop: the lease heartbeat, the
-//! embedded sequencer, the retention sweep of its project and the wake-up listener. Each runs
-//! as a task guarded by a [`TaskGuard`], so none outlives the run that started it, and every
-//! reconnecting loop here and in the delivery loop waits by the one [`backoff`] schedule.
+//! embedded sequencer, the retention sweep of its project, the sampled gauges and the wake-up
+//! listener. Each runs as a task guarded by a [`TaskGuard`], so none outlives the run that
+//! started it, and every reconnecting loop here and in the delivery loop waits by the one
+//! [`backoff`] schedule.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer, owner_token};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
+use crate::gauges;
 use crate::lease::{self, Lease};
 use crate::listener;
+use crate::runtime::Signals;
 use crate::store::Statements;
 
 /// First and largest reconnect delay.
@@ -60,11 +62,11 @@ impl Drop for TaskGuard {
 /// Starts the background tasks of one run; all stop on `stop`.
 pub(crate) fn spawn(
     pool: &Pool,
-    listen_config: Option<&tokio_postgres::Config>,
+    listen: Option<&listener::Target>,
     config: &ConsumerConfig,
     lease: &Arc<Lease>,
     statements: &Arc<Statements>,
-    wake: &Arc<Notify>,
+    signals: &Arc<Signals>,
     stop: &CancellationToken,
 ) -> Vec<TaskGuard> {
     let mut tasks = Vec::new();
@@ -77,17 +79,7 @@ pub(crate) fn spawn(
         }));
     }
     if let Some(interval) = config.sequence_interval {
-        let (pool, stop) = (pool.clone(), stop.clone());
-        let ttl = config.sequencer_lease_ttl;
-        // A paused leader inside its tick is cut off by the server within the lease TTL, so
-        // its transaction lock never outlasts its lease.
-        let sequencer = Sequencer::new(&config.schema)
-            .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
-        let elected =
-            ElectedSequencer::new(sequencer, &config.schema, owner_token(), ttl, interval);
-        tasks.push(TaskGuard::spawn(async move {
-            run_sequencer(pool, elected, interval, stop).await
-        }));
+        tasks.push(spawn_sequencer(pool, config, interval, stop));
     }
     if let Some(interval) = config.prune_interval {
         let options = PruneOptions {
@@ -96,26 +88,81 @@ pub(crate) fn spawn(
             actor: format!("consumer:{}", config.consumer_id),
             ..PruneOptions::default()
         };
-        match Pruner::new(&config.schema, options) {
-            Ok(pruner) => {
-                let (pool, stop) = (pool.clone(), stop.clone());
-                tasks.push(TaskGuard::spawn(async move {
-                    run_pruner(pool, pruner, interval, stop).await
-                }));
-            }
-            Err(e) => tracing::error!(error = %e, "retention sweep disabled"),
-        }
+        tasks.extend(spawn_pruner(
+            pool,
+            &config.schema,
+            vec![options],
+            interval,
+            stop,
+        ));
     }
-    if let (true, Some(listen)) = (config.listen, listen_config) {
+    {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        let (schema, interval) = (config.schema.clone(), config.poll_interval);
+        let (project, consumer) = (config.project_id.clone(), config.consumer_id.clone());
+        tasks.push(TaskGuard::spawn(async move {
+            gauges::sample(pool, schema, project, consumer, interval, stop).await
+        }));
+    }
+    // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
+    let listens = config.listen && config.pooler == outbox_core::Pooler::None;
+    if let (true, Some(listen)) = (listens, listen) {
         let listen = listen.clone();
         let channel = config.schema.channel();
-        let project = config.project_id.to_string();
-        let (wake, stop) = (wake.clone(), stop.clone());
+        let wake = Arc::new(listener::ProjectWake {
+            project: config.project_id.to_string(),
+            signals: signals.clone(),
+        });
+        let stop = stop.clone();
         tasks.push(TaskGuard::spawn(async move {
-            listener::listen(listen, channel, project, wake, stop).await
+            listener::listen(listen, channel, wake, stop).await
         }));
     }
     tasks
+}
+
+/// Starts this process's part in the sequencer election (see [`run_sequencer`]).
+pub(crate) fn spawn_sequencer(
+    pool: &Pool,
+    config: &ConsumerConfig,
+    interval: Duration,
+    stop: &CancellationToken,
+) -> TaskGuard {
+    let (pool, stop) = (pool.clone(), stop.clone());
+    let ttl = config.sequencer_lease_ttl;
+    // A paused leader inside its tick is cut off by the server within the lease TTL, so
+    // its transaction lock never outlasts its lease.
+    let sequencer = Sequencer::new(&config.schema)
+        .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
+    let elected = ElectedSequencer::new(sequencer, &config.schema, owner_token(), ttl, interval);
+    TaskGuard::spawn(async move { run_sequencer(pool, elected, interval, stop).await })
+}
+
+/// Starts the retention sweep of `sweeps` (one per project, or one for every project), one
+/// after another at start and every `interval`; `None` (logged) if an option is refused.
+pub(crate) fn spawn_pruner(
+    pool: &Pool,
+    schema: &outbox_core::Schema,
+    sweeps: Vec<PruneOptions>,
+    interval: Duration,
+    stop: &CancellationToken,
+) -> Option<TaskGuard> {
+    let pruners = sweeps
+        .into_iter()
+        .map(|options| Pruner::new(schema, options))
+        .collect::<Result<Vec<_>, _>>();
+    match pruners {
+        Ok(pruners) => {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            Some(TaskGuard::spawn(async move {
+                run_pruner(pool, pruners, interval, stop).await
+            }))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "retention sweep disabled");
+            None
+        }
+    }
 }
 
 /// Takes part in the sequencer election until `stop`: numbers committed events while this
@@ -160,31 +207,46 @@ async fn run_sequencer(
     }
 }
 
-/// Runs the retention sweep of the consumer's project at once and then every `interval` until
-/// `stop`. A failed sweep is logged and tried again at the next interval, never fatal. Each
-/// batch takes a pooled connection of its own, so a long sweep never starves the heartbeat.
-async fn run_pruner(pool: Pool, pruner: Pruner, interval: Duration, stop: CancellationToken) {
+/// Runs the retention sweeps at once and then every `interval` until `stop`. A failed sweep
+/// is logged and tried again at the next interval, never fatal. Each batch takes a pooled
+/// connection of its own, so a long sweep never starves the heartbeat.
+async fn run_pruner(pool: Pool, pruners: Vec<Pruner>, interval: Duration, stop: CancellationToken) {
     loop {
-        match sweep_once(&pool, &pruner, &stop).await {
-            Ok(report) => {
-                for project in &report.projects {
-                    let labels = [("project", project.project_id.clone())];
-                    metrics::counter!("outbox_pruned_events_total", &labels)
-                        .increment(project.events_pruned);
-                    metrics::counter!("outbox_pruned_dead_letters_total", &labels)
-                        .increment(project.dead_letters_pruned);
-                    metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
-                }
+        for pruner in &pruners {
+            if stop.is_cancelled() {
+                return;
             }
-            Err(e) => tracing::warn!(
-                error = %e, retry_in = ?interval,
-                "retention sweep failed; will try again at the next interval"
-            ),
+            sweep_and_report(&pool, pruner, interval, &stop).await;
         }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+/// One sweep, its figures recorded as metrics or its failure logged.
+async fn sweep_and_report(
+    pool: &Pool,
+    pruner: &Pruner,
+    interval: Duration,
+    stop: &CancellationToken,
+) {
+    match sweep_once(pool, pruner, stop).await {
+        Ok(report) => {
+            for project in &report.projects {
+                let labels = [("project", project.project_id.clone())];
+                metrics::counter!("outbox_pruned_events_total", &labels)
+                    .increment(project.events_pruned);
+                metrics::counter!("outbox_pruned_dead_letters_total", &labels)
+                    .increment(project.dead_letters_pruned);
+                metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
+            }
+        }
+        Err(e) => tracing::warn!(
+            error = %e, retry_in = ?interval,
+            "retention sweep failed; will try again at the next interval"
+        ),
     }
 }
 

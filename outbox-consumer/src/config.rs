@@ -68,6 +68,10 @@ pub struct ConsumerConfig {
     /// Retention period of the sweep: events older than this that every non-retired consumer
     /// acknowledged are pruned, settled dead letters this long after they were settled.
     pub retention: Duration,
+    /// Whether a transaction-mode pooler sits in front of PostgreSQL (see
+    /// [`outbox_core::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
+    /// consumer polls every `poll_interval`, which then bounds its latency.
+    pub pooler: outbox_core::Pooler,
 }
 
 /// A configuration was refused.
@@ -101,6 +105,7 @@ impl ConsumerConfig {
             shutdown_grace: Duration::from_secs(10),
             prune_interval: Some(Duration::from_secs(3600)),
             retention: outbox_core::DEFAULT_RETENTION,
+            pooler: outbox_core::Pooler::None,
         }
     }
 

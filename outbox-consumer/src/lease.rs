@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use outbox_core::admin::{AuditLog, AuditRecord};
-use outbox_core::{AuditKind, ConsumerState};
+use outbox_core::{AuditKind, ConsumerState, Unnamed as _};
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
@@ -114,6 +114,11 @@ impl Lease {
         !self.lost.is_cancelled() && Instant::now() < *self.valid_until.lock().expect("lease lock")
     }
 
+    /// True once the lease is known to be lost (not merely expired locally).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
     /// The local deadline.
     #[cfg(test)]
     pub fn valid_until(&self) -> Instant {
@@ -141,9 +146,12 @@ impl Lease {
     }
 
     /// After a rejected write: reads the consumer row to say why, and marks the lease lost.
-    pub async fn lose_after_rejection(&self, client: &impl GenericClient) -> ConsumerError {
+    pub async fn lose_after_rejection(
+        &self,
+        client: &(impl GenericClient + Sync),
+    ) -> ConsumerError {
         let loss = match client
-            .query_opt(&self.explain, &[&self.fence.project, &self.fence.consumer])
+            .query_opt_unnamed(&self.explain, &[&self.fence.project, &self.fence.consumer])
             .await
         {
             Ok(Some(row)) => match ConsumerRow::decode(&row) {
@@ -252,7 +260,7 @@ pub(crate) async fn claim(
         let client = pool.get().await?;
         let sent_at = Instant::now();
         let row = client
-            .query_opt(
+            .query_opt_unnamed(
                 &schema.render(sql::CLAIM),
                 &[&project, &consumer, &owner, &ttl_secs],
             )
@@ -280,7 +288,7 @@ pub(crate) async fn claim(
             }));
         }
         let row = client
-            .query_one(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
+            .query_one_unnamed(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
             .await?;
         let row = ConsumerRow::decode(&row)?;
         if row.retired() {
@@ -333,7 +341,7 @@ async fn reactivate(
     let actor = reactivating_user();
     let tx = client.transaction().await?;
     let changed = tx
-        .execute(
+        .execute_unnamed(
             &config.schema.render(sql::REACTIVATE),
             &[&project, &consumer],
         )
@@ -398,7 +406,11 @@ pub(crate) async fn heartbeat(
         let result = async {
             let client = pool.get().await?;
             let [p, c, o, g] = lease.fence.params();
-            if client.execute(&statement, &[p, c, o, g, &ttl_secs]).await? == 1 {
+            if client
+                .execute_unnamed(&statement, &[p, c, o, g, &ttl_secs])
+                .await?
+                == 1
+            {
                 Ok(())
             } else {
                 Err(lease.lose_after_rejection(&**client).await)
@@ -425,7 +437,9 @@ pub(crate) async fn heartbeat(
 pub(crate) async fn release(pool: &Pool, lease: &Lease, statement: &str) {
     let result = async {
         let client = pool.get().await?;
-        client.execute(statement, &lease.fence.params()).await?;
+        client
+            .execute_unnamed(statement, &lease.fence.params())
+            .await?;
         Ok::<_, ConsumerError>(())
     }
     .await;

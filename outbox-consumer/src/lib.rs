@@ -45,6 +45,10 @@
 //!   snapshot's head.
 //! - **Sequencer.** The runtime also runs the sequencer, so a deployment needs no other
 //!   process.
+//! - **Many consumers, one process.** A [`ConsumerSet`] runs many (project, consumer) pairs,
+//!   each a consumer as above with its own lease and cursor, on one pool and one LISTEN
+//!   connection, with one statement renewing every lease and one polling every project's
+//!   head; with [`Projects::All`] it follows projects that appear later.
 //! - **Retention.** The runtime also runs the retention sweep of its project
 //!   ([`outbox_core::Pruner`]) at start and every [`ConsumerConfig::prune_interval`]; a failed
 //!   sweep is logged and retried at the next interval.
@@ -57,13 +61,16 @@ mod config;
 mod dispatch;
 mod error;
 mod event;
+mod gauges;
 mod handler;
+mod history;
 mod lease;
 mod listener;
 mod live_query;
-mod pool;
+mod probe;
 mod retry;
 mod runtime;
+mod set;
 mod sql;
 mod store;
 
@@ -74,6 +81,8 @@ pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
 pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
-pub use pool::build_pool;
+pub use history::History;
+pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};
+pub use set::{ConsumerSet, PairFactory, PairOutcome, Projects};

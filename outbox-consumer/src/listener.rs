@@ -1,7 +1,9 @@
 //! Wake-ups: a dedicated, unpooled connection LISTENs on the sequencer's channel.
 //!
-//! A notification is only a hint that the project's head moved; the cursor scan is the
-//! authority. The connection is checked with TCP keepalives and a periodic `SELECT 1`; when it
+//! A notification (its payload is a project ID) is only a hint that the project's head moved;
+//! the cursor scan is the authority. Where a notification goes is the [`Wake`]'s business:
+//! one consumer, or every consumer of the project in a [`ConsumerSet`](crate::ConsumerSet). The
+//! connection is checked with TCP keepalives and a periodic `SELECT 1`; when it
 //! dies it is re-opened with capped, jittered backoff, and every (re)connect wakes the loop so
 //! that whatever was missed meanwhile is scanned.
 
@@ -10,25 +12,63 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::Rng;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{TaskGuard, backoff};
+use crate::runtime::Signals;
 
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a check may take before the connection is declared dead.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
-/// Listens until `stop`, calling `wake.notify_one()` for each notification about `project`
-/// and after each (re)connect.
+/// Where the dedicated LISTEN connection goes.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The connection's configuration.
+    pub config: Config,
+    /// The pool's TLS connector, so that the listener verifies the server the same way;
+    /// `None` connects without TLS.
+    pub tls: Option<outbox_core::Connector>,
+}
+
+/// Where the listener's wake-ups go.
+pub(crate) trait Wake: Send + Sync + 'static {
+    /// A notification arrived: the head of project `payload` moved.
+    fn notified(&self, payload: &str);
+    /// The listener (re)connected: anything may have been missed meanwhile.
+    fn connected(&self);
+}
+
+/// The wake-up of a single consumer: notifications about its project.
+pub(crate) struct ProjectWake {
+    /// The consumer's project.
+    pub project: String,
+    /// The consumer loop's wake-up.
+    pub signals: Arc<Signals>,
+}
+
+impl Wake for ProjectWake {
+    fn notified(&self, payload: &str) {
+        if payload == self.project {
+            self.signals.wake.notify_one();
+        }
+    }
+
+    fn connected(&self) {
+        self.signals.wake.notify_one();
+    }
+}
+
+/// Listens until `stop`, passing every notification and every (re)connect to `wake`.
 pub(crate) async fn listen(
-    mut config: Config,
+    target: Target,
     channel: String,
-    project: String,
-    wake: Arc<Notify>,
+    wake: Arc<dyn Wake>,
     stop: CancellationToken,
 ) {
+    let Target { mut config, tls } = target;
     if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
         config.keepalives_idle(Duration::from_secs(10));
     }
@@ -39,7 +79,7 @@ pub(crate) async fn listen(
     loop {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = session(&config, &channel, &project, &wake) => outcome,
+            outcome = session(&config, tls.as_ref(), &channel, &*wake) => outcome,
         };
         match outcome {
             Ok(()) => failures = 0,
@@ -60,17 +100,60 @@ pub(crate) async fn listen(
 /// LISTEN succeeded), `Err` when it could not be set up.
 async fn session(
     config: &Config,
+    tls: Option<&outbox_core::Connector>,
     channel: &str,
-    project: &str,
-    wake: &Notify,
+    wake: &dyn Wake,
 ) -> Result<(), String> {
-    let (client, mut connection) = config
-        .connect(NoTls)
-        .await
-        .map_err(|e| format!("connect: {}", outbox_core::describe(&e)))?;
     let (tx, mut notifications) = mpsc::unbounded_channel();
-    // The connection must be polled while the client runs statements, so it gets its own task.
-    let _driver = TaskGuard::spawn(async move {
+    let connect_error =
+        |e: tokio_postgres::Error| format!("connect: {}", outbox_core::describe(&e));
+    let (client, _driver) = match tls {
+        Some(tls) => {
+            let (client, connection) = config.connect(tls.tls()).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
+        }
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;
+            (client, drive(connection, tx))
+        }
+    };
+    client
+        .batch_execute(&format!("LISTEN \"{channel}\""))
+        .await
+        .map_err(|e| format!("LISTEN: {}", outbox_core::describe(&e)))?;
+    tracing::debug!(channel, "listening");
+    // Anything committed while we were not listening must be scanned now.
+    wake.connected();
+    let mut ping = tokio::time::interval(PING_INTERVAL);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            payload = notifications.recv() => match payload {
+                Some(payload) => wake.notified(&payload),
+                None => return Ok(()),
+            },
+            _ = ping.tick() => {
+                match tokio::time::timeout(PING_TIMEOUT, client.simple_query("SELECT 1")).await {
+                    Ok(Ok(_)) => {}
+                    _ => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// Polls `connection` on its own task (it must be polled while the client runs statements),
+/// forwarding notification payloads to `tx`.
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: mpsc::UnboundedSender<String>,
+) -> TaskGuard
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    TaskGuard::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {
@@ -86,30 +169,5 @@ async fn session(
                 }
             }
         }
-    });
-    client
-        .batch_execute(&format!("LISTEN \"{channel}\""))
-        .await
-        .map_err(|e| format!("LISTEN: {}", outbox_core::describe(&e)))?;
-    tracing::debug!(channel, "listening");
-    // Anything committed while we were not listening must be scanned now.
-    wake.notify_one();
-    let mut ping = tokio::time::interval(PING_INTERVAL);
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ping.tick().await;
-    loop {
-        tokio::select! {
-            payload = notifications.recv() => match payload {
-                Some(payload) if payload == project => wake.notify_one(),
-                Some(_) => {}
-                None => return Ok(()),
-            },
-            _ = ping.tick() => {
-                match tokio::time::timeout(PING_TIMEOUT, client.simple_query("SELECT 1")).await {
-                    Ok(Ok(_)) => {}
-                    _ => return Ok(()),
-                }
-            }
-        }
-    }
+    })
 }

@@ -1,7 +1,7 @@
 //! The reconciliation live-set query: checked for its shape when first prepared, so a wrong
 //! query is refused before anything is claimed, and read without trusting its rows.
 
-use outbox_core::{describe, is_retryable_db};
+use outbox_core::{Unnamed as _, describe, is_retryable_db};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, GenericClient};
 
@@ -25,16 +25,19 @@ pub(crate) async fn check(client: &mut Client, query: &str) -> Result<(), Consum
             )));
         }
     };
-    tx.rollback().await?;
-    shape_problem(
+    let problem = shape_problem(
         statement.params(),
         statement
             .columns()
             .iter()
             .map(|c| (c.name(), c.type_()))
             .collect(),
-    )
-    .map_or(Ok(()), |problem| {
+    );
+    // Dropping the statement sends its Close; before the rollback, so that behind a
+    // transaction pooler it reaches the server session that prepared it.
+    drop(statement);
+    tx.rollback().await?;
+    problem.map_or(Ok(()), |problem| {
         Err(ConsumerError::LiveQueryInvalid(problem))
     })
 }
@@ -68,11 +71,11 @@ fn shape_problem(params: &[Type], columns: Vec<(&str, &Type)>) -> Option<String>
 
 /// Runs the live query for `project`; a failure names the live query.
 pub(crate) async fn task_ids(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     query: &str,
     project: &str,
 ) -> Result<Vec<String>, ConsumerError> {
-    let rows = match client.query(query, &[&project]).await {
+    let rows = match client.query_unnamed(query, &[&project]).await {
         Ok(rows) => rows,
         Err(e) if is_retryable_db(&e) => return Err(e.into()),
         Err(e) => return Err(ConsumerError::LiveQueryFailed(describe(&e))),

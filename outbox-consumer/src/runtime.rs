@@ -2,10 +2,11 @@
 //! delivering events in order from the cursor.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::Sequencer;
+use outbox_core::{Sequencer, Unnamed as _};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_postgres::{Config, IsolationLevel};
@@ -19,6 +20,9 @@ use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::{Handler, LiveSet, ReconcileReason, Reconciler, TransactionalHandler};
 use crate::lease::{self, Lease};
+use crate::listener;
+use crate::probe::Probe;
+use crate::set::{Batch, Hub};
 use crate::store::{self, Held, Statements};
 
 /// Connections a consumer needs at once: the delivery loop, the heartbeat and the sequencer.
@@ -49,6 +53,23 @@ pub struct Consumer<D, R> {
     dispatch: D,
     /// Receives the live set when the consumer falls back to reconciliation.
     reconciler: R,
+    /// The consumer set this consumer runs in, if any: its hub renews the lease, polls, wakes
+    /// the loop, shares reads of the project and groups acknowledgements.
+    hub: Option<Arc<Hub>>,
+    /// Lease and liveness, for the hosting process's readiness probe.
+    probe: Arc<Probe>,
+    /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
+    listen_tls: Option<outbox_core::Connector>,
+}
+
+impl<D, R> Consumer<D, R> {
+    /// Opens the LISTEN connection through `connector` (built by
+    /// [`outbox_core::ConnectSettings::connector`]), so that it uses the same TLS settings as
+    /// the pool; without it the listener connects without TLS.
+    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+        self.listen_tls = Some(connector);
+        self
+    }
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -66,6 +87,9 @@ impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
             config,
             dispatch: Plain(handler),
             reconciler,
+            hub: None,
+            probe: Arc::default(),
+            listen_tls: None,
         }
     }
 }
@@ -85,8 +109,31 @@ impl<T: TransactionalHandler, R: Reconciler> Consumer<InTransaction<T>, R> {
             config,
             dispatch: InTransaction(handler),
             reconciler,
+            hub: None,
+            probe: Arc::default(),
+            listen_tls: None,
         }
     }
+}
+
+/// How the delivery loop of one run is reached from outside.
+#[derive(Default)]
+pub(crate) struct Signals {
+    /// Woken by the listener (and, in a set, by the shared fallback poll) when the project's
+    /// head may have moved.
+    pub wake: Notify,
+    /// Set when dead letters may be waiting for replay: by the loop's own timer, or in a set
+    /// by the shared poll, which has seen a request.
+    pub replay_due: AtomicBool,
+}
+
+/// What a run shares with other runs: nothing (its own background tasks, its own fallback
+/// poll), or a consumer set's [`Hub`].
+struct Wiring {
+    /// The run's wake-ups.
+    signals: Arc<Signals>,
+    /// Whether the loop polls on its own timer; in a set the hub polls for every consumer.
+    polls_itself: bool,
 }
 
 /// Per-run delivery state.
@@ -129,16 +176,19 @@ impl Progress {
     }
 }
 
-/// The consumer's metrics, labelled once per run with its project and ID.
+/// The consumer's metrics, labelled once per run with its project and ID (names as the
+/// README's metric table lists them).
 struct Meters {
-    /// `outbox_consumer_delivered_total`: events acknowledged in order.
+    /// The `project` and `consumer` labels, for the per-class failure counters.
+    labels: [(&'static str, String); 2],
+    /// `outbox_events_delivered_total`: events acknowledged in order.
     delivered: metrics::Counter,
     /// `outbox_consumer_cursor`: the last acknowledged sequence.
     cursor: metrics::Gauge,
-    /// `outbox_consumer_failures_total`: failed attempts.
-    failures: metrics::Counter,
-    /// `outbox_consumer_dead_letters_total`: events parked.
+    /// `outbox_dead_letters_parked_total`: events parked.
     dead_letters: metrics::Counter,
+    /// `outbox_commit_to_dispatch_seconds`: writer's transaction start to first dispatch.
+    commit_to_dispatch: metrics::Histogram,
 }
 
 impl Meters {
@@ -148,11 +198,23 @@ impl Meters {
             ("consumer", config.consumer_id.to_string()),
         ];
         Self {
-            delivered: metrics::counter!("outbox_consumer_delivered_total", &labels),
+            delivered: metrics::counter!("outbox_events_delivered_total", &labels),
             cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
-            failures: metrics::counter!("outbox_consumer_failures_total", &labels),
-            dead_letters: metrics::counter!("outbox_consumer_dead_letters_total", &labels),
+            dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
+            commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
+            labels,
         }
+    }
+
+    /// `outbox_delivery_failures_total`: failed attempts, by failure class.
+    fn failure(&self, class: &FailureClass) -> metrics::Counter {
+        let [project, consumer] = &self.labels;
+        let labels = [
+            project.clone(),
+            consumer.clone(),
+            ("class", class.to_string()),
+        ];
+        metrics::counter!("outbox_delivery_failures_total", &labels)
     }
 }
 
@@ -164,10 +226,10 @@ enum Read {
     Gap,
     /// The first event's payload cannot be decoded; it fails with this class.
     Undecodable(Box<ObservedEvent>, FailureClass),
-    /// Contiguous, decoded events, and how many rows the read returned.
+    /// Contiguous, decoded events, and whether more may follow at once.
     Events {
         events: Vec<ObservedEvent>,
-        rows: usize,
+        more: bool,
     },
 }
 
@@ -178,10 +240,26 @@ enum Step {
 }
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
+    /// Makes this consumer a member of the set whose hub this is.
+    pub(crate) fn in_set(mut self, hub: Arc<Hub>) -> Self {
+        self.hub = Some(hub);
+        self
+    }
+
+    /// Whether this consumer holds its lease and when it last polled; shared with the run.
+    pub fn probe(&self) -> Arc<Probe> {
+        self.probe.clone()
+    }
+
     /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
     /// the grace period, acknowledges what was handled and releases the lease), or until the
     /// lease is lost or a non-transient error occurs.
+    ///
+    /// On its own a consumer starts its own heartbeat, sequencer, sweep and listener; as a
+    /// member of a consumer set, the set's hub renews its lease, polls and wakes it, and runs
+    /// the rest once for all members.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RunSummary, ConsumerError> {
+        let hub = self.hub.as_ref();
         self.config.validate()?;
         let pool_size = self.pool.status().max_size;
         if pool_size < MIN_POOL_SIZE {
@@ -191,16 +269,19 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ))
             .into());
         }
-        let statements = Arc::new(Statements::new(&self.config.schema));
+        let statements = match hub {
+            Some(hub) => hub.statements.clone(),
+            None => Arc::new(Statements::new(&self.config.schema, self.config.pooler)),
+        };
         // A live query given explicitly is checked before the lease is claimed, so a wrong one
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
-        // not have a `tasks` table).
-        if self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
+        // not have a `tasks` table). A consumer set checks it once for all its members.
+        if hub.is_none() && self.config.live_query != crate::config::DEFAULT_LIVE_QUERY {
             let mut client = self.pool.get().await?;
             crate::live_query::check(&mut client, &self.config.live_query).await?;
         }
-        let owner = owner_token();
+        let owner = hub.map_or_else(owner_token, |hub| hub.owner.clone());
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
             return Ok(RunSummary::default());
         };
@@ -212,17 +293,45 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             );
         }
         let lease = Arc::new(claimed.lease);
+        let lease_labels = [
+            ("project", self.config.project_id.to_string()),
+            ("consumer", self.config.consumer_id.to_string()),
+        ];
+        self.probe.claimed(lease.fence.generation);
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(1.0);
+        metrics::gauge!("outbox_lease_generation", &lease_labels)
+            .set(lease.fence.generation as f64);
         let stop = CancellationToken::new();
-        let wake = Arc::new(Notify::new());
-        let tasks = background::spawn(
-            &self.pool,
-            self.listen_config.as_ref(),
-            &self.config,
-            &lease,
-            &statements,
-            &wake,
-            &stop,
-        );
+        let (wiring, tasks) = match hub {
+            Some(hub) => {
+                let wiring = Wiring {
+                    signals: hub.register(&lease),
+                    polls_itself: false,
+                };
+                (wiring, Vec::new())
+            }
+            None => {
+                let signals = Arc::new(Signals::default());
+                let listen = self.listen_config.clone().map(|config| listener::Target {
+                    config,
+                    tls: self.listen_tls.clone(),
+                });
+                let tasks = background::spawn(
+                    &self.pool,
+                    listen.as_ref(),
+                    &self.config,
+                    &lease,
+                    &statements,
+                    &signals,
+                    &stop,
+                );
+                let wiring = Wiring {
+                    signals,
+                    polls_itself: true,
+                };
+                (wiring, tasks)
+            }
+        };
 
         let mut progress = Progress {
             cursor: claimed.cursor,
@@ -242,7 +351,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             generation = lease.fence.generation,
         );
         let mut result = self
-            .deliver_loop(&lease, &statements, &wake, &shutdown, &mut progress)
+            .deliver_loop(&lease, &statements, &wiring, &shutdown, &mut progress)
             .instrument(span)
             .await;
         if result.is_ok() && progress.handled_through.is_some() {
@@ -254,9 +363,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         for task in tasks {
             task.join().await;
         }
+        if let Some(hub) = hub {
+            hub.unregister(&lease);
+        }
         if !matches!(result, Err(ConsumerError::LeaseLost { .. })) {
             lease::release(&self.pool, &lease, &statements.release).await;
         }
+        self.probe.released();
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(0.0);
         result.map(|()| RunSummary {
             generation: lease.fence.generation,
             delivered: progress.delivered,
@@ -268,7 +382,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
-        wake: &Notify,
+        wiring: &Wiring,
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<(), ConsumerError> {
@@ -278,16 +392,21 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(());
             }
             if lease.is_valid() {
-                match self.step(lease, statements, shutdown, progress).await {
+                match self
+                    .step(lease, statements, wiring, shutdown, progress)
+                    .await
+                {
                     Ok(Step::More) => {
+                        self.probe.polled();
                         failures = 0;
                         continue;
                     }
                     Ok(Step::Idle) => {
+                        self.probe.polled();
                         failures = 0;
                         if self.config.exit_when_caught_up
                             && self
-                                .caught_up(lease, statements, shutdown, progress)
+                                .caught_up(lease, statements, wiring, shutdown, progress)
                                 .await?
                         {
                             tracing::info!(cursor = ?progress.cursor, "caught up; stopping");
@@ -311,7 +430,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     Err(e) => return Err(e),
                 }
             }
-            let mut deadline = Instant::now() + self.config.poll_interval;
+            // In a set nothing needs a timer of its own while idle: the hub's poll wakes it.
+            let poll = match wiring.polls_itself {
+                true => self.config.poll_interval,
+                false => NO_POLL,
+            };
+            let mut deadline = Instant::now() + poll;
             if let Some(held) = &progress.held {
                 deadline = deadline.min(held.ready_at);
             }
@@ -324,7 +448,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = lease.lost() => return Err(lease.lost_error()),
-                _ = wake.notified() => {}
+                _ = wiring.signals.wake.notified() => {}
                 _ = tokio::time::sleep_until(deadline) => {}
             }
         }
@@ -336,6 +460,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
+        wiring: &Wiring,
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<Step, ConsumerError> {
@@ -357,8 +482,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(Step::More);
             }
         }
-        if Instant::now() >= progress.next_replay_check {
+        if wiring.polls_itself && Instant::now() >= progress.next_replay_check {
             progress.next_replay_check = Instant::now() + self.config.poll_interval;
+            wiring.signals.replay_due.store(true, Ordering::Relaxed);
+        }
+        if wiring.signals.replay_due.swap(false, Ordering::Relaxed) {
             self.replay_requested(lease, statements, shutdown).await?;
         }
         if let Some(held) = &progress.held {
@@ -387,10 +515,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await?;
                 Ok(Step::More)
             }
-            Read::Events { events, rows } => {
-                // Go round again at once after a full batch, or one cut short by an
-                // undecodable event.
-                let more = rows as i64 == self.config.batch_size || events.len() < rows;
+            Read::Events { events, more } => {
                 self.dispatch_batch(lease, statements, shutdown, progress, events, more)
                     .await
             }
@@ -430,21 +555,42 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     ) -> Result<Read, ConsumerError> {
         let project = &self.config.project_id;
         let consumer = &self.config.consumer_id;
-        let rows = {
-            let client = self.pool.get().await?;
-            client
-                .query(
+        let limit = self.config.batch_size;
+        let Batch {
+            events: decoded,
+            full,
+        } = match &self.hub {
+            Some(hub) => {
+                hub.reads
+                    .read(&self.pool, statements, project, consumer, cursor, limit)
+                    .await?
+            }
+            None => {
+                let client = self.pool.get().await?;
+                let rows = store::query_hot(
+                    &client,
+                    statements.cached,
                     &statements.read_batch,
-                    &[&project.as_str(), &cursor, &self.config.batch_size],
+                    &[&project.as_str(), &cursor, &limit],
                 )
-                .await?
+                .await?;
+                let events = rows
+                    .iter()
+                    .map(|row| store::decode(row, project, consumer, false, 1))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Batch {
+                    full: events.len() as i64 == limit,
+                    events,
+                }
+            }
         };
-        if rows.is_empty() {
+        if decoded.is_empty() {
             return Ok(Read::Empty);
         }
-        let mut events = Vec::with_capacity(rows.len());
-        for (index, row) in rows.iter().enumerate() {
-            let sequence: i64 = row.try_get("sequence")?;
+        let read = decoded.len();
+        let mut events = Vec::with_capacity(read);
+        for (index, (mut event, undecodable)) in decoded.into_iter().enumerate() {
+            let sequence = event.sequence;
             if sequence != cursor + 1 + index as i64 {
                 if index == 0 {
                     tracing::error!(
@@ -456,11 +602,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 }
                 break;
             }
-            let attempt = match &progress.held {
+            event.attempt = match &progress.held {
                 Some(held) if held.sequence == sequence => held.attempts + 1,
                 _ => 1,
             };
-            let (event, undecodable) = store::decode(row, project, consumer, false, attempt)?;
             if let Some(class) = undecodable {
                 // Deliver what precedes it; the undecodable event then fails on its own.
                 if events.is_empty() {
@@ -470,10 +615,18 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             events.push(event);
         }
-        Ok(Read::Events {
-            events,
-            rows: rows.len(),
-        })
+        for event in events.iter().filter(|e| e.attempt == 1) {
+            // Writer's transaction start to dispatch (which follows this read), on this
+            // host's clock. Retries and events kept across a retry wait are not counted again.
+            let waited = (chrono::Utc::now() - event.occurred_at).num_microseconds();
+            progress
+                .meters
+                .commit_to_dispatch
+                .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
+        }
+        // Go round again at once after a full batch, or one cut short by an undecodable event.
+        let more = full || events.len() < read;
+        Ok(Read::Events { events, more })
     }
 
     /// Dispatch: hands the events to the dispatch mode, acknowledges the handled prefix and
@@ -569,7 +722,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if let Some((last, count)) = progress.handled_through.take() {
             progress.advance(last, count);
         }
-        progress.meters.failures.increment(1);
+        progress.meters.failure(&class).increment(1);
         tracing::warn!(
             sequence = event.sequence, event_id = %event.event_id, attempts,
             class = %class, retry_in = ?delay, "event failed; will retry"
@@ -591,6 +744,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
+        wiring: &Wiring,
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<bool, ConsumerError> {
@@ -605,7 +759,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await?;
             }
             let waiting: bool = client
-                .query_one(
+                .query_one_unnamed(
                     &statements.has_unsequenced,
                     &[&self.config.project_id.as_str()],
                 )
@@ -615,8 +769,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(false);
             }
         }
+        if let Some(hub) = &self.hub {
+            // What the drain just numbered is announced later; the read below must not trust
+            // a shared copy from before it.
+            hub.reads.signal(self.config.project_id.as_str());
+        }
         Ok(matches!(
-            self.step(lease, statements, shutdown, progress).await?,
+            self.step(lease, statements, wiring, shutdown, progress)
+                .await?,
             Step::Idle
         ) && progress.held.is_none()
             && progress.handled_through.is_none())
@@ -634,8 +794,22 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return Ok(());
         };
         let held = progress.held.as_ref().map(|h| h.sequence);
-        let mut client = self.pool.get().await?;
-        store::ack(&mut client, statements, lease, held, through).await?;
+        let clears_retry = held.is_some_and(|held| held <= through);
+        let grouped = match &self.hub {
+            Some(hub) if !clears_retry => hub.acks.ack(&lease.fence, through).await,
+            _ => None,
+        };
+        match grouped {
+            Some(true) => {}
+            Some(false) => {
+                let client = self.pool.get().await?;
+                return Err(lease.lose_after_rejection(&**client).await);
+            }
+            None => {
+                let mut client = self.pool.get().await?;
+                store::ack(&mut client, statements, lease, held, through).await?;
+            }
+        }
         progress.handled_through = None;
         progress.advance(through, count);
         Ok(())
@@ -663,7 +837,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delay,
         )
         .await?;
-        progress.meters.failures.increment(1);
+        progress.meters.failure(&class).increment(1);
         match delay {
             Some(delay) => {
                 tracing::warn!(
@@ -791,7 +965,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let rows = {
             let client = self.pool.get().await?;
             client
-                .query(
+                .query_unnamed(
                     &statements.replay_requested,
                     &[&project.as_str(), &consumer.as_str()],
                 )
@@ -832,6 +1006,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         Ok(())
     }
 }
+
+/// How long an idle member of a set waits with no wake-up at all: in effect forever, since
+/// the set's hub polls every project's head on the set's behalf and wakes whoever needs it.
+const NO_POLL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Retry waits at most this long are slept precisely (and without going back round the
 /// loop) when the rest of the batch is in memory: tokio's timers fire on whole milliseconds,
@@ -881,7 +1059,7 @@ fn take_pending(progress: &mut Progress, cursor: i64) -> Option<Vec<ObservedEven
 
 /// Names this process run in `lease_owner`: host, PID and a random suffix. It identifies a
 /// lease holder, never the consumer (whose ID is explicit and stable).
-fn owner_token() -> String {
+pub(crate) fn owner_token() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()

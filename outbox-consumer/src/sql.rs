@@ -222,6 +222,101 @@ SET state = 'dead', attempts = attempts + 1, last_failure_class = $4, updated_at
 WHERE project_id = $1 AND consumer_id = $2 AND event_id = $3 AND state = 'replay_requested'
 RETURNING attempts, replay_requested_by";
 
+/// Extends every lease a consumer set holds, in one statement however many it holds: `$1`
+/// projects, `$2` consumers and `$3` generations (parallel arrays), `$4` the set's lease
+/// owner, `$5` lease seconds. Returns the pairs renewed; a pair missing from the answer lost
+/// its lease (claimed by another process, retired or gone). The rows are locked first in key
+/// order, as [`ACK_SET`] locks them, so the two multi-row writes of a set wait for each other
+/// instead of deadlocking (a deadlock is detected only after a second, stalling every
+/// consumer of the group).
+pub const HEARTBEAT_SET: &str = "
+WITH fenced AS (
+    SELECT c.project_id, c.consumer_id
+    FROM {{schema}}.lifecycle_consumer_cursors AS c
+    JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS h(project_id, consumer_id, generation)
+      ON c.project_id = h.project_id AND c.consumer_id = h.consumer_id
+    WHERE c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
+    ORDER BY c.project_id, c.consumer_id
+    FOR NO KEY UPDATE OF c
+)
+UPDATE {{schema}}.lifecycle_consumer_cursors AS c
+SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
+FROM fenced
+WHERE c.project_id = fenced.project_id AND c.consumer_id = fenced.consumer_id
+RETURNING c.project_id, c.consumer_id";
+
+/// Acknowledges for many consumers of a set in one statement: `$1` projects, `$2`
+/// consumers, `$3` generations, `$4` new cursors (parallel arrays, one consumer at most once),
+/// `$5` the set's lease owner. Fenced per consumer like [`ACK`]; returns the pairs it
+/// acknowledged, so a pair missing from the answer lost its lease. Locks in key order, like
+/// [`HEARTBEAT_SET`].
+pub const ACK_SET: &str = "
+WITH fenced AS (
+    SELECT c.project_id, c.consumer_id, a.through
+    FROM {{schema}}.lifecycle_consumer_cursors AS c
+    JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+         AS a(project_id, consumer_id, generation, through)
+      ON c.project_id = a.project_id AND c.consumer_id = a.consumer_id
+    WHERE c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
+    ORDER BY c.project_id, c.consumer_id
+    FOR NO KEY UPDATE OF c
+)
+UPDATE {{schema}}.lifecycle_consumer_cursors AS c
+SET last_acked_sequence = fenced.through, last_acked_at = now()
+FROM fenced
+WHERE c.project_id = fenced.project_id AND c.consumer_id = fenced.consumer_id
+RETURNING c.project_id, c.consumer_id";
+
+/// A consumer set's fallback poll, one statement for all its consumers: the head of every
+/// project in `$1` (every project with a head when `$1` is NULL, which is how a set following
+/// all projects discovers new ones), with the consumers among `$2` that have a dead letter
+/// waiting for replay.
+pub const POLL_SET: &str = "
+SELECT h.project_id, h.head_sequence,
+       ARRAY(SELECT DISTINCT d.consumer_id
+             FROM {{schema}}.lifecycle_deliveries AS d
+             WHERE d.project_id = h.project_id AND d.consumer_id = ANY($2::text[])
+               AND d.state = 'replay_requested') AS replay_requested
+FROM {{schema}}.lifecycle_project_heads AS h
+WHERE $1::text[] IS NULL OR h.project_id = ANY($1::text[])";
+/// Retained events `$2 < sequence <= $3`, at most `$4`, in order: read-only history for
+/// ephemeral followers (SSE clients), which own no cursor. Events consumer `$5` parked
+/// without handling them (dead, waiting for a replay, or resolved by hand) are left out: the
+/// followers see what that consumer handled.
+pub const READ_RANGE: &str = "
+SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload
+FROM {{schema}}.lifecycle_outbox AS o
+WHERE o.project_id = $1 AND o.sequence > $2 AND o.sequence <= $3
+  AND NOT EXISTS (
+      SELECT 1 FROM {{schema}}.lifecycle_deliveries AS d
+      WHERE d.project_id = o.project_id AND d.consumer_id = $5 AND d.event_id = o.event_id
+        AND d.state IN ('dead', 'replay_requested', 'resolved'))
+ORDER BY o.sequence
+LIMIT $4";
+
+/// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,
+/// its dead letters, and the unsequenced backlog of the whole outbox with the age of its
+/// oldest event (the sequencer is shared by every project). Both go through the partial index
+/// on unsequenced rows; arrival order stands in for age.
+pub const GAUGES: &str = "
+SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
+                 WHERE project_id = $1), 0) AS head,
+       (SELECT last_acked_sequence FROM {{schema}}.lifecycle_consumer_cursors
+        WHERE project_id = $1 AND consumer_id = $2) AS cursor,
+       (SELECT count(*) FROM {{schema}}.lifecycle_deliveries
+        WHERE project_id = $1 AND consumer_id = $2 AND state = 'dead') AS dead_letters,
+       (SELECT count(*) FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS unsequenced,
+       (SELECT GREATEST(extract(epoch FROM now() - occurred_at), 0)::float8
+        FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL
+        ORDER BY id LIMIT 1) AS oldest_unsequenced";
+
+/// A consumer's acknowledged cursor (NULL while missing), read without taking its lease.
+pub const CURSOR: &str = "
+SELECT last_acked_sequence
+FROM {{schema}}.lifecycle_consumer_cursors
+WHERE project_id = $1 AND consumer_id = $2";
+
 #[cfg(test)]
 mod tests {
     use outbox_core::{AuditKind, ConsumerState, DeliveryState};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::admin::{AuditLog, AuditRecord};
-use outbox_core::{AuditKind, ConsumerId, Prior, ProjectId, Schema};
-use tokio_postgres::types::Type;
+use outbox_core::{AuditKind, ConsumerId, Pooler, Prior, ProjectId, Schema, Unnamed as _};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Transaction};
 
 use crate::error::ConsumerError;
@@ -36,10 +36,13 @@ pub(crate) struct Statements {
     pub ack_clearing: String,
     pub ack_and_retry: String,
     pub audit: AuditLog,
+    /// Whether the hot-path statements (batch read, acknowledgement) may be prepared once per
+    /// connection and cached: only on direct connections, never behind a transaction pooler.
+    pub cached: bool,
 }
 
 impl Statements {
-    pub fn new(schema: &Schema) -> Self {
+    pub fn new(schema: &Schema, pooler: Pooler) -> Self {
         Self {
             heartbeat: schema.render(sql::HEARTBEAT),
             release: schema.render(sql::RELEASE),
@@ -60,6 +63,7 @@ impl Statements {
             ack_clearing: schema.render(sql::ACK_CLEARING),
             ack_and_retry: schema.render(sql::ACK_AND_RETRY),
             audit: AuditLog::new(schema),
+            cached: pooler == Pooler::None,
         }
     }
 }
@@ -73,7 +77,7 @@ pub(crate) async fn lock_fence(
     let [p, c, o, g] = lease.fence.params();
     let idle_limit = lease.idle_limit_ms();
     if tx
-        .query_opt(&statements.lock_fence, &[p, c, o, g, &idle_limit])
+        .query_opt_unnamed(&statements.lock_fence, &[p, c, o, g, &idle_limit])
         .await?
         .is_none()
     {
@@ -111,14 +115,34 @@ pub(crate) async fn ack(
         }
         return Ok(());
     }
-    if client
-        .execute(&statements.ack, &[p, c, o, g, &sequence])
-        .await?
-        != 1
-    {
+    let params: [&(dyn ToSql + Sync); 5] = [p, c, o, g, &sequence];
+    let acked = if statements.cached {
+        let statement = client.prepare_cached(&statements.ack).await?;
+        client.execute(&statement, &params).await?
+    } else {
+        client.execute_unnamed(&statements.ack, &params).await?
+    };
+    if acked != 1 {
         return Err(lease.lose_after_rejection(&***client).await);
     }
     Ok(())
+}
+
+/// Runs one of the hot path's queries (batch reads, grouped acknowledgements): prepared once
+/// per pooled connection when `cached` (direct connections), sent unnamed otherwise (behind a
+/// transaction pooler a prepared statement does not survive).
+pub(crate) async fn query_hot(
+    client: &deadpool_postgres::Client,
+    cached: bool,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    if cached {
+        let statement = client.prepare_cached(sql).await?;
+        client.query(&statement, params).await
+    } else {
+        client.query_unnamed(sql, params).await
+    }
 }
 
 /// Acknowledges through `sequence` inside a fenced transaction.
@@ -131,14 +155,14 @@ pub(crate) async fn ack_in(
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
     if tx
-        .execute(&statements.ack, &[p, c, o, g, &sequence])
+        .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence])
         .await?
         != 1
     {
         return Err(lease.lose_after_rejection(tx).await);
     }
     if held.is_some_and(|held| held <= sequence) {
-        tx.execute(&statements.clear_passed_retries, &[p, c, &sequence])
+        tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &sequence])
             .await?;
     }
     Ok(())
@@ -146,11 +170,13 @@ pub(crate) async fn ack_in(
 
 /// The project's head and retention floor.
 pub(crate) async fn bounds(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     statements: &Statements,
     project: &str,
 ) -> Result<(i64, i64), ConsumerError> {
-    let row = client.query_one(&statements.bounds, &[&project]).await?;
+    let row = client
+        .query_one_unnamed(&statements.bounds, &[&project])
+        .await?;
     Ok((
         row.try_get("head_sequence")?,
         row.try_get("pruned_through")?,
@@ -167,14 +193,14 @@ pub(crate) struct Held {
 
 /// Loads the retry state of the event after `cursor`, if it failed before.
 pub(crate) async fn load_held(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     statements: &Statements,
     lease: &Lease,
     cursor: i64,
 ) -> Result<Option<Held>, ConsumerError> {
     let next = cursor + 1;
     let row = client
-        .query_opt(
+        .query_opt_unnamed(
             &statements.held,
             &[&lease.fence.project, &lease.fence.consumer, &next],
         )
@@ -243,7 +269,7 @@ pub(crate) async fn record_failure(
     let attempts_i32 = attempts as i32;
     match delay {
         Some(delay) => {
-            tx.execute(
+            tx.execute_unnamed(
                 &statements.record_retry,
                 &[
                     p,
@@ -258,7 +284,7 @@ pub(crate) async fn record_failure(
             .await?;
         }
         None => {
-            tx.execute(
+            tx.execute_unnamed(
                 &statements.park,
                 &[
                     p,
@@ -281,7 +307,7 @@ pub(crate) async fn record_failure(
             )
             .await?;
             if tx
-                .execute(&statements.move_cursor, &[p, c, o, g, &event.sequence])
+                .execute_unnamed(&statements.move_cursor, &[p, c, o, g, &event.sequence])
                 .await?
                 != 1
             {
@@ -348,11 +374,11 @@ pub(crate) async fn record_replay(
     // The operator may have resolved the letter meanwhile: then nothing is recorded.
     let row = match result {
         Ok(()) => {
-            tx.query_opt(&statements.mark_replayed, &[p, c, &event.event_id])
+            tx.query_opt_unnamed(&statements.mark_replayed, &[p, c, &event.event_id])
                 .await?
         }
         Err(failure) => {
-            tx.query_opt(
+            tx.query_opt_unnamed(
                 &statements.mark_replay_failed,
                 &[p, c, &event.event_id, &failure.class.as_str()],
             )
@@ -388,7 +414,7 @@ pub(crate) async fn record_replay(
 /// Appends an audit row for this consumer. The runtime acts as no operator; `actor` names
 /// the operator its action answers (who asked for a replay), if any.
 pub(crate) async fn audit(
-    client: &impl GenericClient,
+    client: &(impl GenericClient + Sync),
     statements: &Statements,
     kind: AuditKind,
     lease: &Lease,
@@ -426,8 +452,9 @@ pub(crate) async fn set_cursor(
     } else {
         &statements.move_cursor
     };
-    tx.execute(statement, &[p, c, o, g, &cursor]).await?;
-    tx.execute(&statements.clear_passed_retries, &[p, c, &cursor])
+    tx.execute_unnamed(statement, &[p, c, o, g, &cursor])
+        .await?;
+    tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &cursor])
         .await?;
     if let Some(live) = reconciled {
         audit(

@@ -36,6 +36,7 @@ use crate::error::Error;
 use crate::schema::Schema;
 use crate::sequencer::Sequencer;
 use crate::sql;
+use crate::stmt::Unnamed as _;
 
 /// The leader's tick right after a tick that numbered something.
 pub const FAST_TICK: Duration = Duration::from_millis(2);
@@ -199,7 +200,7 @@ impl ElectedSequencer {
         let sent_at = Instant::now();
         let generation = self.held.map_or(0, |h| h.generation);
         let row = client
-            .query_opt(
+            .query_opt_unnamed(
                 &self.claim,
                 &[&self.owner, &generation, &self.ttl.as_secs_f64()],
             )
@@ -239,7 +240,7 @@ impl ElectedSequencer {
             return;
         };
         if let Err(e) = client
-            .execute(&self.release, &[&self.owner, &held.generation])
+            .execute_unnamed(&self.release, &[&self.owner, &held.generation])
             .await
         {
             tracing::warn!(error = %e, "could not release the sequencer lease; it will expire");

@@ -42,6 +42,25 @@ pub enum Error {
         /// Migration name.
         name: String,
     },
+    /// The schema was never migrated (or `--schema` names the wrong one).
+    #[error("schema `{schema}` is not migrated (run `outbox migrate`, or check `--schema`)")]
+    NotMigrated {
+        /// The schema.
+        schema: String,
+    },
+    /// The schema lacks migrations this build needs.
+    #[error(
+        "schema {schema} is at migration {applied}, but this build needs migration(s) \
+         {needed:?}: run `outbox migrate` first"
+    )]
+    SchemaBehind {
+        /// The schema.
+        schema: String,
+        /// The highest applied version (0: never migrated).
+        applied: i32,
+        /// The versions this build carries that are not applied.
+        needed: Vec<i32>,
+    },
     /// The writer was called from inside an observed dispatch, which would double-fire the
     /// writer-owned delete side effects.
     #[error(

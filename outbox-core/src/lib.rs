@@ -51,6 +51,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod connect;
 mod election;
 mod error;
 mod event;
@@ -60,16 +61,22 @@ mod migrate;
 mod observed;
 mod redact;
 pub mod retention;
+mod row_security;
 mod schema;
 mod sequencer;
 mod sql;
 pub mod states;
+mod stmt;
 mod writer;
 
 pub use admin::{
     Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, DeadLetter, DeadLetterDetail,
     DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
     Resolution, Retirement, Status,
+};
+pub use connect::{
+    ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
+    explain as explain_connect_error,
 };
 pub use election::{
     Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
@@ -83,14 +90,19 @@ pub use event::{
 pub use ids::{
     ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, ProjectId, TaskId, WriterProcessId,
 };
-pub use migrate::{MIGRATIONS, Migration, MigrationReport, migrate, migrate_with};
+pub use migrate::{
+    MIGRATIONS, Migration, MigrationReport, SchemaVersion, check_schema_version, migrate,
+    migrate_with, schema_version,
+};
 pub use observed::{in_observed_dispatch, observe};
 pub use redact::redact_connection_string;
 pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
     PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,
 };
+pub use row_security::{ROW_SECURITY_TABLES, enable_row_security};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
 pub use states::{AuditKind, ConsumerState, DeliveryState, Health};
+pub use stmt::Unnamed;
 pub use writer::{WriteOutcome, Writer};

@@ -6,11 +6,12 @@
 //! refused: the code would otherwise run against a schema it was not written for.
 
 use sha2::{Digest, Sha256};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 
 use crate::error::Error;
 use crate::schema::Schema;
 use crate::sql;
+use crate::stmt::Unnamed;
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +42,11 @@ pub const MIGRATIONS: &[Migration] = &[
         template: include_str!("../../sql/0001_init.sql"),
     },
     Migration {
+        version: 2,
+        name: "roles",
+        template: include_str!("../../sql/0002_roles.sql"),
+    },
+    Migration {
         version: 3,
         name: "sharp_edges",
         template: include_str!("../../sql/0003_sharp_edges.sql"),
@@ -49,6 +55,11 @@ pub const MIGRATIONS: &[Migration] = &[
         version: 4,
         name: "sequencer_lease",
         template: include_str!("../../sql/0004_sequencer_lease.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "role_grants",
+        template: include_str!("../../sql/0005_role_grants.sql"),
     },
 ];
 
@@ -73,16 +84,41 @@ pub async fn migrate_with(
     migrations: &[Migration],
 ) -> Result<MigrationReport, Error> {
     let tx = client.transaction().await?;
-    tx.execute(sql::LOCK, &[&schema.lock_key("migrate")])
+    tx.execute_unnamed(sql::LOCK, &[&schema.lock_key("migrate")])
         .await?;
     tx.batch_execute(&schema.render(sql::MIGRATIONS_TABLE))
         .await?;
     let applied = tx
-        .query(&schema.render(sql::APPLIED_MIGRATIONS), &[])
+        .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
         .await?;
 
-    let mut report = MigrationReport::default();
-    for row in &applied {
+    let mut report = MigrationReport {
+        already_applied: verify_applied(&applied, migrations)?,
+        ..MigrationReport::default()
+    };
+
+    for migration in migrations {
+        if report.already_applied.contains(&migration.version) {
+            continue;
+        }
+        tracing::info!(version = migration.version, name = migration.name, schema = %schema, "applying migration");
+        tx.batch_execute(&schema.render(migration.template)).await?;
+        tx.execute_unnamed(
+            &schema.render(sql::RECORD_MIGRATION),
+            &[&migration.version, &migration.name, &migration.checksum()],
+        )
+        .await?;
+        report.applied.push(migration.version);
+    }
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// The versions of the recorded `applied` rows, each checked to be one of `migrations` and
+/// unchanged since it was applied.
+fn verify_applied(applied: &[Row], migrations: &[Migration]) -> Result<Vec<i32>, Error> {
+    let mut versions = Vec::with_capacity(applied.len());
+    for row in applied {
         let version: i32 = row.try_get("version")?;
         let name: String = row.try_get("name")?;
         let recorded: String = row.try_get("checksum")?;
@@ -98,24 +134,75 @@ pub async fn migrate_with(
                 expected,
             });
         }
-        report.already_applied.push(version);
+        versions.push(version);
     }
+    Ok(versions)
+}
 
-    for migration in migrations {
-        if report.already_applied.contains(&migration.version) {
-            continue;
-        }
-        tracing::info!(version = migration.version, name = migration.name, schema = %schema, "applying migration");
-        tx.batch_execute(&schema.render(migration.template)).await?;
-        tx.execute(
-            &schema.render(sql::RECORD_MIGRATION),
-            &[&migration.version, &migration.name, &migration.checksum()],
-        )
-        .await?;
-        report.applied.push(migration.version);
+/// Where a schema stands against this build's migrations, read without taking any lock.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SchemaVersion {
+    /// Versions recorded in the database (empty when the schema was never migrated).
+    pub applied: Vec<i32>,
+    /// This build's migrations not yet applied, in order.
+    pub pending: Vec<Migration>,
+}
+
+impl PartialEq for Migration {
+    fn eq(&self, other: &Self) -> bool {
+        self.version == other.version && self.name == other.name
     }
-    tx.commit().await?;
-    Ok(report)
+}
+
+impl Eq for Migration {}
+
+/// Reads which of this build's migrations `schema` lacks (for `migrate --dry-run`), checking
+/// that every applied one is known and unchanged, as [`migrate`] would.
+pub async fn schema_version(
+    client: &(impl tokio_postgres::GenericClient + Sync),
+    schema: &Schema,
+) -> Result<SchemaVersion, Error> {
+    let table = format!("{}.schema_migrations", schema.quoted());
+    let exists: bool = client
+        .query_one_unnamed(sql::TABLE_EXISTS, &[&table])
+        .await?
+        .try_get("present")?;
+    let mut version = SchemaVersion::default();
+    if exists {
+        let rows = client
+            .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
+            .await?;
+        version.applied = verify_applied(&rows, MIGRATIONS)?;
+    }
+    version.pending = MIGRATIONS
+        .iter()
+        .filter(|m| !version.applied.contains(&m.version))
+        .copied()
+        .collect();
+    Ok(version)
+}
+
+/// Refuses to run against a schema this build does not match: one migrated by a newer build
+/// (it may have changed what this code relies on), or one missing migrations this build
+/// needs. Every command but `migrate` calls this first.
+pub async fn check_schema_version(
+    client: &(impl tokio_postgres::GenericClient + Sync),
+    schema: &Schema,
+) -> Result<(), Error> {
+    let version = schema_version(client, schema).await?;
+    if version.pending.is_empty() {
+        return Ok(());
+    }
+    if version.applied.is_empty() {
+        return Err(Error::NotMigrated {
+            schema: schema.name().to_owned(),
+        });
+    }
+    Err(Error::SchemaBehind {
+        schema: schema.name().to_owned(),
+        applied: version.applied.iter().copied().max().unwrap_or(0),
+        needed: version.pending.iter().map(|m| m.version).collect(),
+    })
 }
 
 #[cfg(test)]

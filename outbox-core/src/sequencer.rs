@@ -5,6 +5,7 @@
 //! arrival order, advances each project's head and sends one `NOTIFY` per touched project. The
 //! whole tick commits at once, so readers see a dense prefix 1..head and never n+1 without n.
 
+use crate::stmt::Unnamed as _;
 use std::time::Duration;
 
 use tokio_postgres::Client;
@@ -81,7 +82,7 @@ impl Sequencer {
     /// Numbers up to one batch of committed events.
     pub async fn tick(&self, client: &mut Client) -> Result<Tick, Error> {
         let pending: bool = client
-            .query_one(&self.pending, &[])
+            .query_one_unnamed(&self.pending, &[])
             .await?
             .try_get("pending")?;
         if !pending {
@@ -92,14 +93,14 @@ impl Sequencer {
         }
         let tx = client.transaction().await?;
         let locked: bool = tx
-            .query_one(sql::TRY_LOCK, &[&self.lock_key, &self.idle_timeout_ms])
+            .query_one_unnamed(sql::TRY_LOCK, &[&self.lock_key, &self.idle_timeout_ms])
             .await?
             .try_get("locked")?;
         if !locked {
             return Ok(Tick::default());
         }
         // A new statement, so its snapshot is taken after the lock was granted.
-        let rows = tx.query(&self.number, &[&self.batch]).await?;
+        let rows = tx.query_unnamed(&self.number, &[&self.batch]).await?;
         let mut tick = Tick {
             ran: true,
             ..Tick::default()
@@ -114,7 +115,7 @@ impl Sequencer {
             tick.heads.push((project, head));
         }
         if !projects.is_empty() {
-            tx.execute(sql::NOTIFY_PROJECTS, &[&self.channel, &projects])
+            tx.execute_unnamed(sql::NOTIFY_PROJECTS, &[&self.channel, &projects])
                 .await?;
         }
         tx.commit().await?;

@@ -14,6 +14,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}.schema_migrations (
 pub const APPLIED_MIGRATIONS: &str =
     "SELECT version, name, checksum FROM {{schema}}.schema_migrations ORDER BY version";
 
+/// Whether the table named by `$1` (schema-qualified, quoted as needed) exists; read without
+/// a lock, so a never-migrated schema can be told apart from one that is behind.
+pub const TABLE_EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AS present";
+
 /// Records one applied migration.
 pub const RECORD_MIGRATION: &str =
     "INSERT INTO {{schema}}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";

@@ -5,8 +5,10 @@
 use std::process::Command;
 
 use chrono::Utc;
-use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
-use tokio_postgres::{Config, NoTls};
+use outbox_core::{
+    ConnectSettings, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
+};
+use tokio_postgres::Config;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
 /// The socket's port number. The socket lives in the cluster's own directory, so clusters
@@ -53,8 +55,10 @@ impl PrivateCluster {
 /// Writes and commits one event of `project` on a connection of its own; `Err` when the
 /// outcome is unknown (the database went away), for writers that keep going across a restart.
 pub async fn try_write(config: &Config, project: &str, task: &str) -> Result<String, ()> {
-    let (mut client, connection) = config.connect(NoTls).await.map_err(|_| ())?;
-    tokio::spawn(connection);
+    let mut client = ConnectSettings::from_config(config.clone())
+        .connect()
+        .await
+        .map_err(|_| ())?;
     let tx = client.transaction().await.map_err(|_| ())?;
     let event = TaskDeleted::new(
         ProjectId::new(project).map_err(|_| ())?,

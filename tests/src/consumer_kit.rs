@@ -343,6 +343,17 @@ impl Writers {
         self.committed.lock().unwrap().len()
     }
 
+    /// Lets the writers go on until at least `events` are committed (however slow the
+    /// machine, within [`PROCESS_WAIT`]), then stops them like [`Writers::stop`].
+    pub async fn stop_after(self, events: usize) -> Vec<(String, String)> {
+        eventually(PROCESS_WAIT, &format!("{events} committed events"), || {
+            let count = self.count();
+            async move { count >= events }
+        })
+        .await;
+        self.stop().await
+    }
+
     /// Stops the writers; returns (project, event ID) of every committed event.
     pub async fn stop(self) -> Vec<(String, String)> {
         self.stop.store(true, Ordering::Relaxed);

@@ -10,15 +10,19 @@
 pub mod cluster_kit;
 pub mod consumer_kit;
 pub mod nats_kit;
+pub mod pgbouncer;
 pub mod process_kit;
+pub mod serve_kit;
+pub mod set_kit;
+pub mod tls_cluster;
 
 use std::process::Command;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use outbox_core::Schema;
+use outbox_core::{ConnectSettings, Schema};
 use tokio::sync::OnceCell;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
 
 /// A database of its own for one test.
 #[derive(Debug, Clone)]
@@ -37,22 +41,22 @@ impl TestDb {
         connect(&self.config).await
     }
 
-    /// A deadpool pool of at most `size` connections, as `outbox consume` builds it.
+    /// A deadpool pool of at most `size` connections, from outbox-core's connection factory
+    /// (as `outbox consume` builds it).
     pub fn pool(&self, size: usize) -> deadpool_postgres::Pool {
-        outbox_consumer::build_pool(self.config.clone(), size).expect("pool builds")
+        ConnectSettings::from_config(self.config.clone())
+            .pool(size)
+            .expect("pool builds")
     }
 }
 
-/// Opens a connection whose driver task runs on the current runtime.
+/// Opens a connection (through outbox-core's connection factory) whose driver task runs on the
+/// current runtime.
 pub async fn connect(config: &Config) -> Client {
-    let (client, connection) = config
-        .connect(NoTls)
+    ConnectSettings::from_config(config.clone())
+        .connect()
         .await
-        .expect("connect to test database");
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
+        .expect("connect to test database")
 }
 
 /// The cluster's URL (of its `postgres` database).
@@ -97,6 +101,11 @@ static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 fn cluster() -> &'static str {
     CLUSTER.get_or_init(cluster_url)
+}
+
+/// The cluster's URL, resolved once per test binary.
+pub fn cluster_url_cached() -> &'static str {
+    cluster()
 }
 
 async fn admin() -> Client {

@@ -97,12 +97,20 @@ impl OutboxProcess {
 
     /// Starts `outbox --database-url URL COMMAND ARGS`.
     pub fn spawn_command(url: &str, command: &str, args: &[&str]) -> Self {
+        Self::spawn_with_env(url, command, args, &[])
+    }
+
+    /// As [`OutboxProcess::spawn_command`], with extra environment variables. An admin token
+    /// in the test's own environment is never passed on: tests give it explicitly.
+    pub fn spawn_with_env(url: &str, command: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(outbox_binary())
             .arg("--database-url")
             .arg(url)
             .arg(command)
             .args(args)
+            .env_remove("OUTBOX_ADMIN_TOKEN")
             .env("OUTBOX_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -18,7 +18,7 @@ use outbox_tests::nats_kit::{
 use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
-use tokio_postgres::{Config, NoTls};
+use tokio_postgres::Config;
 
 const PROJECTS: [&str; 2] = ["p1", "p2"];
 
@@ -97,8 +97,7 @@ fn start_writers(config: &Config, stop: &Arc<AtomicBool>) -> Vec<tokio::task::Jo
 /// Waits until every committed event is sequenced and acknowledged by its relay, then checks
 /// the stream against the database.
 async fn check_stream(config: &Config, nats: &NatsServer, stream: &str) {
-    let (client, connection) = config.connect(NoTls).await.unwrap();
-    tokio::spawn(connection);
+    let client = outbox_tests::connect(config).await;
     eventually(
         Duration::from_secs(60),
         "every committed event sequenced and acknowledged",

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use outbox_consumer::{Handler, HandlerFailure, ObservedEvent, ReconcileReason};
@@ -862,8 +862,9 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
             pruned
         }));
     }
+    let seen_lag = Arc::new(AtomicI64::new(0));
     let checker = {
-        let (db, stop) = (db.clone(), stop_pruning.clone());
+        let (db, stop, seen_lag) = (db.clone(), stop_pruning.clone(), seen_lag.clone());
         tokio::spawn(async move {
             let client = db.connect().await;
             let (mut samples, mut max_lag) = (0, 0);
@@ -884,6 +885,7 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
                     let cursor = cursor.expect("the consumer has a cursor");
                     assert!(floor <= cursor, "floor {floor} passed the cursor {cursor}");
                     max_lag = max_lag.max(row.get::<_, i64>(2) - cursor);
+                    seen_lag.store(max_lag, Ordering::Relaxed);
                     samples += 1;
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -892,7 +894,14 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
         })
     };
 
+    // Write for a while, and on a slow machine until the consumer has fallen behind enough
+    // for the sweeps to have unacknowledged events in front of them.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(WAIT, "the consumer to fall 20 events behind", || {
+        let lag = seen_lag.load(Ordering::Relaxed);
+        async move { lag >= 20 }
+    })
+    .await;
     writing.store(false, Ordering::Relaxed);
     let mut committed = BTreeSet::new();
     for writer in writers {

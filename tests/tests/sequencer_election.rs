@@ -164,7 +164,7 @@ async fn kill_9_of_the_leader_under_writers_loses_and_doubles_nothing() {
         numbering_resumes(&db, stalled).await;
         processes.push(candidate(&db, "1s"));
     }
-    let committed = writers.stop().await;
+    let committed = writers.stop_after(51).await;
     assert_numbered_exactly_once(&db, &committed).await;
     assert!(
         !processes.iter().any(|p| p.stderr().contains("ERROR")),
@@ -193,7 +193,7 @@ async fn a_paused_leader_is_replaced_and_resumes_without_harm() {
         writers.count() > written + 40
     })
     .await;
-    let committed = writers.stop().await;
+    let committed = writers.stop_after(51).await;
     assert_numbered_exactly_once(&db, &committed).await;
     let (owner, last, _) = lease(&db).await;
     assert!(last >= next, "generations never go back");
@@ -228,7 +228,7 @@ async fn candidates_racing_for_an_expired_lease_elect_one_at_a_time() {
         assert_eq!(next, generation + 1, "one winner per expiry");
         generation = next;
     }
-    let committed = writers.stop().await;
+    let committed = writers.stop_after(51).await;
     assert_numbered_exactly_once(&db, &committed).await;
 }
 
@@ -290,7 +290,7 @@ async fn two_leaders_after_a_lease_expiry_number_one_at_a_time() {
         })
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let committed = writers.stop().await;
+    let committed = writers.stop_after(51).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     let mut still_leading = 0;

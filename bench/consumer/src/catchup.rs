@@ -54,6 +54,11 @@ pub struct WorkerArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 900)]
     pub timeout_seconds: u64,
+    /// Consume through this URL of a transaction-mode pooler (PgBouncer) in front of the
+    /// database, with `Pooler::Transaction`; the backlog is still checked through
+    /// `--database-url`.
+    #[arg(long)]
+    pub pooler_url: Option<String>,
 }
 
 /// What the child reports on its stdout.
@@ -138,13 +143,21 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
         config.options("-c synchronous_commit=off");
     }
     // Like `outbox consume`: a pool of 4.
-    let pool = db::pool(&config, 4)?;
+    let pool = match &args.pooler_url {
+        Some(url) => outbox_core::ConnectSettings::parse(url)?
+            .with_pooler(outbox_core::Pooler::Transaction)
+            .pool(4)?,
+        None => db::pool(&config, 4)?,
+    };
 
     let mut consumer_config = ConsumerConfig::new(
         ProjectId::new(&args.project)?,
         ConsumerId::new(&args.consumer_id)?,
     );
     consumer_config.listen = false;
+    if args.pooler_url.is_some() {
+        consumer_config.pooler = outbox_core::Pooler::Transaction;
+    }
     consumer_config.start_from = StartFrom::Earliest;
     consumer_config.batch_size = args.batch_size;
     if args.fail_every.is_some() {
@@ -268,6 +281,19 @@ pub async fn run_worker(
     events: i64,
     variant: Variant,
 ) -> BoxResult<Run> {
+    run_worker_via(url, None, project, consumer_id, events, variant).await
+}
+
+/// Like [`run_worker`], the child consuming through `pooler_url` when given (its backends
+/// are then the pooler's, shared and long-lived: their CPU and WAL figures are not taken).
+pub async fn run_worker_via(
+    url: &str,
+    pooler_url: Option<&str>,
+    project: &str,
+    consumer_id: &str,
+    events: i64,
+    variant: Variant,
+) -> BoxResult<Run> {
     let Variant {
         fail_every,
         batch_size,
@@ -293,6 +319,9 @@ pub async fn run_worker(
     if async_commit {
         command.arg("--async-commit");
     }
+    if let Some(pooler_url) = pooler_url {
+        command.args(["--pooler-url", pooler_url]);
+    }
     let mut child = command.spawn()?;
     let pid = child.id().ok_or("the worker exited at once")?;
     let stdout = child.stdout.take().ok_or("no worker stdout")?;
@@ -306,7 +335,11 @@ pub async fn run_worker(
     // The child is alive and idle: its peak and its CPU are final.
     let memory = procfs::memory(pid)?;
     let consumer_cpu = procfs::cpu_seconds(pid)?;
-    let backend_cpu = backend_cpu(url, &application_name(consumer_id)).await.ok();
+    let direct = pooler_url.is_none();
+    let backend_cpu = match direct {
+        true => backend_cpu(url, &application_name(consumer_id)).await.ok(),
+        false => None,
+    };
 
     drop(child.stdin.take());
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await??;
@@ -314,9 +347,12 @@ pub async fn run_worker(
         return Err(format!("the worker exited with {status}").into());
     }
     // A backend reports its WAL statistics when it exits.
-    let wal_after = match backends_gone(url, &application_name(consumer_id)).await {
-        Ok(()) => wal_syncs(url).await.ok(),
-        Err(_) => None,
+    let wal_after = match direct {
+        true => match backends_gone(url, &application_name(consumer_id)).await {
+            Ok(()) => wal_syncs(url).await.ok(),
+            Err(_) => None,
+        },
+        false => None,
     };
     verify(url, project, consumer_id, events, fail_every, &report).await?;
     Ok(Run {

@@ -3,8 +3,8 @@
 use std::str::FromStr;
 use std::time::Instant;
 
-use outbox_core::Schema;
-use tokio_postgres::{Client, Config, NoTls};
+use outbox_core::{ConnectSettings, Schema};
+use tokio_postgres::{Client, Config};
 
 use crate::BoxResult;
 
@@ -36,20 +36,17 @@ pub fn with_dbname(url: &str, name: &str) -> BoxResult<String> {
     ))
 }
 
-/// Opens one connection whose driver runs on the current runtime.
+/// Opens one connection (through outbox-core's connection factory, as every process does)
+/// whose driver runs on the current runtime.
 pub async fn connect(config: &Config) -> BoxResult<Client> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "connection closed");
-        }
-    });
-    Ok(client)
+    Ok(ConnectSettings::from_config(config.clone())
+        .connect()
+        .await?)
 }
 
 /// A pool like the one `outbox consume` builds (fast recycling, `size` connections).
 pub fn pool(config: &Config, size: usize) -> BoxResult<deadpool_postgres::Pool> {
-    Ok(outbox_consumer::build_pool(config.clone(), size)?)
+    Ok(ConnectSettings::from_config(config.clone()).pool(size)?)
 }
 
 /// Drops and re-creates database `name` on the cluster of `admin_url`, migrates it, and

@@ -20,7 +20,7 @@
 mod catchup;
 mod latency;
 mod pgq;
-mod procfs;
+mod pooler;
 mod report;
 mod scaling;
 
@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use outbox_bench::{BoxResult, db, stats};
+use outbox_bench::{BoxResult, db, procfs, stats};
 
 /// Consumer benchmarks: catch-up throughput and peak RSS, and commit-to-handler latency.
 #[derive(Debug, Parser)]
@@ -58,6 +58,9 @@ enum Internal {
     /// Commit-to-handler latency with P projects and K consumers (bench/scaling.sh).
     #[command(hide = true)]
     ScaleLatency(scaling::LatencyArgs),
+    /// Catch-up through a transaction-mode pooler beside a direct connection (bench/pooler.sh);
+    /// the markdown report goes to stdout.
+    PoolerCompare(pooler::PoolerArgs),
 }
 
 /// Options of a benchmark run.
@@ -118,6 +121,9 @@ fn main() -> std::process::ExitCode {
             Some(Internal::PgqDrain(args)) => pgq::drain(args).await,
             Some(Internal::ScaleCatchUp(args)) => scaling::catch_up(args).await,
             Some(Internal::ScaleLatency(args)) => scaling::latency(args).await,
+            Some(Internal::PoolerCompare(args)) => pooler::compare(args).await.map(|report| {
+                println!("{report}");
+            }),
             None => run(cli.bench).await,
         }
     });

@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_nats::jetstream::stream::RetentionPolicy;
 use clap::{Args, Subcommand, ValueEnum};
 
+use crate::args::ConsumerRef;
 use crate::cli::{ConsumeArgs, Global, parse_duration};
 use crate::consume_cmd::{build_config, connections, finish, run_with};
 use crate::failure::Failure;
@@ -113,9 +114,15 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 /// Everything checkable without a connection, in one place so that each refusal exits 2
 /// before anything is contacted.
 fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Failure> {
-    if args.consume.child.is_some() {
+    if args.consume.options.child.is_some() {
         return Err(Failure::usage(
             "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
+        ));
+    }
+    if args.consume.targets.single().is_none() {
+        return Err(Failure::usage(
+            "`relay nats` relays one project as one consumer: give --project and --consumer-id \
+             once each (run one relay per project)",
         ));
     }
     let servers = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
@@ -144,7 +151,16 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
     let database = global.database()?;
-    let config = build_config(global, &args.consume)?;
+    let (project, consumer) = args
+        .consume
+        .targets
+        .single()
+        .expect("checked: one project, one consumer");
+    let consumer = ConsumerRef {
+        project: project.clone(),
+        consumer_id: consumer.clone(),
+    };
+    let config = build_config(global, &consumer, &args.consume.options)?;
     config
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
@@ -152,8 +168,8 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let publisher = Publisher::new(PublisherSettings {
         servers,
         prefix: args.subject_prefix.clone(),
-        project: args.consume.consumer.project.to_string(),
-        consumer: args.consume.consumer.consumer_id.to_string(),
+        project: project.to_string(),
+        consumer: consumer.consumer_id.to_string(),
         window: args.max_in_flight as usize,
         publish_timeout: args.publish_timeout,
         connect_timeout: args.nats_connect_timeout,
@@ -170,12 +186,27 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     }
     drop(js);
 
-    let (pool, listen) = connections(&database, args.consume.no_listen).await?;
-    let result = run_with(pool, listen, config, publisher, shutdown.token()).await;
+    let connections = connections(
+        &database,
+        args.consume.options.no_listen,
+        args.consume.options.pool_size,
+    )
+    .await?;
+    // The metrics listener stops with the run, whichever way the run ends.
+    let metrics_stop = shutdown.token().child_token();
+    let metrics = match args.consume.options.metrics_addr {
+        Some(addr) => Some(crate::serve::metrics_only(addr, metrics_stop.clone()).await?),
+        None => None,
+    };
+    let result = run_with(connections, config, publisher, shutdown.token()).await;
+    metrics_stop.cancel();
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     finish(
         result,
         "relay",
-        args.consume.live_query.is_some(),
+        args.consume.options.live_query.is_some(),
         "outbox relay nats --nats-url URL",
     )
 }

@@ -10,6 +10,7 @@ use super::{Admin, AdminError, Listing, check_limit, parse_state};
 use crate::ids::{ConsumerId, EventId, ProjectId};
 use crate::schema::Schema;
 use crate::states::AuditKind;
+use crate::stmt::Unnamed as _;
 
 /// One audit row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -126,11 +127,11 @@ impl AuditLog {
     /// and returns the new row's ID.
     pub async fn record(
         &self,
-        client: &impl GenericClient,
+        client: &(impl GenericClient + Sync),
         record: &AuditRecord<'_>,
     ) -> Result<i64, tokio_postgres::Error> {
         client
-            .query_one(
+            .query_one_unnamed(
                 &self.insert,
                 &[
                     &record.kind.as_str(),
@@ -165,7 +166,7 @@ impl Admin {
         .collect();
         let tx = Self::snapshot(client).await?;
         let rows = tx
-            .query(
+            .query_unnamed(
                 &self.audit_trail,
                 &[
                     &filter.project.as_ref().map(ProjectId::as_str),

@@ -11,6 +11,7 @@ use super::{Admin, AdminError, AuditRecord, Target, format_time, parse_state};
 use crate::ids::{ConsumerId, OperatorName, ProjectId};
 use crate::schema::Schema;
 use crate::states::{AuditKind, ConsumerState};
+use crate::stmt::Unnamed as _;
 
 /// The retrying event that holds a consumer's cursor.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -151,7 +152,7 @@ impl Admin {
         project: Option<&str>,
         consumer: Option<&str>,
     ) -> Result<Vec<ConsumerInfo>, AdminError> {
-        tx.query(&self.consumers.consumers, &[&project, &consumer])
+        tx.query_unnamed(&self.consumers.consumers, &[&project, &consumer])
             .await?
             .iter()
             .map(decode_consumer)
@@ -185,7 +186,7 @@ impl Admin {
         };
         let target = || Target::consumer(project, consumer);
         let row = tx
-            .query_opt(statement, &[&project.as_str(), &consumer.as_str()])
+            .query_opt_unnamed(statement, &[&project.as_str(), &consumer.as_str()])
             .await
             .map_err(AdminError::on(target()))?
             .ok_or_else(|| AdminError::NotFound { target: target() })?;
@@ -223,13 +224,13 @@ impl Admin {
         }
         let (p, c) = (project.as_str(), consumer.as_str());
         let retired = tx
-            .query_one(
+            .query_one_unnamed(
                 &self.consumers.retire,
                 &[&p, &c, &by.as_str(), &reason.as_str()],
             )
             .await?;
         let unresolved: i64 = tx
-            .query_one(&self.consumers.unresolved_count, &[&p, &c])
+            .query_one_unnamed(&self.consumers.unresolved_count, &[&p, &c])
             .await?
             .try_get("unresolved")?;
         self.audit

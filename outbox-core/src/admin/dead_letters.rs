@@ -12,6 +12,7 @@ use super::{
 use crate::ids::{ConsumerId, EventId, OperatorName, ProjectId};
 use crate::schema::Schema;
 use crate::states::{AuditKind, ConsumerState, DeliveryState};
+use crate::stmt::Unnamed as _;
 
 /// One consumer's delivery state of one failed event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -189,7 +190,7 @@ impl Admin {
         .collect();
         let tx = Self::snapshot(client).await?;
         let rows = tx
-            .query(
+            .query_unnamed(
                 &self.dead_letters.dead_letters,
                 &[
                     &filter.project.as_ref().map(ProjectId::as_str),
@@ -217,7 +218,7 @@ impl Admin {
     ) -> Result<DeadLetterDetail, AdminError> {
         let tx = Self::snapshot(client).await?;
         let row = tx
-            .query_opt(
+            .query_opt_unnamed(
                 &self.dead_letters.dead_letter,
                 &[&project.as_str(), &consumer.as_str(), &event.as_str()],
             )
@@ -260,7 +261,7 @@ impl Admin {
     ) -> Result<EventId, AdminError> {
         let tx = Self::snapshot(client).await?;
         let row = tx
-            .query_opt(
+            .query_opt_unnamed(
                 &self.dead_letters.dead_letter_at,
                 &[&project.as_str(), &consumer.as_str(), &sequence],
             )
@@ -309,7 +310,7 @@ impl Admin {
             ReplayTarget::One(event) => {
                 let target = Target::dead_letter(project, consumer, event);
                 let row = tx
-                    .query_opt(
+                    .query_opt_unnamed(
                         &self.dead_letters.delivery_for_update,
                         &[&project.as_str(), &consumer.as_str(), &event.as_str()],
                     )
@@ -339,7 +340,7 @@ impl Admin {
             }
             ReplayTarget::AllDead => {
                 let rows = tx
-                    .query(
+                    .query_unnamed(
                         &self.dead_letters.dead_for_update,
                         &[&project.as_str(), &consumer.as_str()],
                     )
@@ -359,7 +360,7 @@ impl Admin {
         };
         if !requested.is_empty() {
             let rows = tx
-                .query(
+                .query_unnamed(
                     &self.dead_letters.request_replay,
                     &[
                         &project.as_str(),
@@ -419,7 +420,7 @@ impl Admin {
         let target = Target::dead_letter(project, consumer, event);
         let params = [project.as_str(), consumer.as_str(), event.as_str()];
         let row = tx
-            .query_opt(
+            .query_opt_unnamed(
                 &self.dead_letters.delivery_for_update,
                 &[&params[0], &params[1], &params[2]],
             )
@@ -454,7 +455,7 @@ impl Admin {
             }
         }
         let row = tx
-            .query_one(
+            .query_one_unnamed(
                 &self.dead_letters.resolve,
                 &[
                     &params[0],

@@ -15,6 +15,7 @@ use crate::retention::{
 };
 use crate::schema::Schema;
 use crate::states::{ConsumerState, Health};
+use crate::stmt::Unnamed as _;
 
 /// When `status` reports a problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,10 +273,10 @@ impl Admin {
         let limit = thresholds.max_prunable.saturating_add(1);
         let tx = Self::snapshot(client).await?;
         let as_of: DateTime<Utc> = tx
-            .query_one("SELECT now() AS as_of", &[])
+            .query_one_unnamed("SELECT now() AS as_of", &[])
             .await?
             .try_get("as_of")?;
-        let rows = tx.query(&self.status.projects, &[&filter]).await?;
+        let rows = tx.query_unnamed(&self.status.projects, &[&filter]).await?;
         let mut projects = Vec::with_capacity(rows.len());
         for row in &rows {
             let mut status = ProjectStatus::decode(row)?;
@@ -352,7 +353,7 @@ impl Admin {
             return Ok(());
         };
         let retained_after = |sequence: i64| async move {
-            tx.query_opt(&self.status.retained_after, &[&project, &sequence])
+            tx.query_opt_unnamed(&self.status.retained_after, &[&project, &sequence])
                 .await
                 .and_then(|row| {
                     row.map(|row| Ok((row.try_get("occurred_at")?, row.try_get("age")?)))

@@ -1,6 +1,7 @@
 //! The sweep: [`Pruner`] applies the plan batch by batch, each batch its own short
 //! transaction under the schema's `prune` advisory lock; [`Sweep`] is one sweep in progress.
 
+use crate::stmt::Unnamed as _;
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::Serialize;
@@ -170,13 +171,15 @@ impl Pruner {
         let tx = client.transaction().await?;
         let idle = BATCH_IDLE_TIMEOUT.as_millis().to_string();
         let wait = BATCH_LOCK_TIMEOUT.as_millis().to_string();
-        tx.query_one(&self.sql.bound_batch, &[&idle, &wait]).await?;
+        tx.query_one_unnamed(&self.sql.bound_batch, &[&idle, &wait])
+            .await?;
         Ok(tx)
     }
 
     /// Takes the sweep lock for the rest of `tx`, waiting for another sweep's batch.
     async fn lock(&self, tx: &Transaction<'_>) -> Result<(), Error> {
-        tx.query_one(&self.sql.lock, &[&self.lock_key]).await?;
+        tx.query_one_unnamed(&self.sql.lock, &[&self.lock_key])
+            .await?;
         Ok(())
     }
 
@@ -185,7 +188,9 @@ impl Pruner {
         tx: &Transaction<'_>,
         project: &str,
     ) -> Result<Option<ProjectState>, tokio_postgres::Error> {
-        let row = tx.query_opt(&self.sql.project_state, &[&project]).await?;
+        let row = tx
+            .query_opt_unnamed(&self.sql.project_state, &[&project])
+            .await?;
         row.as_ref().map(ProjectState::decode).transpose()
     }
 
@@ -215,7 +220,7 @@ impl Pruner {
         let mut target = upper;
         if upper > floor {
             let held = tx
-                .query_opt(
+                .query_opt_unnamed(
                     &self.sql.first_held,
                     &[&project, &floor, &upper, &self.retention_secs],
                 )
@@ -272,7 +277,7 @@ impl Pruner {
             .await?;
         let events: i64 = if plan.target > state.floor {
             // At most `limit` rows: the range is bounded by the look-ahead.
-            tx.query_one(
+            tx.query_one_unnamed(
                 &self.sql.count_events,
                 &[&project, &state.floor, &plan.target],
             )
@@ -362,7 +367,9 @@ impl Sweep<'_> {
         }
         let Some(pending) = &mut self.pending else {
             let only = self.pruner.options.project.as_ref().map(ProjectId::as_str);
-            let rows = client.query(&self.pruner.sql.projects, &[&only]).await?;
+            let rows = client
+                .query_unnamed(&self.pruner.sql.projects, &[&only])
+                .await?;
             let projects = rows
                 .iter()
                 .map(|row| row.try_get("project_id"))
@@ -497,10 +504,10 @@ async fn events_batch(
     let mut audit = current.events_audit;
     if plan.target > floor {
         deleted = tx
-            .execute(&pruner.sql.delete_events, &[&project, &floor, &plan.target])
+            .execute_unnamed(&pruner.sql.delete_events, &[&project, &floor, &plan.target])
             .await?;
         let advanced = tx
-            .execute(&pruner.sql.advance_floor, &[&project, &floor, &plan.target])
+            .execute_unnamed(&pruner.sql.advance_floor, &[&project, &floor, &plan.target])
             .await?;
         if advanced != 1 {
             // The floor moved although this batch holds the lock: someone changed it by hand.
@@ -538,7 +545,7 @@ async fn deliveries_batch(
     let project = current.entry.project_id.clone();
     let tx = pruner.begin(client).await?;
     let any: bool = tx
-        .query_one(
+        .query_one_unnamed(
             &pruner.sql.any_deliveries,
             &[&project, &pruner.retention_secs],
         )
@@ -550,7 +557,7 @@ async fn deliveries_batch(
     }
     pruner.lock(&tx).await?;
     let rows = tx
-        .query(
+        .query_unnamed(
             &pruner.sql.delete_deliveries,
             &[&project, &pruner.retention_secs, &pruner.options.batch_size],
         )
@@ -586,7 +593,8 @@ async fn add_audit(
 ) -> Result<i64, Error> {
     match existing {
         Some(id) => {
-            tx.execute(&pruner.sql.audit_add, &[&id, &count]).await?;
+            tx.execute_unnamed(&pruner.sql.audit_add, &[&id, &count])
+                .await?;
             Ok(id)
         }
         None => Ok(pruner
@@ -640,11 +648,11 @@ async fn dry_run_project(
         }
     }
     let events: i64 = tx
-        .query_one(&pruner.sql.count_events, &[&project, &state.floor, &floor])
+        .query_one_unnamed(&pruner.sql.count_events, &[&project, &state.floor, &floor])
         .await?
         .try_get("events")?;
     let deliveries: i64 = tx
-        .query(
+        .query_unnamed(
             &pruner.sql.count_deliveries,
             &[&project, &pruner.retention_secs],
         )

@@ -1,0 +1,379 @@
+//! The fan-out of one project: the durable consumer's sink publishes what it handled; SSE
+//! clients subscribe. Publishing never waits for a client: each client has a bounded queue
+//! (counted in events), and a client whose queue would overflow is dropped (it receives a
+//! final `event: lagged` and its connection is closed), so a slow client can delay neither
+//! the durable consumer nor any other client.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
+use outbox_core::ProjectId;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::ChildSink;
+use crate::sink::{event_line, reconcile_line};
+
+/// One SSE message, rendered once and shared by every client.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The `id:` field: the event's sequence (or the head, for a reconciliation).
+    pub sequence: i64,
+    /// The whole message, blank line included.
+    pub bytes: Bytes,
+}
+
+impl Frame {
+    /// An event as `outbox consume` prints it, with the sequence as its id.
+    pub fn event(event: &ObservedEvent) -> Self {
+        let text = format!(
+            "id: {}\nevent: {}\ndata: {}\n\n",
+            event.sequence,
+            event.event_type,
+            event_line(event)
+        );
+        Self {
+            sequence: event.sequence,
+            bytes: Bytes::from(text),
+        }
+    }
+
+    /// A reconciliation: the live task set and the head, with the head as its id.
+    pub fn reconcile(live: &LiveSet, consumer: &str) -> Self {
+        let text = format!(
+            "id: {}\nevent: reconcile\ndata: {}\n\n",
+            live.head_sequence,
+            reconcile_line(live, consumer)
+        );
+        Self {
+            sequence: live.head_sequence,
+            bytes: Bytes::from(text),
+        }
+    }
+}
+
+/// What one publication carries to each client's queue.
+#[derive(Debug)]
+pub struct Batch {
+    /// Consecutive events, or one reconciliation.
+    pub frames: Vec<Frame>,
+    /// All frames, concatenated once, for clients that want the whole batch.
+    pub bytes: Bytes,
+    /// True for a reconciliation: clients take it instead of the events it replaces.
+    pub reconcile: bool,
+}
+
+impl Batch {
+    fn new(frames: Vec<Frame>, reconcile: bool) -> Self {
+        let mut all = Vec::with_capacity(frames.iter().map(|f| f.bytes.len()).sum());
+        for frame in &frames {
+            all.extend_from_slice(&frame.bytes);
+        }
+        Self {
+            frames,
+            bytes: Bytes::from(all),
+            reconcile,
+        }
+    }
+}
+
+/// A client's end of its queue.
+pub struct Subscription {
+    /// The hub, to unsubscribe on drop.
+    hub: Arc<Hub>,
+    /// The client's key in the hub.
+    id: u64,
+    /// Batches published since subscribing.
+    pub queue: mpsc::UnboundedReceiver<Arc<Batch>>,
+    /// Events queued and not yet taken; the hub drops the client past the limit.
+    pub queued: Arc<AtomicUsize>,
+    /// Set when the hub dropped the client for falling behind.
+    pub lagged: Arc<AtomicBool>,
+    /// Ring frames after the client's position, taken in the same critical section as the
+    /// subscription, so nothing falls between them and the queue.
+    pub backlog: Vec<Frame>,
+    /// The oldest sequence in the ring at subscription, if any.
+    pub ring_first: Option<i64>,
+    /// The last sequence handled and published, when known.
+    pub handled_through: Option<i64>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.unsubscribe(self.id);
+    }
+}
+
+/// A subscribed client as the hub sees it.
+struct Slot {
+    /// Where its batches go.
+    queue: mpsc::UnboundedSender<Arc<Batch>>,
+    /// Events queued; shared with the client, which counts them down.
+    queued: Arc<AtomicUsize>,
+    /// Shared with the client: set when it is dropped for lagging.
+    lagged: Arc<AtomicBool>,
+    /// Closes the client's connection.
+    connection: CancellationToken,
+}
+
+/// State behind the hub's lock.
+#[derive(Default)]
+struct Inner {
+    /// The most recent published events, oldest first.
+    ring: VecDeque<Frame>,
+    /// The last sequence published (an event or a reconciliation's head).
+    handled_through: Option<i64>,
+    /// Subscribed clients.
+    clients: HashMap<u64, Slot>,
+    /// The next client key.
+    next_id: u64,
+}
+
+/// The fan-out of one project's stream.
+pub struct Hub {
+    /// The project.
+    pub project: ProjectId,
+    /// The durable consumer feeding it, named in the lines it publishes.
+    pub consumer: String,
+    /// Ring length, in events.
+    ring_size: usize,
+    /// Per-client queue bound, in events.
+    queue_limit: usize,
+    /// How long a dropped client's connection may take to write its `lagged` message before
+    /// the server closes the socket: a client that reads nothing at all never receives it.
+    lagged_grace: Duration,
+    /// Events handled in the current batch, published at `before_ack`.
+    pending: Mutex<Vec<Frame>>,
+    /// Ring and clients.
+    inner: Mutex<Inner>,
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new(
+        project: ProjectId,
+        consumer: String,
+        ring_size: usize,
+        queue_limit: usize,
+        lagged_grace: Duration,
+    ) -> Self {
+        let labels = [("project", project.to_string())];
+        metrics::gauge!("outbox_sse_clients", &labels).set(0.0);
+        metrics::counter!("outbox_sse_dropped_total", &labels).increment(0);
+        Self {
+            project,
+            consumer,
+            ring_size: ring_size.max(1),
+            queue_limit: queue_limit.max(1),
+            lagged_grace,
+            pending: Mutex::new(Vec::new()),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_gauge(&self, clients: usize) {
+        metrics::gauge!("outbox_sse_clients", "project" => self.project.to_string())
+            .set(clients as f64);
+    }
+
+    /// Subscribes a client positioned after `after` (`None`: from the next event on).
+    pub fn subscribe(
+        self: &Arc<Self>,
+        after: Option<i64>,
+        connection: CancellationToken,
+    ) -> Subscription {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let lagged = Arc::new(AtomicBool::new(false));
+        let mut inner = self.lock();
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.clients.insert(
+            id,
+            Slot {
+                queue: tx,
+                queued: queued.clone(),
+                lagged: lagged.clone(),
+                connection,
+            },
+        );
+        let backlog = match after {
+            Some(after) => inner
+                .ring
+                .iter()
+                .filter(|f| f.sequence > after)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        let subscription = Subscription {
+            hub: self.clone(),
+            id,
+            queue: rx,
+            queued,
+            lagged,
+            backlog,
+            ring_first: inner.ring.front().map(|f| f.sequence),
+            handled_through: inner.handled_through,
+        };
+        let clients = inner.clients.len();
+        drop(inner);
+        self.set_gauge(clients);
+        subscription
+    }
+
+    fn unsubscribe(&self, id: u64) {
+        let mut inner = self.lock();
+        if inner.clients.remove(&id).is_some() {
+            let clients = inner.clients.len();
+            drop(inner);
+            self.set_gauge(clients);
+        }
+    }
+
+    /// Publishes a batch to the ring and every client; drops clients that cannot take it.
+    fn publish(&self, batch: Batch) {
+        let batch = Arc::new(batch);
+        let count = batch.frames.len();
+        let mut dropped = Vec::new();
+        let mut inner = self.lock();
+        if batch.reconcile {
+            // History between the old position and the head was never handled here.
+            inner.ring.clear();
+        } else {
+            for frame in &batch.frames {
+                inner.ring.push_back(frame.clone());
+            }
+            while inner.ring.len() > self.ring_size {
+                inner.ring.pop_front();
+            }
+        }
+        inner.handled_through = batch
+            .frames
+            .last()
+            .map(|f| f.sequence)
+            .or(inner.handled_through);
+        inner.clients.retain(|_, slot| {
+            let queued = slot.queued.load(Ordering::Acquire);
+            if queued + count > self.queue_limit {
+                slot.lagged.store(true, Ordering::Release);
+                dropped.push(slot.connection.clone());
+                return false;
+            }
+            slot.queued.fetch_add(count, Ordering::AcqRel);
+            slot.queue.send(batch.clone()).is_ok()
+        });
+        let clients = inner.clients.len();
+        drop(inner);
+        self.set_gauge(clients);
+        if !dropped.is_empty() {
+            metrics::counter!("outbox_sse_dropped_total", "project" => self.project.to_string())
+                .increment(dropped.len() as u64);
+            tracing::warn!(
+                project = %self.project, clients = dropped.len(),
+                "SSE client queue full; client dropped"
+            );
+            for connection in dropped {
+                let grace = self.lagged_grace;
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = connection.cancelled() => {}
+                        _ = tokio::time::sleep(grace) => connection.cancel(),
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// The durable consumer's handler and reconciler in `outbox serve`: an optional `--child`
+/// first, then the hub. Events are published at `before_ack`, once the whole handled prefix
+/// of a batch is known, so clients only ever see events the durable consumer has handled.
+pub struct HubSink {
+    /// The project's hub.
+    pub hub: Arc<Hub>,
+    /// `--child`, when given.
+    pub child: Option<ChildSink>,
+}
+
+impl Handler for HubSink {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        if let Some(child) = &self.child {
+            child.handle(event).await?;
+        }
+        if !event.replay {
+            // A replayed dead letter arrives outside sequence order; clients, which resume
+            // by sequence, are not sent it.
+            let frame = Frame::event(event);
+            self.hub
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(frame);
+        }
+        Ok(())
+    }
+
+    async fn before_ack(&self) -> Result<(), HandlerFailure> {
+        if let Some(child) = &self.child {
+            if let Err(failure) = child.before_ack().await {
+                self.hub
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+                return Err(failure);
+            }
+        }
+        let frames =
+            std::mem::take(&mut *self.hub.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if !frames.is_empty() {
+            self.hub.publish(Batch::new(frames, false));
+        }
+        Ok(())
+    }
+}
+
+impl Reconciler for HubSink {
+    async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
+        if let Some(child) = &self.child {
+            child.reconcile(live).await?;
+        }
+        self.hub
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let frame = Frame::reconcile(live, &self.hub.consumer);
+        self.hub.publish(Batch::new(vec![frame], true));
+        Ok(())
+    }
+}
+
+/// A shared [`HubSink`] as the consumer's handler and reconciler both.
+pub struct SharedHubSink(pub Arc<HubSink>);
+
+impl Handler for SharedHubSink {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        self.0.handle(event).await
+    }
+
+    async fn before_ack(&self) -> Result<(), HandlerFailure> {
+        self.0.before_ack().await
+    }
+}
+
+impl Reconciler for SharedHubSink {
+    async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
+        self.0.reconcile(live).await
+    }
+}

@@ -1,0 +1,424 @@
+//! `GET /v1/projects/{P}/events`: Server-Sent Events for ephemeral clients, which own no
+//! cursor. A client resumes after `Last-Event-ID` (or `?after=`) from the ring, then from
+//! retained history in PostgreSQL (read-only), or, below the retention floor, from a
+//! reconciliation; then it follows what the durable consumer handles.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use outbox_consumer::ReconcileReason;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::http::{AppState, ConnectionToken, error};
+use super::hub::{Frame, Hub, Subscription};
+
+/// Events read from PostgreSQL per query while a client catches up.
+const HISTORY_PAGE: i64 = 500;
+
+/// `?after=N`, for clients that cannot set `Last-Event-ID`.
+#[derive(Debug, Deserialize)]
+pub struct After {
+    /// The last sequence the client has.
+    after: Option<String>,
+}
+
+/// Parses a resume position: a sequence, a non-negative integer.
+fn parse_position(text: &str) -> Option<i64> {
+    let text = text.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// The handler.
+pub async fn events(
+    State(state): State<Arc<AppState>>,
+    Path(project): Path<String>,
+    Query(query): Query<After>,
+    headers: HeaderMap,
+    connection: Option<axum::Extension<ConnectionToken>>,
+) -> Response {
+    let Some(hub) = state.hubs.get(&project).cloned() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("project {project:?} is not served here"),
+            json!({ "projects": state.hubs.keys().collect::<Vec<_>>() }),
+        );
+    };
+    let after = match (headers.get("last-event-id"), &query.after) {
+        (Some(value), _) => match value.to_str().ok().and_then(parse_position) {
+            Some(n) => Some(n),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "malformed Last-Event-ID {:?}: expected a sequence (a non-negative integer)",
+                        String::from_utf8_lossy(value.as_bytes())
+                    ),
+                    json!({}),
+                );
+            }
+        },
+        (None, Some(text)) => match parse_position(text) {
+            Some(n) => Some(n),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "malformed after={text:?}: expected a sequence (a non-negative integer)"
+                    ),
+                    json!({}),
+                );
+            }
+        },
+        (None, None) => None,
+    };
+    if state.shutdown.is_cancelled() {
+        return busy(&state, "the server is shutting down");
+    }
+    if let Err(refusal) = reserve(&state) {
+        return refusal;
+    }
+    let connection = connection.map(|c| (*c.0.0).clone()).unwrap_or_default();
+    let subscription = hub.subscribe(after, connection);
+    let client = Client::new(state.clone(), hub, subscription, after);
+    let stream = futures_util::stream::unfold(client, |mut client| async move {
+        client
+            .next_chunk()
+            .await
+            .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), client))
+    });
+    let mut response = Response::new(Body::from_stream(stream));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    // An event stream is never followed by another request on its connection; closing it
+    // when the stream ends (after `lagged`, say) frees the socket at once.
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+pub(super) fn busy(state: &AppState, message: &str) -> Response {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        message.to_owned(),
+        json!({ "retry_after_secs": state.retry_after.as_secs() }),
+    );
+    response.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(state.retry_after.as_secs().max(1)),
+    );
+    response.into_response()
+}
+
+/// Takes one of the `--max-clients` SSE slots (event streams and dashboard streams alike),
+/// or answers 503; the caller gives the slot back with [`release`].
+#[allow(clippy::result_large_err)]
+pub(super) fn reserve(state: &AppState) -> Result<(), Response> {
+    let taken = state.clients.fetch_add(1, Ordering::AcqRel);
+    if taken >= state.max_clients {
+        state.clients.fetch_sub(1, Ordering::AcqRel);
+        return Err(busy(
+            state,
+            &format!(
+                "this server already has {} SSE clients (--max-clients)",
+                state.max_clients
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Gives back a slot taken with [`reserve`].
+pub(super) fn release(state: &AppState) {
+    state.clients.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// One client's stream.
+struct Client {
+    /// Server-wide state: history reads, shutdown, keep-alive.
+    state: Arc<AppState>,
+    /// The project's hub.
+    hub: Arc<Hub>,
+    /// The client's queue and its starting point.
+    subscription: Subscription,
+    /// The last sequence sent (an event's, or a reconciliation's head).
+    last_sent: Option<i64>,
+    /// The catch-up still to do before following the queue, when the client resumed.
+    resume: Option<i64>,
+    /// Chunks ready to go out.
+    out: VecDeque<Bytes>,
+    /// When the next keep-alive comment is due.
+    keep_alive: tokio::time::Interval,
+    /// Set after the last chunk.
+    done: bool,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        release(&self.state);
+    }
+}
+
+impl Client {
+    fn new(
+        state: Arc<AppState>,
+        hub: Arc<Hub>,
+        subscription: Subscription,
+        after: Option<i64>,
+    ) -> Self {
+        let period = state.keep_alive;
+        let mut keep_alive = tokio::time::interval_at(Instant::now() + period, period);
+        keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let last_sent = after.or(subscription.handled_through);
+        Self {
+            state,
+            hub,
+            subscription,
+            last_sent,
+            resume: after,
+            // An SSE comment first, so the client sees the stream open at once.
+            out: VecDeque::from([Bytes::from_static(b": connected\n\n")]),
+            keep_alive,
+            done: false,
+        }
+    }
+
+    /// The next chunk to write, or `None` when the stream ends.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(chunk) = self.out.pop_front() {
+                return Some(chunk);
+            }
+            if self.done {
+                return None;
+            }
+            if let Some(after) = self.resume.take() {
+                if let Err(message) = self.catch_up(after).await {
+                    return self.fail(message);
+                }
+                continue;
+            }
+            tokio::select! {
+                biased;
+                _ = self.state.shutdown.cancelled() => {
+                    self.done = true;
+                    return Some(Bytes::from_static(b": server shutting down\n\n"));
+                }
+                batch = self.subscription.queue.recv() => match batch {
+                    Some(batch) => {
+                        self.subscription.queued.fetch_sub(batch.frames.len(), Ordering::AcqRel);
+                        if let Err(message) = self.take(&batch).await {
+                            return self.fail(message);
+                        }
+                    }
+                    None => {
+                        self.done = true;
+                        if self.subscription.lagged.load(Ordering::Acquire) {
+                            return Some(self.lagged());
+                        }
+                        return None;
+                    }
+                },
+                _ = self.keep_alive.tick() => return Some(Bytes::from_static(b": keep-alive\n\n")),
+            }
+        }
+    }
+
+    fn fail(&mut self, message: String) -> Option<Bytes> {
+        tracing::warn!(project = %self.hub.project, error = %message, "SSE client stream ended");
+        self.done = true;
+        Some(Bytes::from(format!(": {}\n\n", message.replace('\n', " "))))
+    }
+
+    fn lagged(&self) -> Bytes {
+        let data = json!({
+            "type": "lagged",
+            "project_id": self.hub.project,
+            "last_event_id": self.last_sent,
+            "reason": "the client fell too far behind; reconnect with Last-Event-ID",
+        });
+        Bytes::from(format!("event: lagged\ndata: {data}\n\n"))
+    }
+
+    /// The resume of a client that named a position: below the retention floor a
+    /// reconciliation first (even when the ring still holds the events: the stream's
+    /// contract is by floor, not by what this process happens to remember), then history up
+    /// to the ring, then the ring.
+    async fn catch_up(&mut self, after: i64) -> Result<(), String> {
+        let backlog = std::mem::take(&mut self.subscription.backlog);
+        let through = match (
+            self.subscription.ring_first,
+            self.subscription.handled_through,
+        ) {
+            // The ring covers everything after the position: only the floor is checked.
+            (Some(first), _) if first <= after + 1 => after,
+            (Some(first), _) => first - 1,
+            (None, Some(handled)) => handled,
+            // Nothing handled by this process yet: what the consumer acknowledged.
+            (None, None) => self.acknowledged().await?.unwrap_or(after),
+        };
+        let behind = match backlog.last() {
+            Some(last) => last.sequence > after,
+            None => through > after,
+        };
+        if behind {
+            self.history(after, through).await?;
+        }
+        for frame in backlog {
+            self.send(frame);
+        }
+        Ok(())
+    }
+
+    /// The durable consumer's acknowledged cursor.
+    async fn acknowledged(&self) -> Result<Option<i64>, String> {
+        let client = self
+            .state
+            .read_pool
+            .get()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.state
+            .history
+            .cursor(&**client, &self.hub.project, &self.state.consumer_id)
+            .await
+            .map_err(|e| format!("cannot read the cursor: {e}"))
+    }
+
+    /// Sends retained events `after < sequence <= through` from PostgreSQL, or, when some of
+    /// them were pruned, a reconciliation first.
+    async fn history(&mut self, after: i64, through: i64) -> Result<(), String> {
+        let project = &self.hub.project;
+        let mut client = self
+            .state
+            .read_pool
+            .get()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (_, floor) = self
+            .state
+            .history
+            .bounds(&**client, project)
+            .await
+            .map_err(|e| format!("cannot read the project's bounds: {e}"))?;
+        let mut from = after;
+        if after < floor {
+            let live = self
+                .state
+                .history
+                .live_set(
+                    &mut client,
+                    project,
+                    &self.state.live_query,
+                    ReconcileReason::BelowRetentionFloor,
+                )
+                .await
+                .map_err(|e| format!("cannot read the live task set: {e}"))?;
+            let head = live.head_sequence;
+            let frame = Frame::reconcile(&live, &self.hub.consumer);
+            self.out.push_back(frame.bytes);
+            self.last_sent = Some(head);
+            from = head;
+        }
+        while from < through {
+            let events = self
+                .state
+                .history
+                .read(
+                    &**client,
+                    project,
+                    &self.state.consumer_id,
+                    from,
+                    through,
+                    HISTORY_PAGE,
+                )
+                .await
+                .map_err(|e| format!("cannot read history: {e}"))?;
+            let Some(last) = events.last() else { break };
+            from = last.sequence;
+            let mut chunk = Vec::new();
+            for event in &events {
+                chunk.extend_from_slice(&Frame::event(event).bytes);
+            }
+            self.last_sent = Some(from);
+            self.out.push_back(Bytes::from(chunk));
+            if (events.len() as i64) < HISTORY_PAGE {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `frame` unless the client already has it.
+    fn send(&mut self, frame: Frame) {
+        if self.last_sent.is_some_and(|last| frame.sequence <= last) {
+            return;
+        }
+        self.last_sent = Some(frame.sequence);
+        self.out.push_back(frame.bytes);
+    }
+
+    /// Takes a published batch: whole when it follows on, filtered when the client already
+    /// has part of it, after a history read when something lies between.
+    async fn take(&mut self, batch: &super::hub::Batch) -> Result<(), String> {
+        let (Some(first), Some(last)) = (batch.frames.first(), batch.frames.last()) else {
+            return Ok(());
+        };
+        if batch.reconcile {
+            if self.last_sent.is_none_or(|sent| sent < first.sequence) {
+                self.last_sent = Some(first.sequence);
+                self.out.push_back(first.bytes.clone());
+            }
+            return Ok(());
+        }
+        match self.last_sent {
+            Some(sent) if last.sequence <= sent => Ok(()),
+            Some(sent) if first.sequence > sent + 1 => {
+                self.history(sent, first.sequence - 1).await?;
+                for frame in &batch.frames {
+                    self.send(frame.clone());
+                }
+                Ok(())
+            }
+            Some(sent) if first.sequence <= sent => {
+                for frame in &batch.frames {
+                    self.send(frame.clone());
+                }
+                Ok(())
+            }
+            _ => {
+                self.last_sent = Some(last.sequence);
+                self.out.push_back(batch.bytes.clone());
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_position;
+
+    #[test]
+    fn positions_are_plain_sequences() {
+        assert_eq!(parse_position("0"), Some(0));
+        assert_eq!(parse_position(" 42 "), Some(42));
+        for bad in ["", "-1", "1.5", "abc", "1e3", "99999999999999999999"] {
+            assert_eq!(parse_position(bad), None, "{bad:?}");
+        }
+    }
+}

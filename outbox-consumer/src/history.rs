@@ -1,0 +1,126 @@
+//! Read-only access to a project's retained history, for followers that own no cursor (the
+//! SSE clients of `outbox serve`): they resume after a sequence of their choosing and must
+//! never move a durable consumer's cursor or take its lease.
+
+use outbox_core::{ConsumerId, ProjectId, Schema};
+use tokio_postgres::{Client, GenericClient, IsolationLevel};
+
+use crate::error::ConsumerError;
+use crate::event::ObservedEvent;
+use crate::handler::{LiveSet, ReconcileReason};
+use crate::sql;
+use crate::store;
+
+/// Reads retained events and live snapshots without writing anything.
+#[derive(Debug, Clone)]
+pub struct History {
+    /// [`sql::READ_RANGE`], rendered.
+    read_range: String,
+    /// [`sql::PROJECT_BOUNDS`], rendered.
+    bounds: String,
+    /// [`sql::CURSOR`], rendered.
+    cursor: String,
+}
+
+impl History {
+    /// Statements for `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        Self {
+            read_range: schema.render(sql::READ_RANGE),
+            bounds: schema.render(sql::PROJECT_BOUNDS),
+            cursor: schema.render(sql::CURSOR),
+        }
+    }
+
+    /// `consumer`'s acknowledged cursor; `None` while missing or for an unknown consumer.
+    pub async fn cursor(
+        &self,
+        client: &impl GenericClient,
+        project: &ProjectId,
+        consumer: &ConsumerId,
+    ) -> Result<Option<i64>, ConsumerError> {
+        let row = client
+            .query_opt(&self.cursor, &[&project.as_str(), &consumer.as_str()])
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("last_acked_sequence")?,
+            None => None,
+        })
+    }
+
+    /// The project's head and retention floor (everything at or below the floor is gone).
+    pub async fn bounds(
+        &self,
+        client: &impl GenericClient,
+        project: &ProjectId,
+    ) -> Result<(i64, i64), ConsumerError> {
+        let row = client.query_one(&self.bounds, &[&project.as_str()]).await?;
+        Ok((
+            row.try_get("head_sequence")?,
+            row.try_get("pruned_through")?,
+        ))
+    }
+
+    /// Up to `limit` retained events with `after < sequence <= through`, in order, as
+    /// `consumer` observed them. Events `consumer` parked as dead letters are left out, and
+    /// so is an event whose payload cannot be decoded (the consumer parks such an event).
+    pub async fn read(
+        &self,
+        client: &impl GenericClient,
+        project: &ProjectId,
+        consumer: &ConsumerId,
+        after: i64,
+        through: i64,
+        limit: i64,
+    ) -> Result<Vec<ObservedEvent>, ConsumerError> {
+        let rows = client
+            .query(
+                &self.read_range,
+                &[
+                    &project.as_str(),
+                    &after,
+                    &through,
+                    &limit,
+                    &consumer.as_str(),
+                ],
+            )
+            .await?;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in &rows {
+            match store::decode(row, project, consumer, false, 1)? {
+                (event, None) => events.push(event),
+                (_, Some(_undecodable)) => {}
+            }
+        }
+        Ok(events)
+    }
+
+    /// The live task set and the head in one repeatable-read, read-only snapshot, taken with
+    /// `live_query` (`$1` = project), as the durable consumer's own reconciliation takes it.
+    pub async fn live_set(
+        &self,
+        client: &mut Client,
+        project: &ProjectId,
+        live_query: &str,
+        reason: ReconcileReason,
+    ) -> Result<LiveSet, ConsumerError> {
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let (head, _) = self.bounds(&tx, project).await?;
+        let mut task_ids = Vec::new();
+        for row in tx.query(live_query, &[&project.as_str()]).await? {
+            task_ids.push(row.try_get(0)?);
+        }
+        tx.commit().await?;
+        Ok(LiveSet {
+            project_id: project.to_string(),
+            task_ids,
+            head_sequence: head,
+            reason,
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! Acknowledgements grouped across the consumers of a set: one statement advances the cursors
+//! of every consumer that acknowledged meanwhile.
+//!
+//! Under load every consumer of a set acknowledges after each small batch, a thousand
+//! statements for a thousand consumers woken at once. A consumer instead hands its
+//! acknowledgement to the set's one acknowledging task and waits; the task sends whatever has
+//! gathered as one fenced `UPDATE` ([`sql::ACK_SET`]) and answers each consumer: done, or its
+//! lease is gone. While a statement runs the next group gathers, so the group grows with the
+//! load, like a group commit. An acknowledgement that also clears saved retry state takes the
+//! consumer's own statement instead.
+
+use std::collections::HashSet;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ConsumerError;
+use crate::lease::Fence;
+
+/// Most acknowledgements in one statement.
+const MAX_GROUP: usize = 1000;
+
+/// One consumer's acknowledgement waiting for its group.
+struct Request {
+    /// The consumer's lease.
+    fence: Fence,
+    /// The new cursor.
+    through: i64,
+    /// `Ok(true)` acknowledged, `Ok(false)` the lease is gone, `Err(())` the statement failed.
+    reply: oneshot::Sender<Result<bool, ()>>,
+}
+
+/// The consumers' side: hands acknowledgements to the task.
+pub(crate) struct GroupAcks {
+    requests: mpsc::UnboundedSender<Request>,
+}
+
+/// The task's side, run by [`GroupAcks::run`].
+pub(crate) struct AckQueue(mpsc::UnboundedReceiver<Request>);
+
+impl GroupAcks {
+    pub fn new() -> (Self, AckQueue) {
+        let (requests, queue) = mpsc::unbounded_channel();
+        (Self { requests }, AckQueue(queue))
+    }
+
+    /// Acknowledges through `through` for the lease `fence` in the next group. `Some(true)`
+    /// done, `Some(false)` the lease is gone; `None` the group's statement failed (or the set
+    /// is stopping): the caller acknowledges on its own, which reports the error properly.
+    pub async fn ack(&self, fence: &Fence, through: i64) -> Option<bool> {
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            fence: fence.clone(),
+            through,
+            reply,
+        };
+        self.requests.send(request).ok()?;
+        answer.await.ok()?.ok()
+    }
+
+    /// Sends the gathered acknowledgements, one statement per group, until `stop`.
+    pub async fn run(
+        mut queue: AckQueue,
+        pool: Pool,
+        statement: String,
+        owner: String,
+        cached: bool,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let first = tokio::select! {
+                _ = stop.cancelled() => return,
+                first = queue.0.recv() => match first {
+                    Some(first) => first,
+                    None => return,
+                },
+            };
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match queue.0.try_recv() {
+                    Ok(request) => group.push(request),
+                    Err(_) => break,
+                }
+            }
+            let outcome = send(&pool, &statement, &owner, cached, &group).await;
+            if let Err(e) = &outcome {
+                tracing::debug!(error = %e, "grouped acknowledgement failed; each consumer acknowledges alone");
+            }
+            for request in group {
+                let key = (
+                    request.fence.project.clone(),
+                    request.fence.consumer.clone(),
+                );
+                let answer = match &outcome {
+                    Ok(acked) => Ok(acked.contains(&key)),
+                    Err(_) => Err(()),
+                };
+                let _ = request.reply.send(answer);
+            }
+        }
+    }
+}
+
+/// One group's statement; the (project, consumer) pairs it acknowledged.
+async fn send(
+    pool: &Pool,
+    statement: &str,
+    owner: &str,
+    cached: bool,
+    group: &[Request],
+) -> Result<HashSet<(String, String)>, ConsumerError> {
+    let projects: Vec<&str> = group.iter().map(|r| r.fence.project.as_str()).collect();
+    let consumers: Vec<&str> = group.iter().map(|r| r.fence.consumer.as_str()).collect();
+    let generations: Vec<i64> = group.iter().map(|r| r.fence.generation).collect();
+    let through: Vec<i64> = group.iter().map(|r| r.through).collect();
+    // Prepared once per pooled connection where that is safe: under load this runs hundreds
+    // of times a second.
+    let client = pool.get().await?;
+    let rows = crate::store::query_hot(
+        &client,
+        cached,
+        statement,
+        &[&projects, &consumers, &generations, &through, &owner],
+    )
+    .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("project_id")?, row.try_get("consumer_id")?)))
+        .collect()
+}

@@ -1,0 +1,321 @@
+//! Many consumers in one process: a [`ConsumerSet`] runs every (project, consumer) pair of a
+//! list of projects, or of every project including those that appear later, on one pool, one
+//! LISTEN connection and one place in the sequencer election.
+//!
+//! Each pair is an ordinary [`Consumer`] run with its own lease, cursor, fencing, retries and
+//! dead letters, so a poison event or a lost lease stops or delays only its pair. What the
+//! pairs share lives in the [`Hub`]: the lease heartbeat and the fallback poll are one
+//! statement each for the whole set, which keeps an idle set of a thousand consumers at a few
+//! statements a second.
+
+mod acks;
+mod hub;
+mod reads;
+
+use std::sync::Arc;
+
+use deadpool_postgres::Pool;
+use outbox_core::{ConsumerId, ProjectId, PruneOptions};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_postgres::Config;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub(crate) use hub::Hub;
+pub(crate) use reads::Batch;
+
+use crate::background::{self, TaskGuard};
+use crate::config::{ConfigError, ConsumerConfig};
+use crate::error::ConsumerError;
+use crate::handler::{Handler, Reconciler};
+use crate::listener;
+use crate::runtime::{Consumer, MIN_POOL_SIZE, RunSummary};
+
+/// Which projects a set follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Projects {
+    /// These projects.
+    Listed(Vec<ProjectId>),
+    /// Every project with a numbered event, including projects that appear while the set
+    /// runs: found by the set's fallback poll (every
+    /// [`poll_interval`](ConsumerConfig::poll_interval), which reads every project's head)
+    /// and, sooner, by the first notification naming a project not followed yet.
+    All,
+}
+
+/// How one pair's run ended.
+#[derive(Debug)]
+pub struct PairOutcome {
+    /// The pair's project.
+    pub project_id: ProjectId,
+    /// The pair's consumer.
+    pub consumer_id: ConsumerId,
+    /// What [`Consumer::run`] returned for it.
+    pub result: Result<RunSummary, ConsumerError>,
+}
+
+/// Makes the handler and reconciler of one pair.
+pub trait PairFactory: Send + Sync + 'static {
+    /// The pair's handler.
+    type Handler: Handler;
+    /// The pair's reconciler.
+    type Reconciler: Reconciler;
+    /// Called once for each pair the set starts.
+    fn make(&self, project: &ProjectId, consumer: &ConsumerId)
+    -> (Self::Handler, Self::Reconciler);
+}
+
+impl<F, H, R> PairFactory for F
+where
+    F: Fn(&ProjectId, &ConsumerId) -> (H, R) + Send + Sync + 'static,
+    H: Handler,
+    R: Reconciler,
+{
+    type Handler = H;
+    type Reconciler = R;
+    fn make(&self, project: &ProjectId, consumer: &ConsumerId) -> (H, R) {
+        self(project, consumer)
+    }
+}
+
+/// Runs every pair of `projects` × `consumer_ids` in this process. See the module docs.
+pub struct ConsumerSet<F> {
+    /// Shared by every pair and by the hub's tasks; the listener is the one connection more.
+    pool: Pool,
+    /// The one LISTEN connection's configuration; `None` polls only.
+    listen_config: Option<Config>,
+    /// Every pair's configuration, with its project and consumer filled in; its own
+    /// `project_id` and `consumer_id` are not used.
+    template: ConsumerConfig,
+    /// The projects followed.
+    projects: Projects,
+    /// The consumer IDs run for every project.
+    consumer_ids: Vec<ConsumerId>,
+    /// Makes each pair's handler and reconciler.
+    factory: Arc<F>,
+    /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
+    listen_tls: Option<outbox_core::Connector>,
+}
+
+impl<F: PairFactory> ConsumerSet<F> {
+    /// A set running, for each project of `projects`, one consumer per ID of `consumer_ids`,
+    /// configured as `template`, with handlers from `factory`.
+    pub fn new(
+        pool: Pool,
+        listen_config: Option<Config>,
+        template: ConsumerConfig,
+        projects: Projects,
+        consumer_ids: Vec<ConsumerId>,
+        factory: F,
+    ) -> Self {
+        Self {
+            pool,
+            listen_config,
+            template,
+            projects,
+            consumer_ids,
+            factory: Arc::new(factory),
+            listen_tls: None,
+        }
+    }
+
+    /// Opens the LISTEN connection through `connector`, as [`Consumer::listen_tls`] does.
+    ///
+    /// [`Consumer::listen_tls`]: crate::Consumer::listen_tls
+    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+        self.listen_tls = Some(connector);
+        self
+    }
+
+    /// Runs until `shutdown` (every pair then stops as a lone consumer does), or until every
+    /// pair has ended on its own (`exit_when_caught_up`, or errors) when no more can appear.
+    /// A pair that ends with an error is logged and reported; the others go on.
+    pub async fn run(
+        &self,
+        shutdown: CancellationToken,
+    ) -> Result<Vec<PairOutcome>, ConsumerError> {
+        self.template.validate()?;
+        if self.consumer_ids.is_empty() {
+            return Err(ConfigError("a consumer set needs at least one consumer ID".into()).into());
+        }
+        let pool_size = self.pool.status().max_size;
+        if pool_size < MIN_POOL_SIZE {
+            return Err(ConfigError(format!(
+                "the pool allows {pool_size} connection(s); a consumer set needs at least \
+                 {MIN_POOL_SIZE} (delivery, heartbeat, sequencer)"
+            ))
+            .into());
+        }
+        if self.template.live_query != crate::config::DEFAULT_LIVE_QUERY {
+            let mut client = self.pool.get().await?;
+            crate::live_query::check(&mut client, &self.template.live_query).await?;
+        }
+        let (discovered_tx, mut discovered) = mpsc::unbounded_channel();
+        let (listed, discovering) = match &self.projects {
+            Projects::Listed(list) => (Some(list.iter().map(|p| p.to_string()).collect()), None),
+            Projects::All => (None, Some(discovered_tx)),
+        };
+        let consumer_ids = self.consumer_ids.iter().map(|c| c.to_string()).collect();
+        let hub = Arc::new(Hub::new(
+            &self.template.schema,
+            self.template.pooler,
+            listed,
+            consumer_ids,
+            discovering,
+        ));
+        let mut pairs = JoinSet::new();
+        match &self.projects {
+            Projects::Listed(list) => {
+                for project in list {
+                    self.start_project(&mut pairs, &hub, project, &shutdown);
+                }
+            }
+            // The projects there are now, before anything else; later ones arrive below.
+            Projects::All => hub.poll_once(&self.pool).await?,
+        }
+        let stop = CancellationToken::new();
+        let tasks = self.spawn_shared(&hub, &stop);
+        let mut outcomes = Vec::new();
+        loop {
+            tokio::select! {
+                Some(project) = discovered.recv() => match ProjectId::new(&project) {
+                    Ok(project) => {
+                        tracing::info!(project = %project, "following a new project");
+                        self.start_project(&mut pairs, &hub, &project, &shutdown);
+                    }
+                    Err(e) => tracing::warn!(project, error = %e, "not following a project with an invalid ID"),
+                },
+                Some(joined) = pairs.join_next() => {
+                    outcomes.push(ended(joined));
+                    let more_may_come = matches!(self.projects, Projects::All)
+                        && !self.template.exit_when_caught_up;
+                    if pairs.is_empty() && !more_may_come {
+                        break;
+                    }
+                }
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        while let Some(joined) = pairs.join_next().await {
+            outcomes.push(ended(joined));
+        }
+        stop.cancel();
+        for task in tasks {
+            task.join().await;
+        }
+        Ok(outcomes)
+    }
+
+    /// Starts one pair per consumer ID for `project`.
+    fn start_project(
+        &self,
+        pairs: &mut JoinSet<PairOutcome>,
+        hub: &Arc<Hub>,
+        project: &ProjectId,
+        shutdown: &CancellationToken,
+    ) {
+        for consumer_id in &self.consumer_ids {
+            let mut config = self.template.clone();
+            config.project_id = project.clone();
+            config.consumer_id = consumer_id.clone();
+            let (handler, reconciler) = self.factory.make(project, consumer_id);
+            let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
+                .in_set(hub.clone());
+            let shutdown = shutdown.clone();
+            let (project_id, consumer_id) = (project.clone(), consumer_id.clone());
+            pairs.spawn(async move {
+                let result = consumer.run(shutdown).await;
+                PairOutcome {
+                    project_id,
+                    consumer_id,
+                    result,
+                }
+            });
+        }
+    }
+
+    /// The set's shared tasks: heartbeat, poll, listener, sequencer and retention sweep.
+    fn spawn_shared(&self, hub: &Arc<Hub>, stop: &CancellationToken) -> Vec<TaskGuard> {
+        let config = &self.template;
+        let mut tasks = Vec::new();
+        {
+            let (hub, pool, stop) = (hub.clone(), self.pool.clone(), stop.clone());
+            let (ttl, interval) = (config.lease_ttl, config.heartbeat_interval);
+            tasks.push(TaskGuard::spawn(
+                async move { hub.heartbeat(pool, ttl, interval, stop).await }
+                    .instrument(tracing::info_span!("set-heartbeat")),
+            ));
+        }
+        if let Some(task) = hub.ack_task(self.pool.clone(), stop.clone()) {
+            tasks.push(TaskGuard::spawn(task));
+        }
+        {
+            let (hub, pool, stop) = (hub.clone(), self.pool.clone(), stop.clone());
+            let interval = config.poll_interval;
+            tasks.push(TaskGuard::spawn(async move {
+                hub.poll(pool, interval, stop).await
+            }));
+        }
+        // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
+        let listens = config.listen && config.pooler == outbox_core::Pooler::None;
+        if let (true, Some(config_of_listener)) = (listens, &self.listen_config) {
+            let listen = listener::Target {
+                config: config_of_listener.clone(),
+                tls: self.listen_tls.clone(),
+            };
+            let channel = config.schema.channel();
+            let (wake, stop) = (hub.clone() as Arc<dyn listener::Wake>, stop.clone());
+            tasks.push(TaskGuard::spawn(async move {
+                listener::listen(listen, channel, wake, stop).await
+            }));
+        }
+        if let Some(interval) = config.sequence_interval {
+            tasks.push(background::spawn_sequencer(
+                &self.pool, config, interval, stop,
+            ));
+        }
+        if let Some(interval) = config.prune_interval {
+            let base = PruneOptions {
+                retention: config.retention,
+                actor: "consumer-set".to_owned(),
+                ..PruneOptions::default()
+            };
+            let sweeps = match &self.projects {
+                Projects::All => vec![base],
+                Projects::Listed(list) => list
+                    .iter()
+                    .map(|project| PruneOptions {
+                        project: Some(project.clone()),
+                        ..base.clone()
+                    })
+                    .collect(),
+            };
+            tasks.extend(background::spawn_pruner(
+                &self.pool,
+                &config.schema,
+                sweeps,
+                interval,
+                stop,
+            ));
+        }
+        tasks
+    }
+}
+
+/// A pair's outcome, logged.
+fn ended(joined: Result<PairOutcome, tokio::task::JoinError>) -> PairOutcome {
+    let outcome = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let (project, consumer) = (&outcome.project_id, &outcome.consumer_id);
+    match &outcome.result {
+        Ok(summary) => tracing::info!(
+            %project, %consumer, delivered = summary.delivered, cursor = ?summary.cursor,
+            "consumer stopped"
+        ),
+        Err(e) => tracing::error!(
+            %project, %consumer, error = %e,
+            "consumer stopped; the other consumers of this process go on"
+        ),
+    }
+    outcome
+}

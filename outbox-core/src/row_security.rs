@@ -1,0 +1,35 @@
+//! Per-project row security: switching on the policies migration 0002 created.
+//!
+//! The policies bind the schema's writer, consumer and operator roles to the projects listed
+//! for them in `lifecycle_role_projects`. They are inert until row security is enabled on the
+//! tables, which is a deployment decision (`outbox migrate --row-security`), not a schema
+//! version: enabling it is idempotent, and disabling it is one documented statement per table.
+
+use tokio_postgres::Client;
+
+use crate::error::Error;
+use crate::schema::Schema;
+
+/// The tables that carry a `project_id` and the `project_binding` policy.
+pub const ROW_SECURITY_TABLES: [&str; 5] = [
+    "lifecycle_outbox",
+    "lifecycle_project_heads",
+    "lifecycle_consumer_cursors",
+    "lifecycle_deliveries",
+    "lifecycle_audit",
+];
+
+/// Enables row security on every project table of `schema`, in one transaction. The tables'
+/// owner (the role that migrates) stays exempt, as PostgreSQL exempts owners.
+pub async fn enable_row_security(client: &mut Client, schema: &Schema) -> Result<(), Error> {
+    let tx = client.transaction().await?;
+    for table in ROW_SECURITY_TABLES {
+        tx.batch_execute(&format!(
+            "ALTER TABLE {}.{table} ENABLE ROW LEVEL SECURITY",
+            schema.quoted()
+        ))
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

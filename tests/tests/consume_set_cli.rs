@@ -1,0 +1,245 @@
+//! `outbox consume` with several projects, several consumer IDs or --all-projects: one
+//! process, the same JSON lines, and nothing lost across kill -9.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, Writers, cursor, eventually, write_event};
+use outbox_tests::process_kit::{ConsumeProcess, outbox_on};
+use outbox_tests::set_kit::{PairEvents, events_by_pair};
+use outbox_tests::{TestDb, fresh_db};
+use rand::Rng;
+
+/// Fast settings, after the projects and consumer IDs.
+fn args(targets: &[&str]) -> Vec<String> {
+    let fast = [
+        "--start-from",
+        "earliest",
+        "--lease-ttl",
+        "1s",
+        "--heartbeat-interval",
+        "250ms",
+        "--poll-interval",
+        "100ms",
+        "--sequence-interval",
+        "10ms",
+        "--sequencer-lease-ttl",
+        "1s",
+        "--shutdown-grace",
+        "1s",
+    ];
+    targets.iter().chain(&fast).map(|s| s.to_string()).collect()
+}
+
+fn spawn(db: &TestDb, args: &[String]) -> ConsumeProcess {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    ConsumeProcess::spawn(&db.url, &refs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_process_consumes_listed_and_later_projects_with_the_usual_lines() {
+    let db = fresh_db().await;
+    let mut listed = spawn(
+        &db,
+        &args(&[
+            "--project",
+            "a",
+            "--project",
+            "b",
+            "--consumer-id",
+            "c1",
+            "--consumer-id",
+            "c2",
+        ]),
+    );
+    let mut all = spawn(&db, &args(&["--all-projects", "--consumer-id", "every"]));
+    for i in 0..5 {
+        write_event(&db, "a", &format!("a{i}")).await;
+        write_event(&db, "b", &format!("b{i}")).await;
+        write_event(&db, "new", &format!("n{i}")).await;
+    }
+    eventually(WAIT, "both processes to print every event", || async {
+        listed.event_ids().len() == 20 && all.event_ids().len() == 15
+    })
+    .await;
+    let expected: Vec<i64> = (1..=5).collect();
+    let pairs = events_by_pair(&listed.lines());
+    assert_eq!(pairs.len(), 4, "{pairs:?}");
+    for ((project, consumer), events) in &pairs {
+        let sequences: Vec<i64> = events.iter().map(|e| e.0).collect();
+        assert_eq!(sequences, expected, "{project}/{consumer}");
+        assert!(
+            events
+                .iter()
+                .all(|e| e.1.starts_with(&format!("task-deleted:{project}"))),
+            "{project}/{consumer}: {events:?}"
+        );
+    }
+    let pairs = events_by_pair(&all.lines());
+    let projects: BTreeSet<&str> = pairs.keys().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(projects, BTreeSet::from(["a", "b", "new"]));
+    for events in pairs.values() {
+        assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), expected);
+    }
+    for process in [&mut listed, &mut all] {
+        process.signal("TERM");
+        assert_eq!(process.wait().await, 0, "{}", process.stderr());
+    }
+    assert_eq!(cursor(&db, "new", "every").await, Some(5));
+    assert_eq!(cursor(&db, "b", "c2").await, Some(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_drives_only_a_lone_consumer() {
+    let db = fresh_db().await;
+    let (code, _, stderr) = outbox_on(
+        &db,
+        &[
+            "consume",
+            "--project",
+            "a",
+            "--project",
+            "b",
+            "--consumer-id",
+            "c",
+            "--child",
+            "cat",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--child drives one consumer"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_a_consumer_set_then_restart_loses_nothing() {
+    let db = fresh_db().await;
+    const PROJECTS: &[&str] = &["p1", "p2", "p3"];
+    let writers = Writers::start(&db, 3, PROJECTS, 5..25);
+    let args = args(&[
+        "--project",
+        "p1",
+        "--project",
+        "p2",
+        "--project",
+        "p3",
+        "--consumer-id",
+        "k1",
+        "--consumer-id",
+        "k2",
+    ]);
+    // Per pair: the events of each run, and the durable cursor after it died.
+    let mut runs: Vec<PairEvents> = Vec::new();
+    let mut cursors: Vec<BTreeMap<(String, String), Option<i64>>> = Vec::new();
+    let pairs: Vec<(String, String)> = PROJECTS
+        .iter()
+        .flat_map(|p| ["k1", "k2"].map(|c| (p.to_string(), c.to_string())))
+        .collect();
+    for _ in 0..4 {
+        let mut process = spawn(&db, &args);
+        let alive = rand::rng().random_range(1000..2500);
+        tokio::time::sleep(Duration::from_millis(alive)).await;
+        process.signal("KILL");
+        process.wait().await;
+        runs.push(events_by_pair(&process.lines()));
+        let mut after = BTreeMap::new();
+        for (project, consumer) in &pairs {
+            let key = (project.clone(), consumer.clone());
+            after.insert(key, cursor(&db, project, consumer).await);
+        }
+        cursors.push(after);
+    }
+    let committed = writers.stop().await;
+
+    let mut last = spawn(&db, &args);
+    let mut heads: BTreeMap<&str, i64> = BTreeMap::new();
+    for (project, _) in &committed {
+        *heads.entry(project.as_str()).or_default() += 1;
+    }
+    eventually(WAIT, "the final run to catch up on every pair", || async {
+        for (project, consumer) in &pairs {
+            if cursor(&db, project, consumer).await != heads.get(project.as_str()).copied() {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    last.signal("TERM");
+    assert_eq!(
+        last.wait().await,
+        0,
+        "graceful stop exits 0: {}",
+        last.stderr()
+    );
+    runs.push(events_by_pair(&last.lines()));
+
+    for pair in &pairs {
+        let mut delivered = BTreeSet::new();
+        let mut previous: Option<i64> = None;
+        for (index, run) in runs.iter().enumerate() {
+            let events = run.get(pair).cloned().unwrap_or_default();
+            let sequences: Vec<i64> = events.iter().map(|e| e.0).collect();
+            assert!(
+                sequences.windows(2).all(|w| w[0] < w[1]),
+                "{pair:?} run {index} out of order: {sequences:?}"
+            );
+            if let (Some(first), Some(before)) = (sequences.first(), previous) {
+                assert_eq!(
+                    *first,
+                    before + 1,
+                    "{pair:?} run {index} resumes after its cursor"
+                );
+            }
+            delivered.extend(events.into_iter().map(|e| e.1));
+            previous = cursors.get(index).map_or(previous, |c| c[pair]);
+        }
+        let expected: BTreeSet<String> = committed
+            .iter()
+            .filter(|(project, _)| *project == pair.0)
+            .map(|(_, id)| id.clone())
+            .collect();
+        let missing: Vec<_> = expected.difference(&delivered).collect();
+        assert!(
+            missing.is_empty(),
+            "{pair:?}: committed but never delivered: {missing:?}"
+        );
+    }
+    assert!(
+        runs[..4].iter().filter(|r| !r.is_empty()).count() >= 2,
+        "several killed runs delivered something"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_set_exits_when_every_consumer_has_caught_up() {
+    let db = fresh_db().await;
+    for i in 0..30 {
+        write_event(&db, "a", &format!("a{i}")).await;
+        write_event(&db, "b", &format!("b{i}")).await;
+    }
+    let mut process = spawn(
+        &db,
+        &args(&[
+            "--project",
+            "a",
+            "--project",
+            "b",
+            "--consumer-id",
+            "c1",
+            "--consumer-id",
+            "c2",
+            "--exit-when-caught-up",
+        ]),
+    );
+    let code = tokio::time::timeout(WAIT, process.wait())
+        .await
+        .expect("the set stops by itself");
+    assert_eq!(code, 0, "{}", process.stderr());
+    let pairs = events_by_pair(&process.lines());
+    assert_eq!(pairs.len(), 4);
+    for (pair, events) in pairs {
+        let sequences: Vec<i64> = events.iter().map(|e| e.0).collect();
+        assert_eq!(sequences, (1..=30).collect::<Vec<_>>(), "{pair:?}");
+    }
+}

@@ -1,0 +1,211 @@
+//! Per-project row security (`outbox migrate --row-security`): roles bound to project A in
+//! `lifecycle_role_projects` cannot read B's events, claim B's consumers, see B's dead
+//! letters, or record events for B; their own project works end to end.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use outbox_consumer::{Consumer, ConsumerError};
+use outbox_core::{
+    ConnectSettings, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
+};
+use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
+use outbox_tests::process_kit::run_outbox;
+use outbox_tests::{TestDb, fresh_db};
+use tokio_postgres::error::SqlState;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Creates login role `<db>_<kind>_a`, a member of `outbox_<kind>` bound to project A.
+async fn bound_login(db: &TestDb, kind: &str) -> String {
+    let role = format!("{}_{kind}_a", db.name);
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE \"outbox_{kind}\";
+             INSERT INTO outbox.lifecycle_role_projects (role_name, project_id)
+             VALUES ('{role}', 'A');"
+        ))
+        .await
+        .unwrap();
+    db.url.replacen("postgres@", &format!("{role}@"), 1)
+}
+
+async fn record(url: &str, project: &str, task: &str) -> Result<(), outbox_core::Error> {
+    let mut client = ConnectSettings::parse(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let tx = client.transaction().await?;
+    let event = TaskDeleted::new(
+        ProjectId::new(project).unwrap(),
+        TaskId::new(task).unwrap(),
+        Utc::now(),
+        Prior::default(),
+    )?;
+    Writer::new(&Schema::default(), WriterProcessId::new("w").unwrap())
+        .record(&tx, &event)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn roles_bound_to_a_project_see_and_write_only_that_project() {
+    let db = fresh_db().await;
+    let (code, out, err) =
+        run_outbox(&["--database-url", &db.url, "migrate", "--row-security"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("row security is on"), "{out}");
+
+    // B's history, written and consumed by the owner: events, a consumer, a dead letter.
+    for task in ["b1", "b-poison", "b3"] {
+        write_event(&db, "B", task).await;
+    }
+    let owner = Recorder::default();
+    owner.fail_task("b-poison");
+    let mut config = fast_config("B", "shared");
+    config.retry = outbox_consumer::RetrySchedule::new(vec![Duration::from_millis(10)], 1).unwrap();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let consumer = Consumer::new(db.pool(4), None, config, owner.clone(), owner.clone());
+        let token = shutdown.clone();
+        tokio::spawn(async move { consumer.run(token).await })
+    };
+    eventually(WAIT, "B consumed past its dead letter", || async {
+        cursor(&db, "B", "shared").await == Some(3)
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+
+    // Writers of A record for A, and are refused for B.
+    let writer = bound_login(&db, "writer").await;
+    for task in ["a1", "a2"] {
+        record(&writer, "A", task)
+            .await
+            .expect("A's writer writes A");
+    }
+    let err = record(&writer, "B", "x")
+        .await
+        .expect_err("A's writer must not write B");
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+
+    // A's consumer: sequences and delivers A (its embedded sequencer numbers A's events).
+    let consumer_url = bound_login(&db, "consumer").await;
+    let settings = ConnectSettings::parse(&consumer_url).unwrap();
+    let mut config = fast_config("A", "a-reader");
+    config.prune_interval = None;
+    let recorder = Recorder::default();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let consumer = Consumer::new(
+            settings.pool(4).unwrap(),
+            Some(settings.wire_config()),
+            config,
+            recorder.clone(),
+            recorder.clone(),
+        );
+        let token = shutdown.clone();
+        tokio::spawn(async move { consumer.run(token).await })
+    };
+    eventually(WAIT, "A delivered to A's consumer", || async {
+        recorder.sequences() == vec![1, 2]
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    assert!(
+        recorder
+            .events()
+            .iter()
+            .all(|e| e.project_id.as_str() == "A")
+    );
+
+    // It reads none of B's events, consumers or dead letters.
+    let client = settings.connect().await.unwrap();
+    for (sql, what) in [
+        (
+            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE project_id = 'B'",
+            "events",
+        ),
+        (
+            "SELECT count(*) FROM outbox.lifecycle_consumer_cursors WHERE project_id = 'B'",
+            "consumers",
+        ),
+        (
+            "SELECT count(*) FROM outbox.lifecycle_deliveries WHERE project_id = 'B'",
+            "dead letters",
+        ),
+    ] {
+        let n: i64 = client.query_one(sql, &[]).await.unwrap().get(0);
+        assert_eq!(n, 0, "A's consumer sees B's {what}");
+    }
+
+    // It cannot claim B's existing consumer, nor start a new one on B.
+    for consumer_id in ["shared", "new-on-b"] {
+        let mut config = fast_config("B", consumer_id);
+        config.prune_interval = None;
+        config.wait_for_lease = false;
+        let recorder = Recorder::default();
+        let consumer = Consumer::new(
+            settings.pool(4).unwrap(),
+            None,
+            config,
+            recorder.clone(),
+            recorder.clone(),
+        );
+        let result = tokio::time::timeout(WAIT, consumer.run(CancellationToken::new()))
+            .await
+            .expect("refused promptly");
+        let err = result.expect_err("A's consumer must not claim B's consumers");
+        let denied = match &err {
+            ConsumerError::Database(e) => e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            ConsumerError::Core(e) => e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            _ => false,
+        };
+        assert!(denied, "{consumer_id}: {err:?}");
+        assert!(recorder.events().is_empty());
+    }
+
+    // A's operator lists no dead letter of B, and its status shows only A.
+    let operator = bound_login(&db, "operator").await;
+    let (code, out, err) = run_outbox(&[
+        "--database-url",
+        &operator,
+        "dead-letters",
+        "list",
+        "--output",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["dead_letters"], serde_json::json!([]), "{out}");
+    let (code, out, err) =
+        run_outbox(&["--database-url", &operator, "status", "--output", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let projects: Vec<&str> = status["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["project_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(projects, vec!["A"], "{out}");
+
+    // The owner still sees everything.
+    let (code, out, _) = run_outbox(&[
+        "--database-url",
+        &db.url,
+        "dead-letters",
+        "list",
+        "--output",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.contains("b-poison"), "{out}");
+}

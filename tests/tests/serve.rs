@@ -1,0 +1,985 @@
+//! `outbox serve` against a real server process and a real PostgreSQL: the SSE stream (order,
+//! content, ids, resume from the ring, from PostgreSQL and from below the retention floor),
+//! slow clients, readiness with two processes, metrics, admin actions and refusals.
+
+use std::time::Duration;
+
+use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+use outbox_tests::serve_kit::{Metrics, ServeProcess, SseClient, free_port, get, post};
+use outbox_tests::{TestDb, fresh_db};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Timings compressed so tests run in seconds.
+const FAST: &[&str] = &[
+    "--lease-ttl",
+    "2s",
+    "--heartbeat-interval",
+    "300ms",
+    "--poll-interval",
+    "100ms",
+    "--shutdown-grace",
+    "500ms",
+    "--keep-alive",
+    "1s",
+    "--ready-max-poll-age",
+    "3s",
+    "--dashboard-refresh",
+    "300ms",
+    "--drain-timeout",
+    "2s",
+    "--no-prune",
+];
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut all: Vec<&str> = FAST.to_vec();
+    all.extend_from_slice(extra);
+    all
+}
+
+async fn ready(server: &ServeProcess) {
+    let addr = server.addr;
+    eventually(
+        Duration::from_secs(15),
+        "/readyz answers 200",
+        || async move { matches!(get(addr, "/readyz", &[]).await, Ok((200, _, _))) },
+    )
+    .await;
+}
+
+async fn add_tasks(db: &TestDb, project: &str, tasks: &[&str]) {
+    let client = db.connect().await;
+    for task in tasks {
+        client
+            .execute(
+                "INSERT INTO public.tasks (id, project_id) VALUES ($1, $2)",
+                &[task, &project],
+            )
+            .await
+            .unwrap();
+    }
+}
+
+async fn delete_task(db: &TestDb, project: &str, task: &str) {
+    db.connect()
+        .await
+        .query_one(
+            "WITH d AS (UPDATE public.tasks SET deleted_at = now() \
+                        WHERE id = $1 AND deleted_at IS NULL \
+                        RETURNING project_id, id, deleted_at, column_name, status) \
+             SELECT outbox.write_task_deleted(project_id, id, deleted_at, 'test-writer', \
+                        jsonb_build_object('column', column_name, 'status', status)) FROM d",
+            &[&task],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("delete {task} in {project}: {e}"));
+}
+
+#[tokio::test]
+async fn stream_carries_handled_events_in_order_and_resumes_from_ring_and_history() {
+    let db = fresh_db().await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--ring-size",
+            "3",
+        ]),
+    )
+    .await;
+    ready(&server).await;
+    let live = SseClient::open(server.addr, "/v1/projects/p1/events", &[]).await;
+
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        ids.push(write_event(&db, "p1", &format!("T-{n}")).await);
+    }
+    eventually(
+        Duration::from_secs(10),
+        "five events on the live client",
+        || {
+            let n = live.sequences().len();
+            async move { n >= 5 }
+        },
+    )
+    .await;
+    assert_eq!(live.sequences(), vec![1, 2, 3, 4, 5]);
+    for (n, message) in live
+        .events()
+        .iter()
+        .filter(|m| m.event.as_deref() == Some("task:deleted"))
+        .enumerate()
+    {
+        let data = message.json();
+        let sequence = n as i64 + 1;
+        assert_eq!(message.id.as_deref(), Some(sequence.to_string().as_str()));
+        assert_eq!(data["sequence"], sequence);
+        assert_eq!(data["type"], "event");
+        assert_eq!(data["event_type"], "task:deleted");
+        assert_eq!(data["observed"], true);
+        assert_eq!(data["project_id"], "p1");
+        assert_eq!(data["consumer_id"], "feed");
+        assert_eq!(data["task_id"], format!("T-{sequence}"));
+        assert_eq!(data["event_id"], ids[n]);
+        assert_eq!(data["replay"], false);
+        assert_eq!(data["writer_process_id"], "test-writer");
+    }
+
+    // The ring holds 3..5: a resume after 3 is served from memory.
+    let from_ring = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "3")],
+    )
+    .await;
+    // After 0, events 1 and 2 are only in PostgreSQL.
+    let from_history = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "0")],
+    )
+    .await;
+    let by_query = SseClient::open(server.addr, "/v1/projects/p1/events?after=1", &[]).await;
+    eventually(Duration::from_secs(10), "resumed clients catch up", || {
+        let done = from_ring.sequences().len() >= 2
+            && from_history.sequences().len() >= 5
+            && by_query.sequences().len() >= 4;
+        async move { done }
+    })
+    .await;
+    assert_eq!(from_ring.sequences(), vec![4, 5]);
+    assert_eq!(from_history.sequences(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(by_query.sequences(), vec![2, 3, 4, 5]);
+    let first = &from_history.events()[0].json();
+    assert_eq!(first["event_id"], ids[0], "history carries the same JSON");
+
+    // New events reach every client once, after what they resumed with.
+    write_event(&db, "p1", "T-6").await;
+    eventually(Duration::from_secs(10), "event 6 everywhere", || {
+        let done = [&live, &from_ring, &from_history, &by_query]
+            .iter()
+            .all(|c| c.sequences().last() == Some(&6));
+        async move { done }
+    })
+    .await;
+    assert_eq!(live.sequences(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(from_ring.sequences(), vec![4, 5, 6]);
+    assert_eq!(from_history.sequences(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(by_query.sequences(), vec![2, 3, 4, 5, 6]);
+
+    // Keep-alive comments flow while nothing happens (every second here).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        live.messages()
+            .iter()
+            .any(|m| m.comment.as_deref() == Some("keep-alive")),
+        "no keep-alive comment: {:?}",
+        live.messages()
+    );
+}
+
+#[tokio::test]
+async fn a_client_below_the_retention_floor_reconciles_first() {
+    let db = fresh_db().await;
+    add_tasks(&db, "p1", &["A", "B", "C", "D", "E"]).await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&["--project", "p1", "--consumer-id", "feed"]),
+    )
+    .await;
+    ready(&server).await;
+    for task in ["A", "B", "C"] {
+        delete_task(&db, "p1", task).await;
+    }
+    eventually(Duration::from_secs(10), "cursor at 3", || {
+        let db = &db;
+        async move { cursor(db, "p1", "feed").await == Some(3) }
+    })
+    .await;
+    let (code, out, err) = run_outbox(&[
+        "prune",
+        "--database-url",
+        &db.url,
+        "--retention",
+        "0s",
+        "--project",
+        "p1",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let floor: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT pruned_through FROM outbox.lifecycle_project_heads WHERE project_id = 'p1'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(floor >= 2, "prune left the floor at {floor}");
+
+    let client = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "1")],
+    )
+    .await;
+    eventually(Duration::from_secs(10), "a reconcile message", || {
+        let n = client.events().len();
+        async move { n >= 1 }
+    })
+    .await;
+    let first = client.events()[0].clone();
+    assert_eq!(first.event.as_deref(), Some("reconcile"));
+    assert_eq!(
+        first.id.as_deref(),
+        Some("3"),
+        "the reconciliation's id is the head"
+    );
+    let data = first.json();
+    assert_eq!(data["type"], "reconcile");
+    assert_eq!(data["head_sequence"], 3);
+    assert_eq!(data["reason"], "below_retention_floor");
+    let mut live: Vec<String> = data["live_task_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    live.sort();
+    assert_eq!(live, vec!["D", "E"]);
+
+    delete_task(&db, "p1", "D").await;
+    eventually(
+        Duration::from_secs(10),
+        "event 4 after the reconcile",
+        || {
+            let done = client.sequences() == vec![4];
+            async move { done }
+        },
+    )
+    .await;
+    let events = client.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[1].json()["task_id"], "D");
+}
+
+#[tokio::test]
+async fn a_slow_client_is_dropped_while_a_fast_one_keeps_up() {
+    let db = fresh_db().await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--batch-size",
+            "50",
+            "--client-queue",
+            "200",
+            "--lagged-grace",
+            "10s",
+        ]),
+    )
+    .await;
+    ready(&server).await;
+    let fast = SseClient::open(server.addr, "/v1/projects/p1/events", &[]).await;
+
+    // A client that sends its request and then reads nothing, with a tiny receive buffer.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut slow = socket.connect(server.addr).await.unwrap();
+    slow.write_all(
+        format!(
+            "GET /v1/projects/p1/events HTTP/1.1\r\nhost: {}\r\naccept: text/event-stream\r\n\r\n",
+            server.addr
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(10), "two SSE clients", || {
+        let server = &server;
+        async move {
+            server
+                .metrics()
+                .await
+                .get("outbox_sse_clients", &[("project", "p1")])
+                == Some(2.0)
+        }
+    })
+    .await;
+
+    let total = 10_000;
+    db.connect()
+        .await
+        .execute(
+            "SELECT outbox.write_task_deleted('p1', 'S-' || g, now(), 'bulk', NULL) \
+             FROM generate_series(1, $1::int) AS g",
+            &[&total],
+        )
+        .await
+        .unwrap();
+
+    eventually(
+        Duration::from_secs(60),
+        "the slow client is dropped",
+        || {
+            let server = &server;
+            async move {
+                server
+                    .metrics()
+                    .await
+                    .get("outbox_sse_dropped_total", &[("project", "p1")])
+                    == Some(1.0)
+            }
+        },
+    )
+    .await;
+    // Read what the server still wrote: queued events, then the final `lagged` message, then
+    // the end of the connection.
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), slow.read_to_end(&mut received)).await;
+    assert!(
+        read.is_ok(),
+        "the server did not close the slow client's connection"
+    );
+    let text = String::from_utf8_lossy(&received);
+    assert!(
+        text.contains("event: lagged"),
+        "no lagged message; the slow client got {} bytes ending in {:?}",
+        text.len(),
+        &text[text.len().saturating_sub(300)..]
+    );
+
+    eventually(
+        Duration::from_secs(60),
+        "the fast client gets everything",
+        || {
+            let n = fast.sequences().len();
+            async move { n >= total as usize }
+        },
+    )
+    .await;
+    assert_eq!(fast.sequences(), (1..=total as i64).collect::<Vec<_>>());
+    assert!(!fast.ended(), "the fast client was disconnected");
+    assert!(
+        fast.events()
+            .iter()
+            .all(|m| m.event.as_deref() == Some("task:deleted")),
+        "the fast client got something other than events"
+    );
+    let metrics = server.metrics().await;
+    assert_eq!(
+        metrics.get("outbox_sse_clients", &[("project", "p1")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        metrics.get("outbox_sse_dropped_total", &[("project", "p1")]),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn only_the_lease_holder_is_ready_and_sigterm_drains() {
+    let db = fresh_db().await;
+    let common = args(&["--project", "p1", "--consumer-id", "shared"]);
+    let mut first = ServeProcess::start(&db.url, &common).await;
+    ready(&first).await;
+    let second = ServeProcess::start(&db.url, &common).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _, body) = get(second.addr, "/readyz", &[]).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let reason: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reason["ready"], false);
+    assert!(
+        reason["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not hold the lease"),
+        "{body}"
+    );
+    assert_eq!(get(second.addr, "/healthz", &[]).await.unwrap().0, 200);
+    let held = |m: &Metrics| {
+        m.get(
+            "outbox_lease_held",
+            &[("project", "p1"), ("consumer", "shared")],
+        )
+    };
+    assert_eq!(held(&first.metrics().await), Some(1.0));
+    assert_ne!(held(&second.metrics().await), Some(1.0));
+
+    write_event(&db, "p1", "T-1").await;
+    let client = SseClient::open(
+        first.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "0")],
+    )
+    .await;
+    eventually(Duration::from_secs(10), "event 1", || {
+        let done = client.sequences() == vec![1];
+        async move { done }
+    })
+    .await;
+
+    first.signal("TERM");
+    assert_eq!(first.wait().await, 0, "stderr:\n{}", first.stderr());
+    eventually(Duration::from_secs(5), "the stream ends", || {
+        let done = client.ended();
+        async move { done }
+    })
+    .await;
+    let last = client.messages().last().cloned().unwrap();
+    assert_eq!(last.comment.as_deref(), Some("server shutting down"));
+    assert_eq!(cursor(&db, "p1", "shared").await, Some(1), "acknowledged");
+    let row = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT lease_owner, lease_generation FROM outbox.lifecycle_consumer_cursors \
+             WHERE project_id = 'p1' AND consumer_id = 'shared'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (owner, generation): (Option<String>, i64) = (row.get(0), row.get(1));
+    // Released at shutdown (or already claimed by the second process).
+    assert!(owner.is_none() || generation >= 2, "{owner:?} {generation}");
+    ready(&second).await;
+    assert_eq!(held(&second.metrics().await), Some(1.0));
+}
+
+#[tokio::test]
+async fn metrics_follow_the_stream() {
+    let db = fresh_db().await;
+    let server =
+        ServeProcess::start(&db.url, &args(&["--project", "p1", "--consumer-id", "m"])).await;
+    ready(&server).await;
+    let labels = [("project", "p1"), ("consumer", "m")];
+    let metrics = server.metrics().await;
+    assert_eq!(metrics.get("outbox_lease_held", &labels), Some(1.0));
+    assert!(metrics.get("outbox_lease_generation", &labels).unwrap() >= 1.0);
+    assert_eq!(
+        metrics.get("outbox_sse_clients", &[("project", "p1")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        metrics.get("outbox_sse_dropped_total", &[("project", "p1")]),
+        Some(0.0)
+    );
+
+    let client = SseClient::open(server.addr, "/v1/projects/p1/events", &[]).await;
+    for n in 1..=4 {
+        write_event(&db, "p1", &format!("T-{n}")).await;
+    }
+    let wanted = |m: &Metrics, delivered: f64| {
+        m.get("outbox_events_delivered_total", &labels) == Some(delivered)
+            && m.get("outbox_consumer_lag_events", &labels) == Some(0.0)
+            && m.get("outbox_commit_to_dispatch_seconds_count", &[]) == Some(delivered)
+            && m.get("outbox_sse_clients", &[("project", "p1")]) == Some(1.0)
+    };
+    eventually(Duration::from_secs(10), "4 delivered, no lag", || {
+        let server = &server;
+        async move { wanted(&server.metrics().await, 4.0) }
+    })
+    .await;
+    for n in 5..=7 {
+        write_event(&db, "p1", &format!("T-{n}")).await;
+    }
+    eventually(Duration::from_secs(10), "7 delivered, no lag", || {
+        let server = &server;
+        async move { wanted(&server.metrics().await, 7.0) }
+    })
+    .await;
+    assert_eq!(client.sequences().len(), 7);
+    let metrics = server.metrics().await;
+    assert_eq!(metrics.get("outbox_dead_letters", &labels), Some(0.0));
+    // Sampled once per poll interval: it may still show an event the sequencer has numbered
+    // since.
+    eventually(Duration::from_secs(10), "no unsequenced events", || {
+        let server = &server;
+        async move { server.metrics().await.get("outbox_unsequenced_events", &[]) == Some(0.0) }
+    })
+    .await;
+    assert!(
+        metrics
+            .get("outbox_oldest_unsequenced_seconds", &[])
+            .is_some()
+    );
+    let inf = metrics
+        .get(
+            "outbox_commit_to_dispatch_seconds_bucket",
+            &[("le", "+Inf")],
+        )
+        .unwrap();
+    assert_eq!(inf, 7.0, "histogram, not a summary");
+}
+
+#[tokio::test]
+async fn refusals_404_400_503_and_usage_errors() {
+    let db = fresh_db().await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--project",
+            "p2",
+            "--consumer-id",
+            "feed",
+            "--max-clients",
+            "1",
+        ]),
+    )
+    .await;
+    let addr = server.addr;
+    let (status, _, body) = get(addr, "/v1/projects/p3/events", &[]).await.unwrap();
+    assert_eq!(status, 404, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"], "project \"p3\" is not served here");
+    assert_eq!(error["projects"], json!(["p1", "p2"]));
+    for bad in ["abc", "-1", "1.5", ""] {
+        let (status, _, body) = get(addr, "/v1/projects/p1/events", &[("last-event-id", bad)])
+            .await
+            .unwrap();
+        assert_eq!(status, 400, "Last-Event-ID {bad:?}: {body}");
+        assert!(body.contains("malformed Last-Event-ID"), "{body}");
+    }
+    let (status, _, body) = get(addr, "/v1/projects/p1/events?after=x", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+
+    let _only = SseClient::open(addr, "/v1/projects/p2/events", &[]).await;
+    let (status, headers, body) = get(addr, "/v1/projects/p1/events", &[]).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let retry: u64 = headers["retry-after"].parse().unwrap();
+    assert!(retry >= 1);
+    assert!(body.contains("--max-clients"), "{body}");
+    // The dashboard's own stream takes a slot too.
+    let (status, headers, body) = get(addr, "/v1/dashboard/stream", &[]).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(headers.contains_key("retry-after"));
+
+    // The address in use.
+    let listen = addr.to_string();
+    let (code, _, err) = run_outbox(&[
+        "--database-url",
+        &db.url,
+        "serve",
+        "--project",
+        "p1",
+        "--consumer-id",
+        "x",
+        "--listen",
+        &listen,
+    ])
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on {listen}")) && err.contains("already in use"),
+        "{err}"
+    );
+
+    let port = free_port().to_string();
+    let local = format!("127.0.0.1:{port}");
+    let any = format!("0.0.0.0:{port}");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--listen", &local, "--admin-operator", "alice"],
+            "--admin-operator needs --admin-token",
+        ),
+        (
+            vec!["--listen", &local, "--admin-token", "t"],
+            "--admin-token needs --admin-operator",
+        ),
+        (
+            vec![
+                "--listen",
+                &any,
+                "--admin-token",
+                " ",
+                "--admin-operator",
+                "alice",
+            ],
+            "refusing to serve admin actions on non-loopback address",
+        ),
+        (
+            vec![
+                "--listen",
+                &local,
+                "--admin-token",
+                "t",
+                "--admin-operator",
+                "bad name",
+            ],
+            "invalid --admin-operator",
+        ),
+        (
+            vec![
+                "--listen",
+                &local,
+                "--client-queue",
+                "10",
+                "--batch-size",
+                "50",
+            ],
+            "--client-queue",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut argv = vec![
+            "--database-url",
+            &db.url,
+            "serve",
+            "--project",
+            "p1",
+            "--consumer-id",
+            "x",
+        ];
+        argv.extend(extra.iter().copied());
+        let (code, _, err) = run_outbox(&argv).await;
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn admin_actions_need_the_token_and_are_audited() {
+    let db = fresh_db().await;
+    // A consumer whose child fails every event parks a dead letter; its own /metrics shows it.
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut broken = ConsumeProcess::spawn(
+        &db.url,
+        &[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "broken",
+            "--child",
+            "exit 1",
+            "--max-attempts",
+            "1",
+            "--poll-interval",
+            "100ms",
+            "--no-prune",
+            "--start-from",
+            "earliest",
+            "--metrics-addr",
+            &metrics_addr,
+        ],
+    );
+    let event_id = write_event(&db, "p1", "T-1").await;
+    let addr: std::net::SocketAddr = metrics_addr.parse().unwrap();
+    let labels = [("project", "p1"), ("consumer", "broken")];
+    eventually(
+        Duration::from_secs(20),
+        "a dead letter in the consumer's metrics",
+        || async move {
+            let Ok((200, _, body)) = get(addr, "/metrics", &[]).await else {
+                return false;
+            };
+            let m = Metrics::parse(&body);
+            m.get(
+                "outbox_delivery_failures_total",
+                &[
+                    ("project", "p1"),
+                    ("consumer", "broken"),
+                    ("class", "child_exited"),
+                ],
+            ) == Some(1.0)
+                && m.get("outbox_dead_letters", &labels) == Some(1.0)
+        },
+    )
+    .await;
+    broken.signal("TERM");
+    assert_eq!(broken.wait().await, 0, "{}", broken.stderr());
+
+    // Read-only server: admin actions are disabled.
+    let read_only = ServeProcess::start(
+        &db.url,
+        &args(&["--project", "p1", "--consumer-id", "feed"]),
+    )
+    .await;
+    let letter = json!({"project": "p1", "consumer_id": "broken", "event_id": event_id});
+    let (status, _, body) = post(read_only.addr, "/v1/admin/replay", &[], &letter)
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "{body}");
+    drop(read_only);
+
+    let server = ServeProcess::start_with_env(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--admin-operator",
+            "alice",
+        ]),
+        &[("OUTBOX_ADMIN_TOKEN", "s3cret-token")],
+    )
+    .await;
+    let addr = server.addr;
+    let good = [("authorization", "Bearer s3cret-token")];
+    let wrong = [("authorization", "Bearer nope")];
+    for (path, body) in [
+        ("/v1/admin/replay", letter.clone()),
+        (
+            "/v1/admin/resolve",
+            json!({"project": "p1", "consumer_id": "broken", "event_id": event_id, "reason": "fixed"}),
+        ),
+        (
+            "/v1/admin/retire",
+            json!({"project": "p1", "consumer_id": "broken", "reason": "gone"}),
+        ),
+    ] {
+        for headers in [&[][..], &wrong[..]] {
+            let (status, h, text) = post(addr, path, headers, &body).await.unwrap();
+            assert_eq!(status, 401, "{path} {headers:?}: {text}");
+            assert_eq!(h["www-authenticate"], "Bearer");
+        }
+    }
+    // Nothing happened without the token.
+    let audited = || async {
+        db.connect()
+            .await
+            .query(
+                "SELECT kind, actor FROM outbox.lifecycle_audit \
+                 WHERE consumer_id = 'broken' ORDER BY id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, Option<String>>(1)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        audited().await.len(),
+        1,
+        "only the parking: {:?}",
+        audited().await
+    );
+
+    let (status, _, text) = post(addr, "/v1/admin/replay", &good, &letter)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let replay: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(replay["requested"], json!([event_id]));
+    // Replaying it again is a conflict (it is no longer dead), as in the CLI.
+    let (status, _, text) = post(addr, "/v1/admin/replay", &good, &letter)
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{text}");
+    // The consumer's lease holder carries the replay out (its child fails again), and the
+    // runtime audits the outcome, as after `outbox dead-letters replay`.
+    let mut again = ConsumeProcess::spawn(
+        &db.url,
+        &[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "broken",
+            "--child",
+            "exit 1",
+            "--max-attempts",
+            "1",
+            "--poll-interval",
+            "100ms",
+            "--no-prune",
+        ],
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the replay is carried out and audited",
+        || async {
+            audited()
+                .await
+                .iter()
+                .filter(|(kind, _)| kind.ends_with("consumer-poisoned"))
+                .count()
+                == 2
+        },
+    )
+    .await;
+    again.signal("TERM");
+    assert_eq!(again.wait().await, 0, "{}", again.stderr());
+
+    let resolve = json!({"project": "p1", "consumer_id": "broken", "event_id": event_id, "reason": "fixed by hand"});
+    let (status, _, text) = post(addr, "/v1/admin/resolve", &good, &resolve)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let resolved: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(resolved["resolved_by"], "alice");
+    assert_eq!(resolved["previous_state"], "dead");
+
+    let retire = json!({"project": "p1", "consumer_id": "broken", "reason": "decommissioned"});
+    let (status, _, text) = post(addr, "/v1/admin/retire", &good, &retire)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let retired: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(retired["retired_by"], "alice");
+
+    let (status, _, text) = post(addr, "/v1/admin/resolve", &good, &json!({"project": "p1"}))
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{text}");
+    let (status, _, text) = post(
+        addr,
+        "/v1/admin/retire",
+        &good,
+        &json!({"project": "p1", "consumer_id": "nobody", "reason": "x"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 404, "{text}");
+
+    let trail = audited().await;
+    assert!(
+        trail
+            .iter()
+            .any(|(k, a)| k.ends_with("dead-letter-replay-requested")
+                && a.as_deref() == Some("alice")),
+        "the replay request is audited under the operator name, as with --by: {trail:?}"
+    );
+    assert!(
+        trail
+            .iter()
+            .any(|(k, a)| k.ends_with("dead-letter-resolved") && a.as_deref() == Some("alice")),
+        "{trail:?}"
+    );
+    assert!(
+        trail
+            .iter()
+            .any(|(k, a)| k.ends_with("consumer-retired") && a.as_deref() == Some("alice")),
+        "{trail:?}"
+    );
+    // The same rows the CLI writes: `outbox audit` shows them.
+    let (code, out, err) = run_outbox(&[
+        "--database-url",
+        &db.url,
+        "audit",
+        "--consumer-id",
+        "broken",
+        "--output",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("\"actor\": \"alice\"") || out.contains("\"actor\":\"alice\""),
+        "{out}"
+    );
+}
+
+/// A child that records every line it gets and acknowledges each, except events of task
+/// `poison`, which it fails.
+const CHILD: &str = r#"
+while IFS= read -r line; do
+  printf '%s\n' "$line" >> "$CHILD_LOG"
+  seq=$(printf '%s' "$line" | sed -n -E 's/.*"(head_)?sequence":([0-9]*).*/\2/p')
+  case "$line" in
+    *'"task_id":"poison"'*) printf '{"fail": %s, "class": "poison_pill"}\n' "$seq" ;;
+    *) printf '{"ack": %s}\n' "$seq" ;;
+  esac
+done
+"#;
+
+#[tokio::test]
+async fn with_a_child_the_stream_carries_what_the_child_acknowledged() {
+    let db = fresh_db().await;
+    let log = std::env::temp_dir().join(format!("outbox-serve-child-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let log_path = log.display().to_string();
+    let server = ServeProcess::start_with_env(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--start-from",
+            "earliest",
+            "--child",
+            CHILD,
+            "--max-attempts",
+            "1",
+        ]),
+        &[("CHILD_LOG", log_path.as_str())],
+    )
+    .await;
+    ready(&server).await;
+    let live = SseClient::open(server.addr, "/v1/projects/p1/events", &[]).await;
+    for task in ["a", "poison", "b"] {
+        write_event(&db, "p1", task).await;
+    }
+    eventually(
+        Duration::from_secs(15),
+        "events 1 and 3 on the stream",
+        || {
+            let done = live.sequences() == vec![1, 3];
+            async move { done }
+        },
+    )
+    .await;
+    let child_saw = std::fs::read_to_string(&log).unwrap_or_default();
+    for task in [
+        "\"task_id\":\"a\"",
+        "\"task_id\":\"poison\"",
+        "\"task_id\":\"b\"",
+    ] {
+        assert!(
+            child_saw.contains(task),
+            "the child never got {task}: {child_saw}"
+        );
+    }
+    // The parked event is not history either: a resume from 0 skips it.
+    let resumed = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "0")],
+    )
+    .await;
+    write_event(&db, "p1", "c").await;
+    eventually(Duration::from_secs(10), "event 4 on both", || {
+        let done = live.sequences() == vec![1, 3, 4] && resumed.sequences() == vec![1, 3, 4];
+        async move { done }
+    })
+    .await;
+    let m = server.metrics().await;
+    assert_eq!(
+        m.get(
+            "outbox_delivery_failures_total",
+            &[
+                ("project", "p1"),
+                ("consumer", "feed"),
+                ("class", "poison_pill")
+            ]
+        ),
+        Some(1.0)
+    );
+    // Counted at acknowledgement, which follows publication.
+    eventually(Duration::from_secs(10), "3 delivered", || {
+        let server = &server;
+        async move {
+            server.metrics().await.get(
+                "outbox_events_delivered_total",
+                &[("project", "p1"), ("consumer", "feed")],
+            ) == Some(3.0)
+        }
+    })
+    .await;
+    let _ = std::fs::remove_file(&log);
+}
