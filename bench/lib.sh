@@ -23,6 +23,14 @@ bench_cluster() {
     export DATABASE_URL
 }
 
+# wal_flushed LSN: waits until the WAL is flushed up to LSN (the WAL writer does it within
+# wal_writer_delay); pg_walinspect refuses to read beyond the flushed end.
+wal_flushed() {
+    sql -c "DO \$\$ BEGIN
+                WHILE pg_current_wal_flush_lsn() < '$1'::pg_lsn LOOP PERFORM pg_sleep(0.02); END LOOP;
+            END \$\$"
+}
+
 sequencer_pid=
 
 # start_sequencer: `outbox sequence --every 50ms` in the background, output in $work.

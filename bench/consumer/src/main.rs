@@ -19,8 +19,10 @@
 
 mod catchup;
 mod latency;
+mod pgq;
 mod pooler;
 mod report;
+mod scaling;
 
 use std::path::PathBuf;
 
@@ -47,6 +49,15 @@ enum Internal {
     /// Drain a backlog as one consumer, report on stdout, exit when stdin closes.
     #[command(hide = true)]
     CatchUpWorker(catchup::WorkerArgs),
+    /// Drain a PgQ queue with its batch API (bench/peers.sh), report one JSON line.
+    #[command(hide = true)]
+    PgqDrain(pgq::DrainArgs),
+    /// K consumers of one project drain its backlog side by side (bench/scaling.sh).
+    #[command(hide = true)]
+    ScaleCatchUp(scaling::CatchUpArgs),
+    /// Commit-to-handler latency with P projects and K consumers (bench/scaling.sh).
+    #[command(hide = true)]
+    ScaleLatency(scaling::LatencyArgs),
     /// Catch-up through a transaction-mode pooler beside a direct connection (bench/pooler.sh);
     /// the markdown report goes to stdout.
     PoolerCompare(pooler::PoolerArgs),
@@ -107,6 +118,9 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.worker {
             Some(Internal::CatchUpWorker(args)) => catchup::worker(args).await,
+            Some(Internal::PgqDrain(args)) => pgq::drain(args).await,
+            Some(Internal::ScaleCatchUp(args)) => scaling::catch_up(args).await,
+            Some(Internal::ScaleLatency(args)) => scaling::latency(args).await,
             Some(Internal::PoolerCompare(args)) => pooler::compare(args).await.map(|report| {
                 println!("{report}");
             }),
