@@ -246,6 +246,8 @@ pub fn build_config(
     config.lease_ttl = args.lease_ttl;
     config.heartbeat_interval = args.heartbeat_interval;
     config.poll_interval = args.poll_interval;
+    // Gauges cost a statement per sample: only for a process that exports them.
+    config.gauge_interval = args.metrics_addr.map(|_| args.poll_interval);
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
     config.sequencer_lease_ttl = args.sequencer_lease_ttl;
     config.pooler = global.pooler.into();

@@ -96,9 +96,9 @@ pub(crate) fn spawn(
             stop,
         ));
     }
-    {
+    if let Some(interval) = config.gauge_interval {
         let (pool, stop) = (pool.clone(), stop.clone());
-        let (schema, interval) = (config.schema.clone(), config.poll_interval);
+        let schema = config.schema.clone();
         let (project, consumer) = (config.project_id.clone(), config.consumer_id.clone());
         tasks.push(TaskGuard::spawn(async move {
             gauges::sample(pool, schema, project, consumer, interval, stop).await

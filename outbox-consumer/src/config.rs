@@ -37,8 +37,16 @@ pub struct ConsumerConfig {
     pub lease_ttl: Duration,
     /// How often the lease is renewed, on its own timer.
     pub heartbeat_interval: Duration,
-    /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`).
+    /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`). While the
+    /// LISTEN connection is up, notifications carry the news and the poll is only a safety
+    /// net (and how replay requests are found): a lone consumer then polls
+    /// [`LISTENING_POLL_FACTOR`](crate::LISTENING_POLL_FACTOR) times less often.
     pub poll_interval: Duration,
+    /// How often the gauges (`outbox_consumer_lag_events`, `outbox_dead_letters`, the
+    /// unsequenced backlog) are sampled, one statement each time; `None` samples nothing, for
+    /// a process that exports no metrics. `outbox consume --metrics-addr` and `outbox serve`
+    /// sample at the poll interval.
+    pub gauge_interval: Option<Duration>,
     /// Whether this process takes part in the sequencer election, and the slowest tick of its
     /// sequencer while it leads and nothing arrives (after activity it ticks every
     /// [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other processes.
@@ -93,6 +101,7 @@ impl ConsumerConfig {
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
+            gauge_interval: None,
             sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
             sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
             retry: RetrySchedule::default(),

@@ -84,5 +84,5 @@ pub use handler::{
 pub use history::History;
 pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
-pub use runtime::{Consumer, MIN_POOL_SIZE, RunSummary};
+pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};
 pub use set::{ConsumerSet, PairFactory, PairOutcome, Projects};

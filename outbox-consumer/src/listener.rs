@@ -8,6 +8,7 @@
 //! that whatever was missed meanwhile is scanned.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -39,6 +40,9 @@ pub(crate) trait Wake: Send + Sync + 'static {
     fn notified(&self, payload: &str);
     /// The listener (re)connected: anything may have been missed meanwhile.
     fn connected(&self);
+    /// The listener's connection ended (or could not be set up): until it is back, only
+    /// polling finds new events.
+    fn disconnected(&self) {}
 }
 
 /// The wake-up of a single consumer: notifications about its project.
@@ -57,7 +61,12 @@ impl Wake for ProjectWake {
     }
 
     fn connected(&self) {
+        self.signals.listening.store(true, Ordering::Relaxed);
         self.signals.wake.notify_one();
+    }
+
+    fn disconnected(&self) {
+        self.signals.listening.store(false, Ordering::Relaxed);
     }
 }
 
@@ -81,6 +90,7 @@ pub(crate) async fn listen(
             _ = stop.cancelled() => return,
             outcome = session(&config, tls.as_ref(), &channel, &*wake) => outcome,
         };
+        wake.disconnected();
         match outcome {
             Ok(()) => failures = 0,
             Err(reason) => {

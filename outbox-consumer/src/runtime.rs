@@ -70,6 +70,17 @@ impl<D, R> Consumer<D, R> {
         self.listen_tls = Some(connector);
         self
     }
+
+    /// How long a lone consumer waits for a wake-up before it polls: the poll interval, or
+    /// [`LISTENING_POLL_FACTOR`] times that while its listener is connected (the notifications
+    /// then carry the news; a dead listener connection is found by its ping within seconds,
+    /// and the reconnect wakes the loop).
+    fn fallback_poll(&self, signals: &Signals) -> Duration {
+        match signals.listening.load(Ordering::Relaxed) {
+            true => self.config.poll_interval * LISTENING_POLL_FACTOR,
+            false => self.config.poll_interval,
+        }
+    }
 }
 
 impl<H: Handler, R: Reconciler> Consumer<Plain<H>, R> {
@@ -125,6 +136,9 @@ pub(crate) struct Signals {
     /// Set when dead letters may be waiting for replay: by the loop's own timer, or in a set
     /// by the shared poll, which has seen a request.
     pub replay_due: AtomicBool,
+    /// Whether the listener's connection is up (LISTEN done); a lone consumer's fallback poll
+    /// is then slower.
+    pub listening: AtomicBool,
 }
 
 /// What a run shares with other runs: nothing (its own background tasks, its own fallback
@@ -432,7 +446,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             // In a set nothing needs a timer of its own while idle: the hub's poll wakes it.
             let poll = match wiring.polls_itself {
-                true => self.config.poll_interval,
+                true => self.fallback_poll(&wiring.signals),
                 false => NO_POLL,
             };
             let mut deadline = Instant::now() + poll;
@@ -483,7 +497,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
         }
         if wiring.polls_itself && Instant::now() >= progress.next_replay_check {
-            progress.next_replay_check = Instant::now() + self.config.poll_interval;
+            progress.next_replay_check = Instant::now() + self.fallback_poll(&wiring.signals);
             wiring.signals.replay_due.store(true, Ordering::Relaxed);
         }
         if wiring.signals.replay_due.swap(false, Ordering::Relaxed) {
@@ -1006,6 +1020,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         Ok(())
     }
 }
+
+/// How many times slower a lone consumer's fallback poll is while its LISTEN connection is up:
+/// idle, it is most of what a consumer process sends the database.
+pub const LISTENING_POLL_FACTOR: u32 = 5;
 
 /// How long an idle member of a set waits with no wake-up at all: in effect forever, since
 /// the set's hub polls every project's head on the set's behalf and wakes whoever needs it.

@@ -181,7 +181,8 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             project: project.clone(),
             consumer_id: args.consumer_id.clone(),
         };
-        let config = build_config(global, &consumer, consume)?;
+        let mut config = build_config(global, &consumer, consume)?;
+        config.gauge_interval = Some(config.poll_interval);
         config
             .validate()
             .map_err(|e| Failure::usage(e.to_string()))?;
