@@ -128,8 +128,9 @@ transactions/s = the \`pg_stat_database\` \`xact_commit + xact_rollback\` delta 
 window plus 11 s (idle backends report their counters up to 10 s late); connections = the
 backends of the database at the end.
 
-Reading the figures: a statement sent as text (\`query(&str)\`) is a prepare and an execute,
-each its own implicit transaction, so transactions/s is close to twice statements/s. With the
+Reading the figures: every statement is sent unnamed, in one round trip and one implicit
+transaction, so transactions/s follows statements/s (idle backends report their transaction
+counters late, so the two windows do not match exactly). With the
 elected sequencer, only the leader probes for unnumbered events (every idle tick, 50 ms) and
 every other process sends one lease \`UPDATE\` every 2.5 s (a quarter of the 10 s lease);
 without it, every process probes every 10 ms. What remains per process is the consumer's own
