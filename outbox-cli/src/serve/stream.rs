@@ -197,11 +197,13 @@ impl Client {
         }
     }
 
-    /// The next chunk to write, or `None` when the stream ends.
+    /// The next chunk to write, or `None` when the stream ends. A client that fell behind gets
+    /// everything already queued for it in one chunk: one write instead of one per batch,
+    /// which is what lets a starved client catch up instead of falling further behind.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
-            if let Some(chunk) = self.out.pop_front() {
-                return Some(chunk);
+            if !self.out.is_empty() {
+                return Some(self.drain_out());
             }
             if self.done {
                 return None;
@@ -220,8 +222,7 @@ impl Client {
                 }
                 batch = self.subscription.queue.recv() => match batch {
                     Some(batch) => {
-                        self.subscription.queued.fetch_sub(batch.frames.len(), Ordering::AcqRel);
-                        if let Err(message) = self.take(&batch).await {
+                        if let Err(message) = self.take_queued(batch).await {
                             return self.fail(message);
                         }
                     }
@@ -361,6 +362,31 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Takes `first` and every batch already waiting behind it.
+    async fn take_queued(&mut self, first: Arc<super::hub::Batch>) -> Result<(), String> {
+        let mut next = Some(first);
+        while let Some(batch) = next {
+            self.subscription
+                .queued
+                .fetch_sub(batch.frames.len(), Ordering::AcqRel);
+            self.take(&batch).await?;
+            next = self.subscription.queue.try_recv().ok();
+        }
+        Ok(())
+    }
+
+    /// Everything queued for output, as one chunk.
+    fn drain_out(&mut self) -> Bytes {
+        if self.out.len() == 1 {
+            return self.out.pop_front().expect("one chunk");
+        }
+        let mut chunk = Vec::with_capacity(self.out.iter().map(Bytes::len).sum());
+        for part in self.out.drain(..) {
+            chunk.extend_from_slice(&part);
+        }
+        Bytes::from(chunk)
     }
 
     /// Queues `frame` unless the client already has it.
