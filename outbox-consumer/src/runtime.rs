@@ -169,6 +169,9 @@ struct Progress {
     /// Last sequence (and count) handled by this run whose acknowledgement is still to be
     /// written.
     handled_through: Option<(i64, u64)>,
+    /// The next batch, being read while this one is dispatched (lone consumers, after a full
+    /// batch); used only if the cursor reaches the point it was read after.
+    prefetched: Option<Prefetch>,
     /// The unhandled rest of a batch behind a failed event (that event first), kept across
     /// the retry wait so the retry reads nothing again. Used only while it still starts right
     /// after the cursor; events never change once numbered, so the copy cannot be stale.
@@ -245,6 +248,40 @@ enum Read {
         events: Vec<ObservedEvent>,
         more: bool,
     },
+}
+
+/// A batch read ahead, on a task of its own; dropping it aborts the read.
+struct Prefetch {
+    /// The cursor it reads after.
+    after: i64,
+    handle: tokio::task::JoinHandle<Result<Batch, ConsumerError>>,
+}
+
+impl Prefetch {
+    fn spawn(
+        after: i64,
+        read: impl Future<Output = Result<Batch, ConsumerError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            after,
+            handle: tokio::spawn(read),
+        }
+    }
+
+    /// The batch, or the read's error. The task is aborted only by dropping this, so a join
+    /// error is a panic in the read, passed on as one.
+    async fn result(mut self) -> Result<Batch, ConsumerError> {
+        match (&mut self.handle).await {
+            Ok(read) => read,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
 }
 
 /// Whether to go round again at once.
@@ -356,6 +393,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             new_consumer: claimed.created,
             handled_through: None,
             pending: Vec::new(),
+            prefetched: None,
             meters: Meters::new(&self.config),
         };
         let span = tracing::info_span!(
@@ -564,12 +602,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     async fn read_batch(
         &self,
         statements: &Statements,
-        progress: &Progress,
+        progress: &mut Progress,
         cursor: i64,
     ) -> Result<Read, ConsumerError> {
         let project = &self.config.project_id;
         let consumer = &self.config.consumer_id;
         let limit = self.config.batch_size;
+        // A batch read ahead may predate events numbered since: read again at once after it.
+        let mut read_ahead = false;
         let Batch {
             events: decoded,
             full,
@@ -580,22 +620,43 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     .await?
             }
             None => {
-                let client = self.pool.get().await?;
-                let rows = store::query_hot(
-                    &client,
-                    statements.cached,
-                    &statements.read_batch,
-                    &[&project.as_str(), &cursor, &limit],
-                )
-                .await?;
-                let events = rows
-                    .iter()
-                    .map(|row| store::decode(row, project, consumer, false, 1))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Batch {
-                    full: events.len() as i64 == limit,
-                    events,
+                let read = match progress.prefetched.take() {
+                    Some(prefetch) if prefetch.after == cursor => {
+                        let ahead = prefetch.result().await?;
+                        if ahead.events.is_empty() {
+                            // Nothing was there then; something may be now.
+                            self.read_alone(
+                                statements.read_batch.clone(),
+                                statements.cached,
+                                cursor,
+                            )
+                            .await?
+                        } else {
+                            read_ahead = true;
+                            ahead
+                        }
+                    }
+                    // Read after another cursor (a failure or a reconciliation came between):
+                    // dropped, which aborts it.
+                    _ => {
+                        self.read_alone(statements.read_batch.clone(), statements.cached, cursor)
+                            .await?
+                    }
+                };
+                // A full batch: read the next one while this one is dispatched and
+                // acknowledged. Events never change once numbered, and the retention floor
+                // never passes this consumer's cursor, so the copy cannot go stale.
+                if read.full {
+                    if let Some((last, _)) = read.events.last() {
+                        let next = self.read_alone(
+                            statements.read_batch.clone(),
+                            statements.cached,
+                            last.sequence,
+                        );
+                        progress.prefetched = Some(Prefetch::spawn(last.sequence, next));
+                    }
                 }
+                read
             }
         };
         if decoded.is_empty() {
@@ -638,9 +699,45 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .commit_to_dispatch
                 .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
         }
-        // Go round again at once after a full batch, or one cut short by an undecodable event.
-        let more = full || events.len() < read;
+        // Go round again at once after a full batch, one cut short by an undecodable event, or
+        // one read ahead.
+        let more = full || events.len() < read || read_ahead;
         Ok(Read::Events { events, more })
+    }
+
+    /// One batch after `cursor` for a lone consumer (a set's members read through its hub), as
+    /// a future that owns what it needs, so that it can also run ahead as a [`Prefetch`].
+    fn read_alone(
+        &self,
+        read_batch: String,
+        cached: bool,
+        cursor: i64,
+    ) -> impl Future<Output = Result<Batch, ConsumerError>> + Send + 'static {
+        let pool = self.pool.clone();
+        let (project, consumer) = (
+            self.config.project_id.clone(),
+            self.config.consumer_id.clone(),
+        );
+        let limit = self.config.batch_size;
+        async move {
+            let client = pool.get().await?;
+            let rows = store::query_hot(
+                &client,
+                cached,
+                &read_batch,
+                &[&project.as_str(), &cursor, &limit],
+            )
+            .await?;
+            drop(client);
+            let events = rows
+                .iter()
+                .map(|row| store::decode(row, &project, &consumer, false, 1))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Batch {
+                full: events.len() as i64 == limit,
+                events,
+            })
+        }
     }
 
     /// Dispatch: hands the events to the dispatch mode, acknowledges the handled prefix and
