@@ -212,13 +212,16 @@ async fn run(args: BenchArgs) -> BoxResult<()> {
     let failed_checks: Vec<&str> = results
         .latency
         .iter()
-        .filter(|o| o.missing > 0 || o.negative > 0 || o.out_of_order > 0)
+        // An event handled before its writer's COMMIT call returned is not an error: the commit
+        // is visible to others before the writer has read the server's reply. It is counted in
+        // the report and left out of the latencies.
+        .filter(|o| o.missing > 0 || o.out_of_order > 0)
         .map(|_| "latency")
         .collect();
     if failed_checks.is_empty() {
         Ok(())
     } else {
-        Err("a latency scenario lost, reordered or mis-timed events (see the report)".into())
+        Err("a latency scenario lost or reordered events (see the report)".into())
     }
 }
 
