@@ -12,6 +12,7 @@ use crate::child::ChildSink;
 use crate::cli::{ConsumeArgs, ConsumerOptions, Global, StartFromArg};
 use crate::db::DatabaseUrl;
 use crate::failure::{ExitCode, Failure};
+use crate::serve::MetricsEndpoint;
 use crate::shutdown::Shutdown;
 use crate::sink::StdoutSink;
 
@@ -32,12 +33,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::usage(e.to_string()))?;
 
     let connections = connections(&database, options.no_listen, options.pool_size).await?;
-    // The metrics listener stops with the run, whichever way the run ends.
-    let metrics_stop = shutdown.token().child_token();
-    let metrics = match options.metrics_addr {
-        Some(addr) => Some(crate::serve::metrics_only(addr, metrics_stop.clone()).await?),
-        None => None,
-    };
+    let metrics = MetricsEndpoint::start(options.metrics_addr, &shutdown.token()).await?;
 
     let consumer_id = consumer.consumer_id.to_string();
     let args_live_query = options.live_query.is_some();
@@ -59,9 +55,9 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         }
         None => run_with(connections, config, StdoutSink::new(consumer_id), token).await,
     };
-    metrics_stop.cancel();
+    // The metrics endpoint stops with the run, whichever way the run ended.
     if let Some(metrics) = metrics {
-        let _ = metrics.await;
+        metrics.stop().await;
     }
     finish(result, "consumer", args_live_query, "outbox consume")
 }

@@ -625,12 +625,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         let ahead = prefetch.result().await?;
                         if ahead.events.is_empty() {
                             // Nothing was there then; something may be now.
-                            self.read_alone(
-                                statements.read_batch.clone(),
-                                statements.cached,
-                                cursor,
-                            )
-                            .await?
+                            self.read_alone(statements, cursor).await?
                         } else {
                             read_ahead = true;
                             ahead
@@ -638,21 +633,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     }
                     // Read after another cursor (a failure or a reconciliation came between):
                     // dropped, which aborts it.
-                    _ => {
-                        self.read_alone(statements.read_batch.clone(), statements.cached, cursor)
-                            .await?
-                    }
+                    _ => self.read_alone(statements, cursor).await?,
                 };
                 // A full batch: read the next one while this one is dispatched and
                 // acknowledged. Events never change once numbered, and the retention floor
                 // never passes this consumer's cursor, so the copy cannot go stale.
                 if read.full {
                     if let Some((last, _)) = read.events.last() {
-                        let next = self.read_alone(
-                            statements.read_batch.clone(),
-                            statements.cached,
-                            last.sequence,
-                        );
+                        let next = self.read_alone(statements, last.sequence);
                         progress.prefetched = Some(Prefetch::spawn(last.sequence, next));
                     }
                 }
@@ -709,10 +697,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// a future that owns what it needs, so that it can also run ahead as a [`Prefetch`].
     fn read_alone(
         &self,
-        read_batch: String,
-        cached: bool,
+        statements: &Statements,
         cursor: i64,
     ) -> impl Future<Output = Result<Batch, ConsumerError>> + Send + 'static {
+        let (read_batch, cached) = (statements.read_batch.clone(), statements.cached);
         let pool = self.pool.clone();
         let (project, consumer) = (
             self.config.project_id.clone(),

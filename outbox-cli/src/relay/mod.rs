@@ -15,6 +15,7 @@ use crate::args::ConsumerRef;
 use crate::cli::{ConsumeArgs, Global, parse_duration};
 use crate::consume_cmd::{build_config, connections, finish, run_with};
 use crate::failure::Failure;
+use crate::serve::MetricsEndpoint;
 use crate::shutdown::Shutdown;
 
 pub use publisher::{Publisher, PublisherSettings};
@@ -192,16 +193,12 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         args.consume.options.pool_size,
     )
     .await?;
-    // The metrics listener stops with the run, whichever way the run ends.
-    let metrics_stop = shutdown.token().child_token();
-    let metrics = match args.consume.options.metrics_addr {
-        Some(addr) => Some(crate::serve::metrics_only(addr, metrics_stop.clone()).await?),
-        None => None,
-    };
+    let metrics =
+        MetricsEndpoint::start(args.consume.options.metrics_addr, &shutdown.token()).await?;
     let result = run_with(connections, config, publisher, shutdown.token()).await;
-    metrics_stop.cancel();
+    // The metrics endpoint stops with the run, whichever way the run ended.
     if let Some(metrics) = metrics {
-        let _ = metrics.await;
+        metrics.stop().await;
     }
     finish(
         result,

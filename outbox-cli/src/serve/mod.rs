@@ -140,9 +140,38 @@ pub fn install_metrics() -> Result<PrometheusHandle, Failure> {
     Ok(HANDLE.get_or_init(|| handle).clone())
 }
 
-/// `outbox consume --metrics-addr`: serves `/metrics` (and `/healthz`) on `addr` until
-/// `shutdown`. Binding happens before this returns, so a used address fails the command.
-pub async fn metrics_only(
+/// `--metrics-addr` of `consume`, `relay nats` and `serve`: `/metrics` (and `/healthz`) on an
+/// address of its own, beside whatever else the command serves.
+pub struct MetricsEndpoint {
+    /// Stops the endpoint; a child of the command's shutdown token.
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MetricsEndpoint {
+    /// Serves on `addr`, when given, until [`MetricsEndpoint::stop`] or `shutdown`. Binding
+    /// happens before this returns, so a used address fails the command.
+    pub async fn start(
+        addr: Option<SocketAddr>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Self>, Failure> {
+        let Some(addr) = addr else {
+            return Ok(None);
+        };
+        let stop = shutdown.child_token();
+        let task = metrics_only(addr, stop.clone()).await?;
+        Ok(Some(Self { stop, task }))
+    }
+
+    /// Stops serving and waits for open requests to finish.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Serves `/metrics` (and `/healthz`) on `addr` until `shutdown`.
+async fn metrics_only(
     addr: SocketAddr,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, Failure> {
@@ -209,10 +238,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
 
     // Cancelled by the first signal, or when any consumer stops.
     let shutdown = signals.token().child_token();
-    let extra_metrics = match consume.metrics_addr {
-        Some(addr) => Some(metrics_only(addr, shutdown.clone()).await?),
-        None => None,
-    };
+    let extra_metrics = MetricsEndpoint::start(consume.metrics_addr, &shutdown).await?;
     let read_pool = database.pool(4)?;
 
     let mut hubs = BTreeMap::new();
@@ -314,7 +340,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     }
     let _ = server.await;
     if let Some(extra) = extra_metrics {
-        let _ = extra.await;
+        extra.stop().await;
     }
     match failure {
         Some(failure) => Err(failure),
