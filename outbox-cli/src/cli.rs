@@ -276,6 +276,22 @@ pub struct ConsumeTargets {
 }
 
 impl ConsumeTargets {
+    /// Refuses a project or consumer ID given twice: the process would run one pair twice,
+    /// its two copies competing for one lease.
+    pub fn check_distinct(&self) -> Result<(), String> {
+        fn first_repeat<T: Ord + std::fmt::Display>(items: &[T]) -> Option<&T> {
+            let mut seen = std::collections::BTreeSet::new();
+            items.iter().find(|item| !seen.insert(*item))
+        }
+        if let Some(project) = first_repeat(&self.projects) {
+            return Err(format!("--project {project} is given twice"));
+        }
+        if let Some(consumer) = first_repeat(&self.consumer_ids) {
+            return Err(format!("--consumer-id {consumer} is given twice"));
+        }
+        Ok(())
+    }
+
     /// The one (project, consumer) pair, when that is all that was asked for.
     pub fn single(&self) -> Option<(&ProjectId, &ConsumerId)> {
         match (

@@ -17,6 +17,7 @@ use crate::shutdown::Shutdown;
 use crate::sink::StdoutSink;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
+    args.targets.check_distinct().map_err(Failure::usage)?;
     let Some((project, consumer)) = args.targets.single() else {
         return run_set(global, args).await;
     };

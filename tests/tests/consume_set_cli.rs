@@ -111,6 +111,27 @@ async fn a_child_drives_only_a_lone_consumer() {
     assert!(stderr.contains("--child drives one consumer"), "{stderr}");
 }
 
+#[tokio::test]
+async fn a_project_or_consumer_given_twice_is_refused() {
+    let db = fresh_db().await;
+    for (targets, named) in [
+        (
+            ["--project", "a", "--project", "a", "--consumer-id", "c"],
+            "--project a is given twice",
+        ),
+        (
+            ["--project", "a", "--consumer-id", "c", "--consumer-id", "c"],
+            "--consumer-id c is given twice",
+        ),
+    ] {
+        let mut argv = vec!["consume"];
+        argv.extend(targets);
+        let (code, _, stderr) = outbox_on(&db, &argv).await;
+        assert_eq!(code, 2, "{stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_a_consumer_set_then_restart_loses_nothing() {
     let db = fresh_db().await;
