@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "role_grants",
         template: include_str!("../../sql/0005_role_grants.sql"),
     },
+    Migration {
+        version: 6,
+        name: "event_table_without_id_key",
+        template: include_str!("../../sql/0006_event_table_without_id_key.sql"),
+    },
 ];
 
 /// What a migration run did.

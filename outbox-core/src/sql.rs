@@ -70,15 +70,19 @@ pub const PENDING_EXISTS: &str =
 /// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
 /// touched project's head; returns each project's new head and how many it numbered.
 ///
+/// The rows are updated by their physical address (`ctid`), found by the same statement: the
+/// event table has no index on `id` to find them by (each index costs every event twice).
+/// Nothing else moves an unsequenced row, so the address cannot change in between.
+///
 /// Runs under the sequencer lock, in a statement started after the lock was granted, so its
 /// snapshot includes every earlier tick. Rows of uncommitted writers are invisible here and are
 /// numbered by a later tick, after everything already numbered: a reader at `sequence > n`
 /// can never miss a lower number that appears later.
 pub const NUMBER_PENDING: &str = "
 WITH pending AS (
-    SELECT id, project_id,
+    SELECT row_id, project_id,
            row_number() OVER (PARTITION BY project_id ORDER BY id) AS rank
-    FROM (SELECT id, project_id
+    FROM (SELECT ctid AS row_id, id, project_id
           FROM {{schema}}.lifecycle_outbox
           WHERE sequence IS NULL
           ORDER BY id
@@ -101,7 +105,7 @@ numbered AS (
     FROM pending
     JOIN counts USING (project_id)
     JOIN heads USING (project_id)
-    WHERE o.id = pending.id
+    WHERE o.ctid = pending.row_id
     RETURNING 1
 )
 SELECT heads.project_id, heads.head_sequence, counts.numbered

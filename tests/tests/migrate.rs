@@ -157,3 +157,40 @@ async fn schema_name_is_configurable() {
         .get(0);
     assert!(!outbox_exists);
 }
+
+/// Every index of the event table costs each event twice (the writer's insert and the
+/// sequencer's non-HOT update), so it carries only the three its readers use: no key on `id`.
+/// Logical decoding still identifies rows, by the idempotency key.
+#[tokio::test]
+async fn the_event_table_carries_only_the_indexes_its_readers_use() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    let rows = client
+        .query(
+            "SELECT indexrelid::regclass::text AS index, indisreplident \
+             FROM pg_index WHERE indrelid = 'outbox.lifecycle_outbox'::regclass \
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let indexes: Vec<(String, bool)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        indexes,
+        vec![
+            ("outbox.lifecycle_outbox_event_key".to_string(), true),
+            ("outbox.lifecycle_outbox_sequence_idx".to_string(), false),
+            ("outbox.lifecycle_outbox_unsequenced_idx".to_string(), false),
+        ]
+    );
+    let identity: i8 = client
+        .query_one(
+            "SELECT relreplident::\"char\" AS identity FROM pg_class \
+             WHERE oid = 'outbox.lifecycle_outbox'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(identity as u8, b'i', "replica identity is an index");
+}
