@@ -134,8 +134,8 @@ pub struct MigrateArgs {
 /// `outbox sequence`.
 #[derive(Debug, Args)]
 pub struct SequenceArgs {
-    /// Keep running as a candidate in the sequencer election; while elected, tick every 2 ms
-    /// after activity and at most this far apart when idle (e.g. 50ms). Without it, drain
+    /// Keep running as a candidate in the sequencer election; while elected, tick back to back
+    /// while events arrive and at most this far apart when idle (e.g. 50ms). Without it, drain
     /// once and exit (no election; safe beside a running sequencer).
     #[arg(long, value_parser = parse_duration)]
     pub every: Option<std::time::Duration>,
@@ -367,7 +367,7 @@ pub struct ConsumerOptions {
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
     /// Slowest tick of this process's sequencer while it is the elected one and idle (after
-    /// activity it ticks every 2 ms); one process at a time sequences.
+    /// a tick that numbered something it ticks again at once); one process at a time sequences.
     #[arg(long, value_parser = parse_duration, default_value = "50ms")]
     pub sequence_interval: Duration,
     /// Length of the sequencer lease; a dead sequencer is replaced within 1.25 times this.

@@ -48,8 +48,9 @@ pub struct ConsumerConfig {
     /// sample at the poll interval.
     pub gauge_interval: Option<Duration>,
     /// Whether this process takes part in the sequencer election, and the slowest tick of its
-    /// sequencer while it leads and nothing arrives (after activity it ticks every
-    /// [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other processes.
+    /// sequencer while it leads and nothing arrives (after a tick that numbered something it
+    /// ticks again at once, [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other
+    /// processes.
     pub sequence_interval: Option<Duration>,
     /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
     pub sequencer_lease_ttl: Duration,
@@ -89,7 +90,8 @@ pub struct ConfigError(pub String);
 
 impl ConsumerConfig {
     /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, an elected
-    /// sequencer (10 s lease) ticking every 2 ms after activity and every 50 ms when idle, the standard retry schedule, LISTEN on, reconcile when the cursor is
+    /// sequencer (10 s lease) ticking back to back while events arrive and every 50 ms when
+    /// idle, the standard retry schedule, LISTEN on, reconcile when the cursor is
     /// missing, wait for a held lease, 10 s shutdown grace, a retention sweep at start and
     /// hourly with 30 days' retention.
     pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {

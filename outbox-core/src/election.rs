@@ -22,10 +22,11 @@
 //! `t/4` of that: numbering pauses for at most `1.25 t`. A leader that stops cleanly releases
 //! the row and a follower takes over at its next look.
 //!
-//! The leader's tick is adaptive ([`Cadence`]): every [`FAST_TICK`] while events keep
-//! arriving, doubling after each tick that found nothing, up to the idle tick. So a steady
-//! stream waits at most a few milliseconds for its numbers, and an idle leader costs one probe
-//! per idle tick.
+//! The leader's tick is adaptive ([`Cadence`]): right after a tick that numbered something
+//! (so a steady stream is numbered back to back, each tick taking what committed during the
+//! last one), then 1 ms, doubling after each tick that found nothing, up to the idle tick. So
+//! a steady stream waits about one tick for its numbers, and an idle leader costs one probe per
+//! idle tick.
 
 use std::time::Duration;
 
@@ -38,8 +39,14 @@ use crate::sequencer::Sequencer;
 use crate::sql;
 use crate::stmt::Unnamed as _;
 
-/// The leader's tick right after a tick that numbered something.
-pub const FAST_TICK: Duration = Duration::from_millis(2);
+/// The delay after a tick that numbered something: none. The next tick starts at once and
+/// takes what committed while the last one ran, so the busier the writers, the more each tick
+/// numbers, and an event waits about one tick's duration (a transaction and its commit) for
+/// its number.
+pub const FAST_TICK: Duration = Duration::ZERO;
+
+/// The first delay after a tick that found nothing; it doubles from here up to the idle tick.
+pub const FIRST_IDLE_STEP: Duration = Duration::from_millis(1);
 
 /// Default slowest tick of an idle leader.
 pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(50);
@@ -51,11 +58,11 @@ pub const DEFAULT_SEQUENCER_LEASE_TTL: Duration = Duration::from_secs(10);
 /// the database and a slow round trip would cost the lease).
 pub const MIN_SEQUENCER_LEASE_TTL: Duration = Duration::from_millis(500);
 
-/// The adaptive tick: [`FAST_TICK`]-fast after activity, doubling while idle, capped at the
-/// idle tick. A pure state machine.
+/// The adaptive tick: [`FAST_TICK`]-fast after activity, then from [`FIRST_IDLE_STEP`]
+/// doubling while idle, capped at the idle tick. A pure state machine.
 ///
-/// With the defaults (2 ms, 50 ms): after a tick that numbered events the next comes in 2 ms,
-/// then 4, 8, 16, 32, 50, 50, ... ms while nothing arrives.
+/// With the defaults (0, 50 ms): after a tick that numbered events the next comes at once,
+/// then after 1, 2, 4, 8, 16, 32, 50, 50, ... ms while nothing arrives.
 #[derive(Debug, Clone)]
 pub struct Cadence {
     /// The delay after a tick that numbered something.
@@ -82,7 +89,10 @@ impl Cadence {
         self.current = if numbered > 0 {
             self.fast
         } else {
-            self.current.saturating_mul(2).clamp(self.fast, self.idle)
+            self.current
+                .saturating_mul(2)
+                .max(FIRST_IDLE_STEP)
+                .clamp(self.fast, self.idle)
         };
         self.current
     }
@@ -277,12 +287,16 @@ mod tests {
 
     #[test]
     fn cadence_is_fast_after_activity_and_backs_off_to_idle() {
-        let mut c = Cadence::new(Duration::from_millis(2), Duration::from_millis(50));
+        let mut c = Cadence::new(FAST_TICK, DEFAULT_IDLE_TICK);
         let ms = |d: Duration| d.as_millis();
+        assert_eq!(ms(c.after_tick(3)), 0);
+        let idle: Vec<u128> = (0..9).map(|_| ms(c.after_tick(0))).collect();
+        assert_eq!(idle, vec![1, 2, 4, 8, 16, 32, 50, 50, 50]);
+        assert_eq!(ms(c.after_tick(1)), 0);
+        let mut c = Cadence::new(Duration::from_millis(2), Duration::from_millis(50));
         assert_eq!(ms(c.after_tick(3)), 2);
-        let idle: Vec<u128> = (0..7).map(|_| ms(c.after_tick(0))).collect();
-        assert_eq!(idle, vec![4, 8, 16, 32, 50, 50, 50]);
-        assert_eq!(ms(c.after_tick(1)), 2);
+        let idle: Vec<u128> = (0..6).map(|_| ms(c.after_tick(0))).collect();
+        assert_eq!(idle, vec![4, 8, 16, 32, 50, 50]);
         // A fast tick above the idle one is lowered to it.
         let mut c = Cadence::new(Duration::from_millis(20), Duration::from_millis(5));
         assert_eq!(ms(c.after_tick(1)), 5);

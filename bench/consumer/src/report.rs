@@ -429,8 +429,8 @@ fn write_latency(out: &mut String, r: &Results) -> std::fmt::Result {
     writeln!(
         out,
         "- Consumer configuration: the runtime's defaults: the embedded sequencer (the only \
-         candidate, so the leader) ticks 2 ms after a tick that numbered events, doubling up \
-         to 50 ms while idle; fallback poll every 1 s, batches of 500. LISTEN: the listener connection is given and \
+         candidate, so the leader) ticks again at once after a tick that numbered events, \
+         then after 1 ms, doubling up to 50 ms while idle; fallback poll every 1 s, batches of 500. LISTEN: the listener connection is given and \
          `listen = true`. Poll-only: no listener (`listen = false`), so events wait for the \
          1 s poll."
     )?;
