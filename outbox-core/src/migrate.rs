@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "event_table_without_id_key",
         template: include_str!("../../sql/0006_event_table_without_id_key.sql"),
     },
+    Migration {
+        version: 7,
+        name: "cheaper_checks",
+        template: include_str!("../../sql/0007_cheaper_checks.sql"),
+    },
 ];
 
 /// What a migration run did.

@@ -194,3 +194,29 @@ async fn the_event_table_carries_only_the_indexes_its_readers_use() {
         .get(0);
     assert_eq!(identity as u8, b'i', "replica identity is an index");
 }
+
+/// The stored consumer ID rule, a backstop behind the Rust validation: 1 to 128 characters of
+/// the identifier class.
+#[tokio::test]
+async fn the_consumer_id_check_keeps_the_identifier_rule() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    let insert = "INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id) \
+                  VALUES ('p', $1)";
+    for good in ["c".repeat(128), "a.b_c:d@e-f".to_string()] {
+        client.execute(insert, &[&good]).await.unwrap();
+    }
+    for bad in [
+        "c".repeat(129),
+        String::new(),
+        "a b".to_string(),
+        "ünï".to_string(),
+    ] {
+        let err = client.execute(insert, &[&bad]).await.unwrap_err();
+        assert_eq!(
+            err.as_db_error().map(|e| e.constraint()),
+            Some(Some("lifecycle_consumer_cursors_consumer_check")),
+            "{bad:?}"
+        );
+    }
+}

@@ -361,6 +361,28 @@ async fn each_bad_input_gets_the_same_specific_error_in_rust_and_sql() {
         ref m if m.contains("future")
     ));
     let _ = ValidationError::PriorNotObject;
+    // The limits themselves pass both faces: 128 characters per identifier, 64 per prior value.
+    let longest = Case {
+        project: "p1",
+        task: "x".repeat(128),
+        writer: "api-1",
+        ahead: TimeDelta::zero(),
+        prior: json!({"column": "c".repeat(64), "status": "s".repeat(64)}),
+    };
+    rust_validate(&longest).unwrap();
+    client
+        .query_one(
+            "SELECT outbox.write_task_deleted($1, $2, now(), $3, $4)",
+            &[
+                &longest.project,
+                &longest.task,
+                &longest.writer,
+                &longest.prior,
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(count(&client).await, 1);
 }
 
 /// Every NULL argument of the SQL writer is a 22023 naming that argument, never a NOT NULL
