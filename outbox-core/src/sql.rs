@@ -64,15 +64,24 @@ RETURNING id";
 
 /// Whether any committed event waits for a number: one cheap probe of the (tiny) work-list
 /// index, so an idle tick costs one round trip and no transaction.
-pub const PENDING_EXISTS: &str =
-    "SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS pending";
+///
+/// The first row in `id` order, not a bare `EXISTS`: statistics taken during a backlog make
+/// `sequence IS NULL` look common, and the planner then answers a bare `EXISTS` with a
+/// sequential scan that stops at the first match, which reads the whole table when the work
+/// list is empty. Only the work-list index yields rows in `id` order without a sort.
+pub const PENDING_EXISTS: &str = "
+SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox
+                            WHERE sequence IS NULL ORDER BY id LIMIT 1) AS first) AS pending";
 
 /// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
 /// touched project's head; returns each project's new head and how many it numbered.
 ///
 /// The rows are updated by their physical address (`ctid`), found by the same statement: the
 /// event table has no index on `id` to find them by (each index costs every event twice).
-/// Nothing else moves an unsequenced row, so the address cannot change in between.
+/// Nothing else moves an unsequenced row, so the address cannot change in between. The
+/// addresses are also given as one array, so the planner fetches exactly those rows (a TID
+/// scan) even when stale statistics make it expect a full batch, in which case a join on the
+/// address alone is planned as a hash join over the whole table.
 ///
 /// Runs under the sequencer lock, in a statement started after the lock was granted, so its
 /// snapshot includes every earlier tick. Rows of uncommitted writers are invisible here and are
@@ -105,7 +114,8 @@ numbered AS (
     FROM pending
     JOIN counts USING (project_id)
     JOIN heads USING (project_id)
-    WHERE o.ctid = pending.row_id
+    WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM pending))
+      AND o.ctid = pending.row_id
     RETURNING 1
 )
 SELECT heads.project_id, heads.head_sequence, counts.numbered
