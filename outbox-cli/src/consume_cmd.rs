@@ -54,7 +54,13 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
             sink.close().await;
             result
         }
-        None => run_with(connections, config, StdoutSink::new(consumer_id), token).await,
+        None => {
+            let sink = StdoutSink::new(consumer_id);
+            let out = sink.for_consumer(String::new());
+            let result = run_with(connections, config, sink, token).await;
+            out.close().await;
+            result
+        }
     };
     // The metrics endpoint stops with the run, whichever way the run ended.
     if let Some(metrics) = metrics {
@@ -96,6 +102,7 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     };
     let connections = connections(&database, options.no_listen, options.pool_size).await?;
     let sink = std::sync::Arc::new(StdoutSink::new(String::new()));
+    let out = sink.for_consumer(String::new());
     let factory = move |_: &ProjectId, consumer: &ConsumerId| {
         let sink = std::sync::Arc::new(sink.for_consumer(consumer.to_string()));
         (SharedSink(sink.clone()), SharedSink(sink))
@@ -110,10 +117,9 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     )
     .listen_tls(connections.tls);
     let custom_live_query = options.live_query.is_some();
-    let outcomes = set
-        .run(shutdown.token())
-        .await
-        .map_err(|e| classify(e, custom_live_query, "outbox consume"))?;
+    let outcomes = set.run(shutdown.token()).await;
+    out.close().await;
+    let outcomes = outcomes.map_err(|e| classify(e, custom_live_query, "outbox consume"))?;
     let total = outcomes.len();
     let mut failures = outcomes.into_iter().filter_map(|o| o.result.err());
     match failures.next() {

@@ -11,6 +11,7 @@ mod consumers_cmd;
 mod db;
 mod dead_letters_cmd;
 mod failure;
+mod lines_out;
 mod migrate_cmd;
 mod output;
 mod prune_cmd;

@@ -2,10 +2,8 @@
 
 use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use serde_json::json;
-use std::sync::Arc;
 
-use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::sync::Mutex;
+use crate::lines_out::LinesOut;
 
 /// The line describing an event.
 pub fn event_line(event: &ObservedEvent) -> String {
@@ -29,15 +27,16 @@ pub fn reconcile_line(live: &LiveSet, consumer: &str) -> String {
 
 /// Stdout that cannot be written (closed by the reader, EPIPE) is the sink's failure, never
 /// the event's: the consumer stops and the next run delivers the event.
-fn stdout_failed(e: std::io::Error) -> HandlerFailure {
+fn stdout_failed(e: std::sync::Arc<str>) -> HandlerFailure {
     HandlerFailure::stop(format!("cannot write to stdout ({e})"))
 }
 
 /// Writes one JSON line per event to stdout; flushes before each acknowledgement, so an
 /// acknowledged event has always been written out.
 pub struct StdoutSink {
-    /// Buffered stdout, shared by every consumer of a set so that lines never interleave.
-    out: Arc<Mutex<BufWriter<tokio::io::Stdout>>>,
+    /// Stdout, shared by every consumer of a set: lines never interleave, and one write
+    /// serves the flushes of every consumer that waits for it.
+    out: LinesOut,
     /// For the reconciliation line.
     consumer: String,
 }
@@ -45,7 +44,7 @@ pub struct StdoutSink {
 impl StdoutSink {
     pub fn new(consumer: String) -> Self {
         Self {
-            out: Arc::new(Mutex::new(BufWriter::new(tokio::io::stdout()))),
+            out: LinesOut::stdout(),
             consumer,
         }
     }
@@ -59,11 +58,13 @@ impl StdoutSink {
     }
 
     async fn write(&self, line: String) -> Result<(), HandlerFailure> {
-        let mut out = self.out.lock().await;
-        out.write_all(line.as_bytes())
-            .await
-            .map_err(stdout_failed)?;
-        out.write_all(b"\n").await.map_err(stdout_failed)
+        self.out.line(&line).await.map_err(stdout_failed)
+    }
+
+    /// Writes out what is still buffered and stops the writer thread; call once the
+    /// consumers have stopped.
+    pub async fn close(&self) {
+        self.out.close().await;
     }
 }
 
@@ -73,7 +74,7 @@ impl Handler for StdoutSink {
     }
 
     async fn before_ack(&self) -> Result<(), HandlerFailure> {
-        self.out.lock().await.flush().await.map_err(stdout_failed)
+        self.out.flush().await.map_err(stdout_failed)
     }
 }
 

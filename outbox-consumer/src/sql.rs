@@ -225,46 +225,36 @@ RETURNING attempts, replay_requested_by";
 /// Extends every lease a consumer set holds, in one statement however many it holds: `$1`
 /// projects, `$2` consumers and `$3` generations (parallel arrays), `$4` the set's lease
 /// owner, `$5` lease seconds. Returns the pairs renewed; a pair missing from the answer lost
-/// its lease (claimed by another process, retired or gone). The rows are locked first in key
-/// order, as [`ACK_SET`] locks them, so the two multi-row writes of a set wait for each other
-/// instead of deadlocking (a deadlock is detected only after a second, stalling every
-/// consumer of the group).
+/// its lease (claimed by another process, retired or gone). Writes each row once, like
+/// [`ACK_SET`], and for the same reason its lock order is safe: a set never runs the two at
+/// the same time.
 pub const HEARTBEAT_SET: &str = "
-WITH fenced AS (
-    SELECT c.project_id, c.consumer_id
-    FROM {{schema}}.lifecycle_consumer_cursors AS c
-    JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS h(project_id, consumer_id, generation)
-      ON c.project_id = h.project_id AND c.consumer_id = h.consumer_id
-    WHERE c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
-    ORDER BY c.project_id, c.consumer_id
-    FOR NO KEY UPDATE OF c
-)
 UPDATE {{schema}}.lifecycle_consumer_cursors AS c
 SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
-FROM fenced
-WHERE c.project_id = fenced.project_id AND c.consumer_id = fenced.consumer_id
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS h(project_id, consumer_id, generation)
+WHERE c.project_id = h.project_id AND c.consumer_id = h.consumer_id
+  AND c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
 RETURNING c.project_id, c.consumer_id";
 
 /// Acknowledges for many consumers of a set in one statement: `$1` projects, `$2`
 /// consumers, `$3` generations, `$4` new cursors (parallel arrays, one consumer at most once),
-/// `$5` the set's lease owner. Fenced per consumer like [`ACK`]; returns the pairs it
-/// acknowledged, so a pair missing from the answer lost its lease. Locks in key order, like
-/// [`HEARTBEAT_SET`].
+/// `$5` the set's lease owner. Fenced per consumer like [`ACK`] (a row changed meanwhile is
+/// checked again in its new version); returns the pairs it acknowledged, so a pair missing
+/// from the answer lost its lease.
+///
+/// It writes each row once and takes the row locks in whatever order the plan visits them.
+/// Locking in key order first (`FOR NO KEY UPDATE` in a CTE) would write every row twice,
+/// a lock and then the update, and under load this statement is most of the database's work.
+/// The order is safe because a set sends its multi-row writes, this and [`HEARTBEAT_SET`],
+/// one at a time; every other write to a cursor row touches that row alone, and no other
+/// process acknowledges for a lease this set holds.
 pub const ACK_SET: &str = "
-WITH fenced AS (
-    SELECT c.project_id, c.consumer_id, a.through
-    FROM {{schema}}.lifecycle_consumer_cursors AS c
-    JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-         AS a(project_id, consumer_id, generation, through)
-      ON c.project_id = a.project_id AND c.consumer_id = a.consumer_id
-    WHERE c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
-    ORDER BY c.project_id, c.consumer_id
-    FOR NO KEY UPDATE OF c
-)
 UPDATE {{schema}}.lifecycle_consumer_cursors AS c
-SET last_acked_sequence = fenced.through, last_acked_at = now()
-FROM fenced
-WHERE c.project_id = fenced.project_id AND c.consumer_id = fenced.consumer_id
+SET last_acked_sequence = a.through, last_acked_at = now()
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+     AS a(project_id, consumer_id, generation, through)
+WHERE c.project_id = a.project_id AND c.consumer_id = a.consumer_id
+  AND c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
 RETURNING c.project_id, c.consumer_id";
 
 /// A consumer set's fallback poll, one statement for all its consumers: the head of every

@@ -8,8 +8,13 @@
 //! lease is gone. While a statement runs the next group gathers, so the group grows with the
 //! load, like a group commit. An acknowledgement that also clears saved retry state takes the
 //! consumer's own statement instead.
+//!
+//! The statement writes each row once, locking rows in plan order; the set's lease heartbeat,
+//! its other many-row write, waits for it (and it for the heartbeat) on one lock, so the two
+//! never deadlock.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
@@ -66,6 +71,7 @@ impl GroupAcks {
         statement: String,
         owner: String,
         cached: bool,
+        row_writes: Arc<tokio::sync::Mutex<()>>,
         stop: CancellationToken,
     ) {
         loop {
@@ -83,7 +89,11 @@ impl GroupAcks {
                     Err(_) => break,
                 }
             }
-            let outcome = send(&pool, &statement, &owner, cached, &group).await;
+            let outcome = {
+                // Never beside the set's heartbeat (see `Hub::row_writes`).
+                let _writing = row_writes.lock().await;
+                send(&pool, &statement, &owner, cached, &group).await
+            };
             if let Err(e) = &outcome {
                 tracing::debug!(error = %e, "grouped acknowledgement failed; each consumer acknowledges alone");
             }

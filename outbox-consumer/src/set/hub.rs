@@ -65,6 +65,10 @@ pub(crate) struct Hub {
     ack_queue: Mutex<Option<AckQueue>>,
     /// [`sql::ACK_SET`], rendered.
     ack_set: String,
+    /// Held while the set's heartbeat or one of its grouped acknowledgements runs: both write
+    /// many rows, in the order their plans visit them, so they must never run side by side
+    /// (they could deadlock).
+    row_writes: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Hub {
@@ -94,6 +98,7 @@ impl Hub {
             acks,
             ack_queue: Mutex::new(Some(ack_queue)),
             ack_set: schema.render(sql::ACK_SET),
+            row_writes: Arc::default(),
         }
     }
 
@@ -106,7 +111,10 @@ impl Hub {
         let queue = self.ack_queue.lock().expect("hub lock").take()?;
         let (statement, owner) = (self.ack_set.clone(), self.owner.clone());
         let cached = self.statements.cached;
-        Some(GroupAcks::run(queue, pool, statement, owner, cached, stop))
+        let row_writes = self.row_writes.clone();
+        Some(GroupAcks::run(
+            queue, pool, statement, owner, cached, row_writes, stop,
+        ))
     }
 
     /// Adds a member holding `lease`; its first round checks for replay requests.
@@ -211,8 +219,9 @@ impl Hub {
         let projects: Vec<&str> = leases.iter().map(|l| l.fence.project.as_str()).collect();
         let consumers: Vec<&str> = leases.iter().map(|l| l.fence.consumer.as_str()).collect();
         let generations: Vec<i64> = leases.iter().map(|l| l.fence.generation).collect();
-        let sent_at = Instant::now();
+        let writing = self.row_writes.lock().await;
         let client = pool.get().await?;
+        let sent_at = Instant::now();
         let rows = client
             .query_unnamed(
                 &self.heartbeat_set,
@@ -225,6 +234,7 @@ impl Hub {
                 ],
             )
             .await?;
+        drop(writing);
         let mut renewed = HashSet::with_capacity(rows.len());
         for row in &rows {
             let project: String = row.try_get("project_id")?;

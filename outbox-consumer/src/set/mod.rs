@@ -222,7 +222,9 @@ impl<F: PairFactory> ConsumerSet<F> {
             let (handler, reconciler) = self.factory.make(project, consumer_id);
             let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
                 .in_set(hub.clone());
-            let shutdown = shutdown.clone();
+            // A child token per pair: every loop round of every pair checks its token, and a
+            // thousand pairs checking one shared token contend for its one lock.
+            let shutdown = shutdown.child_token();
             let (project_id, consumer_id) = (project.clone(), consumer_id.clone());
             pairs.spawn(async move {
                 let result = consumer.run(shutdown).await;
