@@ -103,13 +103,15 @@ SQL
 }
 # seqstats LABEL SECONDS: the sequencer's ticks that numbered something per second, projects
 # touched per such tick (rows of its numbering statement) and NOTIFYs per second, into
-# $work/seqstats.
+# $work/seqstats. The numbering statement is matched anywhere in the text: pg_stat_statements
+# keeps the text it saw first for a statement, which may be the parameter-type probe's
+# `PREPARE ... AS WITH pending AS ...` (outbox-core's stmt.rs).
 seqstats() {
     local label=$1 secs=$2
     sql -F ' ' <<SQL | awk -v l="$label" '{ print l "\t" $0 }' >>"$work/seqstats"
-SELECT round(coalesce(sum(calls) FILTER (WHERE query LIKE 'WITH pending AS%'), 0) / $secs),
-       round(coalesce(sum(rows) FILTER (WHERE query LIKE 'WITH pending AS%'), 0)::numeric
-             / greatest(sum(calls) FILTER (WHERE query LIKE 'WITH pending AS%'), 1), 1),
+SELECT round(coalesce(sum(calls) FILTER (WHERE query LIKE '%WITH pending AS%'), 0) / $secs),
+       round(coalesce(sum(rows) FILTER (WHERE query LIKE '%WITH pending AS%'), 0)::numeric
+             / greatest(sum(calls) FILTER (WHERE query LIKE '%WITH pending AS%'), 1), 1),
        round(coalesce(sum(rows) FILTER (WHERE query LIKE 'SELECT pg_notify(%'), 0) / $secs)
 FROM pg_stat_statements;
 SQL
