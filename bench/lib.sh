@@ -23,6 +23,36 @@ bench_cluster() {
     export DATABASE_URL
 }
 
+# create_tasks N PROJECTS: the table the writer benchmarks delete from, N rows round-robin over
+# PROJECTS projects (so any set of ids touches all of them, as real deletes would), analysed;
+# and bench_event_id(), the writer's event ID format (pgbench cannot format timestamps). The
+# primary key on id is the index the delete uses; deleted_at is deliberately not indexed, so
+# the soft delete can stay a HOT update (the usual shape of such a table).
+create_tasks() {
+    log "creating $1 tasks over $2 projects"
+    sql <<SQL
+CREATE TABLE tasks (
+    id          text PRIMARY KEY,
+    project_id  text NOT NULL,
+    title       text NOT NULL,
+    column_name text NOT NULL,
+    status      text NOT NULL,
+    deleted_at  timestamptz
+);
+INSERT INTO tasks (id, project_id, title, column_name, status)
+SELECT 't' || n, 'p' || (n % $2), 'Task number ' || n,
+       (ARRAY['backlog', 'todo', 'doing', 'review', 'done'])[1 + n % 5],
+       (ARRAY['open', 'blocked', 'closed'])[1 + n % 3]
+FROM generate_series(1, $1) AS n;
+
+CREATE FUNCTION bench_event_id(task_id text, deleted_at timestamptz) RETURNS text
+LANGUAGE sql STABLE
+AS \$\$ SELECT 'task-deleted:' || task_id || ':'
+             || to_char(deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') \$\$;
+SQL
+    sql -c 'VACUUM (ANALYZE) tasks'
+}
+
 # wal_flushed LSN: waits until the WAL is flushed up to LSN (the WAL writer does it within
 # wal_writer_delay); pg_walinspect refuses to read beyond the flushed end.
 wal_flushed() {

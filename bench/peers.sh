@@ -98,22 +98,9 @@ wal_lsn() { sql -c 'SELECT pg_current_wal_insert_lsn()'; }
 
 # --- data ----------------------------------------------------------------------------------
 
-log "creating $n_tasks tasks over $n_projects projects, the outbox schema, the floor table and PgQ"
+log "creating the tasks, the floor table, PgQ and the outbox schema"
+create_tasks "$n_tasks" "$n_projects"
 sql <<SQL
-CREATE TABLE tasks (
-    id          text PRIMARY KEY,
-    project_id  text NOT NULL,
-    title       text NOT NULL,
-    column_name text NOT NULL,
-    status      text NOT NULL,
-    deleted_at  timestamptz
-);
-INSERT INTO tasks (id, project_id, title, column_name, status)
-SELECT 't' || n, 'p' || (n % $n_projects), 'Task number ' || n,
-       (ARRAY['backlog', 'todo', 'doing', 'review', 'done'])[1 + n % 5],
-       (ARRAY['open', 'blocked', 'closed'])[1 + n % 3]
-FROM generate_series(1, $n_tasks) AS n;
-
 -- The one-insert floor: what any transactional outbox must at least do (an arrival order, an
 -- idempotency key, the event's fields).
 CREATE TABLE bench_floor (
@@ -125,11 +112,6 @@ CREATE TABLE bench_floor (
     payload    jsonb NOT NULL,
     UNIQUE (project_id, event_id)
 );
-
-CREATE FUNCTION bench_event_id(task_id text, deleted_at timestamptz) RETURNS text
-LANGUAGE sql STABLE
-AS \$\$ SELECT 'task-deleted:' || task_id || ':'
-             || to_char(deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') \$\$;
 
 CREATE EXTENSION pgq;
 CREATE EXTENSION pg_walinspect;
@@ -146,7 +128,6 @@ BEGIN
     END LOOP;
 END \$\$;
 SQL
-sql -c 'VACUUM (ANALYZE) tasks'
 "$outbox" migrate >&2
 pgq_version=$(sql -c "SELECT extversion FROM pg_extension WHERE extname = 'pgq'")
 

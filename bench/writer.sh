@@ -78,40 +78,10 @@ wal_lsn() { sql -c 'SELECT pg_current_wal_insert_lsn()'; }
 
 # --- data ----------------------------------------------------------------------------------
 
-log "creating $n_tasks tasks over $n_projects projects"
-# Round-robin projects, so any set of ids touches all of them, as real deletes would. The
-# primary key on id is the index the delete uses; deleted_at is deliberately not indexed, so
-# the soft delete can stay a HOT update (the usual shape of such a table).
-sql <<SQL
-CREATE TABLE tasks (
-    id          text PRIMARY KEY,
-    project_id  text NOT NULL,
-    title       text NOT NULL,
-    column_name text NOT NULL,
-    status      text NOT NULL,
-    deleted_at  timestamptz
-);
-INSERT INTO tasks (id, project_id, title, column_name, status)
-SELECT 't' || n,
-       'p' || (n % $n_projects),
-       'Task number ' || n,
-       (ARRAY['backlog', 'todo', 'doing', 'review', 'done'])[1 + n % 5],
-       (ARRAY['open', 'blocked', 'closed'])[1 + n % 3]
-FROM generate_series(1, $n_tasks) AS n;
-SQL
-sql -c 'VACUUM (ANALYZE) tasks'
+create_tasks "$n_tasks" "$n_projects"
 
 log "migrating the outbox schema"
 "$outbox" migrate >&2
-
-# The Rust writer computes event_id in the client; pgbench cannot format timestamps, so the
-# "rust" breakdown variant lets the server format it with this (inlined) function instead.
-sql <<'SQL'
-CREATE FUNCTION bench_event_id(task_id text, deleted_at timestamptz) RETURNS text
-LANGUAGE sql STABLE
-AS $$ SELECT 'task-deleted:' || task_id || ':'
-             || to_char(deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') $$;
-SQL
 
 # --- pgbench scripts -----------------------------------------------------------------------
 #
