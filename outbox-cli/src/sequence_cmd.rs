@@ -35,7 +35,9 @@ impl Render for Drained {
 
 pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
     let database = global.database()?;
-    let sequencer = Sequencer::new(&global.schema).with_batch(args.batch_size);
+    let sequencer = Sequencer::new(&global.schema)
+        .with_batch(args.batch_size)
+        .with_session_plan(database.settings.pooler == outbox_core::Pooler::None);
     let Some(every) = args.every else {
         let mut client = database.connect().await?;
         let numbered = sequencer.drain(&mut client).await?;

@@ -133,7 +133,8 @@ pub(crate) fn spawn_sequencer(
     // A paused leader inside its tick is cut off by the server within the lease TTL, so
     // its transaction lock never outlasts its lease.
     let sequencer = Sequencer::new(&config.schema)
-        .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
+        .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT))
+        .with_session_plan(config.pooler == outbox_core::Pooler::None);
     let elected = ElectedSequencer::new(sequencer, &config.schema, owner_token(), ttl, interval);
     TaskGuard::spawn(async move { run_sequencer(pool, elected, interval, stop).await })
 }

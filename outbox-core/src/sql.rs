@@ -28,9 +28,19 @@ pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 /// Elects one sequencer at a time (transaction-scoped); others skip their tick. Also bounds
 /// how long the tick may sit idle in its transaction (`$2`, milliseconds as text): a paused
 /// or stalled process would otherwise hold the lock, and stop all numbering, indefinitely.
+///
+/// And fixes the numbering statement's plan whatever the statistics and the table's size,
+/// for the rest of the tick: the work list only through its partial index (no sequential or
+/// bitmap scan, which would read the table or sort it), and no nested loops between the
+/// batch's projects (quadratic in them). A plan kept on the session (see
+/// [`Sequencer::with_session_plan`](crate::Sequencer::with_session_plan)) is made under the
+/// same settings, so it cannot be one that was only cheap while the table was small.
 pub const TRY_LOCK: &str = "
 SELECT pg_try_advisory_xact_lock($1) AS locked,
-       set_config('idle_in_transaction_session_timeout', $2, true)";
+       set_config('idle_in_transaction_session_timeout', $2, true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_nestloop', 'off', true)";
 
 /// Takes the sequencer lease when it is free or expired (a new generation), or renews it for
 /// its holder (`$1` owner, `$2` generation) while it has not expired; `$3`: lease seconds.
@@ -73,8 +83,17 @@ pub const PENDING_EXISTS: &str = "
 SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox
                             WHERE sequence IS NULL ORDER BY id LIMIT 1) AS first) AS pending";
 
-/// Numbers up to `$1` committed, unsequenced rows in arrival (`id`) order and advances each
-/// touched project's head; returns each project's new head and how many it numbered.
+/// [`PENDING_EXISTS`], and whether this session already holds the prepared numbering
+/// statement named `$1` (a pooled connection may have been reset in between).
+pub const PENDING_EXISTS_PREPARED: &str = "
+SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox
+                            WHERE sequence IS NULL ORDER BY id LIMIT 1) AS first) AS pending,
+       EXISTS (SELECT FROM pg_prepared_statements WHERE name = $1) AS prepared";
+
+/// Numbers up to `{{batch}}` committed, unsequenced rows in arrival (`id`) order and advances
+/// each touched project's head; returns each project's new head and how many it numbered.
+/// The batch size is written into the text, so the statement has no parameters and a plan
+/// kept on the session is used as it is, never re-planned for a parameter value.
 ///
 /// The rows are updated by their physical address (`ctid`), found by the same statement: the
 /// event table has no index on `id` to find them by (each index costs every event twice).
@@ -99,7 +118,7 @@ WITH pending AS (
           FROM {{schema}}.lifecycle_outbox
           WHERE sequence IS NULL
           ORDER BY id
-          LIMIT $1) AS batch
+          LIMIT {{batch}}) AS batch
 ),
 counts AS (
     SELECT project_id, count(*) AS numbered FROM pending GROUP BY project_id

@@ -74,7 +74,10 @@ async fn gap_free_under_hostile_commit_order() {
         let stop = stop.clone();
         tokio::spawn(async move {
             let mut client = db.connect().await;
-            let sequencer = Sequencer::new(&Schema::default()).with_batch(7);
+            // The plan kept on the session, as a leader on a direct connection runs it.
+            let sequencer = Sequencer::new(&Schema::default())
+                .with_batch(7)
+                .with_session_plan(true);
             let mut ticks = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 sequencer.tick(&mut client).await.unwrap();
@@ -293,12 +296,15 @@ async fn concurrent_sequencers_never_assign_a_number_twice() {
     let db = fresh_db().await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut sequencers = Vec::new();
-    for _ in 0..3 {
+    for i in 0..3 {
         let db = db.clone();
         let stop = stop.clone();
         sequencers.push(tokio::spawn(async move {
             let mut client = db.connect().await;
-            let sequencer = Sequencer::new(&Schema::default()).with_batch(5);
+            // Planned every tick (as behind a transaction pooler) and kept on the session.
+            let sequencer = Sequencer::new(&Schema::default())
+                .with_batch(5)
+                .with_session_plan(i % 2 == 0);
             let mut numbered = 0;
             while !stop.load(Ordering::Relaxed) {
                 numbered += sequencer.tick(&mut client).await.unwrap().numbered;
@@ -380,6 +386,16 @@ async fn sequencer_notifies_each_touched_project() {
 /// the table (it is emptied and refilled often, so its statistics are often stale).
 #[tokio::test]
 async fn a_tick_never_scans_the_whole_event_table() {
+    never_scans_the_whole_event_table(Sequencer::new(&Schema::default())).await;
+}
+
+#[tokio::test]
+async fn a_tick_with_the_plan_kept_never_scans_the_whole_event_table() {
+    never_scans_the_whole_event_table(Sequencer::new(&Schema::default()).with_session_plan(true))
+        .await;
+}
+
+async fn never_scans_the_whole_event_table(sequencer: Sequencer) {
     let db = fresh_db().await;
     let client = db.connect().await;
     // Statistics taken during a backlog (every row unsequenced) and kept after the rows went:
@@ -421,10 +437,7 @@ async fn a_tick_never_scans_the_whole_event_table() {
     {
         // Its own session, so its statistics are flushed when it ends.
         let mut ticker = db.connect().await;
-        let numbered = Sequencer::new(&Schema::default())
-            .drain(&mut ticker)
-            .await
-            .unwrap();
+        let numbered = sequencer.drain(&mut ticker).await.unwrap();
         assert_eq!(numbered, 20);
     }
     outbox_tests::consumer_kit::eventually(
@@ -445,4 +458,105 @@ async fn a_tick_never_scans_the_whole_event_table() {
     )
     .await;
     assert_eq!(seq_scans().await, before, "the tick read the whole table");
+}
+
+/// Writes `count` events for `project`, each in its own statement (`from` numbers the tasks).
+async fn write_events(client: &tokio_postgres::Client, project: &str, from: i32, count: i32) {
+    client
+        .execute(
+            "SELECT outbox.write_task_deleted($1, 't-' || g, now(), 'w') \
+             FROM generate_series($2::int, $2::int + $3::int - 1) AS g",
+            &[&project, &from, &count],
+        )
+        .await
+        .unwrap();
+}
+
+/// Work-list index entries read so far (the statistics of ended sessions included).
+async fn work_list_entries_read(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one(
+            "SELECT pg_stat_clear_snapshot(), \
+                    (SELECT idx_tup_read FROM pg_stat_user_indexes \
+                     WHERE indexrelid = 'outbox.lifecycle_outbox_unsequenced_idx'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(1)
+}
+
+#[tokio::test]
+async fn a_plan_kept_from_a_small_work_list_drains_a_backlog_batch_by_batch() {
+    // A leader's session keeps the numbering plan it made at its first tick, when the table
+    // held three events. Left free, the planner picks for that size a plan that collects the
+    // whole work list and sorts it (a bitmap scan), cheap for three rows. Then the leader
+    // meets a backlog (it was stopped, or a bulk delete committed): with that plan every tick
+    // would read every pending row to number one batch of them, quadratic in the backlog.
+    // The tick's settings leave the plan one way to read the work list: its index, in order,
+    // one batch at a time.
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute("ALTER TABLE outbox.lifecycle_outbox SET (autovacuum_enabled = off)")
+        .await
+        .unwrap();
+    let sequencer = Sequencer::new(&Schema::default())
+        .with_batch(1_000)
+        .with_session_plan(true);
+    const BACKLOG: i32 = 20_000;
+    let before;
+    {
+        let mut ticker = db.connect().await;
+        write_events(&client, "p", 1, 3).await;
+        assert_eq!(sequencer.drain(&mut ticker).await.unwrap(), 3);
+        write_events(&client, "p", 4, BACKLOG).await;
+        before = work_list_entries_read(&client).await;
+        assert_eq!(sequencer.drain(&mut ticker).await.unwrap(), BACKLOG as u64);
+        let kept: i64 = ticker
+            .query_one(
+                "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'outbox_number_%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            kept, 1,
+            "the numbering statement is prepared once on the session"
+        );
+    }
+    outbox_tests::consumer_kit::eventually(
+        Duration::from_secs(10),
+        "the ticking session to end",
+        || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 0
+        },
+    )
+    .await;
+    // Reading the whole list every tick costs at least the sum of the backlogs the ticks
+    // meet: BACKLOG² / 2 / batch = 200,000 entries (about 400,000 were read that way, probes
+    // included). Batch by batch, each entry is read a few times: live by the tick that numbers
+    // it, and after that as a dead entry by scans that pass it before it is marked dead (about
+    // 100,000 in all).
+    let whole_list_reads = i64::from(BACKLOG) * i64::from(BACKLOG) / 2 / 1_000;
+    let read = work_list_entries_read(&client).await - before;
+    assert!(
+        read < whole_list_reads,
+        "{read} work-list entries read to number {BACKLOG} events"
+    );
+    let rows = sequenced(&client, "p").await;
+    assert_eq!(
+        rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+        (1..=i64::from(BACKLOG) + 3).collect::<Vec<_>>()
+    );
 }
