@@ -68,11 +68,20 @@ SET last_acked_sequence = $5, last_acked_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
 
-/// Whether project `$1` has committed events still waiting for a number (the sequencer's work
-/// list is a small partial index).
+/// Whether project `$1` has committed events still waiting for a number, read from the
+/// sequencer's work list (a small partial index).
+///
+/// The work list is read in `id` order, which only its index yields without a sort, and the
+/// project is matched outside that subquery (`OFFSET 0` keeps the filter from being pushed
+/// into it). Statistics taken during a backlog make `sequence IS NULL` look common; with both
+/// conditions on the table, the planner then answers with a sequential scan of the whole table
+/// (for a project holding most of it) or a walk of the project's whole history through the
+/// `(project_id, event_id)` key (for a small one), even when the work list is empty. During a
+/// real backlog this reads the work list up to the project's first waiting event.
 pub const HAS_UNSEQUENCED: &str = "
-SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox
-               WHERE project_id = $1 AND sequence IS NULL) AS waiting";
+SELECT EXISTS (SELECT FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox
+                            WHERE sequence IS NULL ORDER BY id OFFSET 0) AS work_list
+               WHERE project_id = $1) AS waiting";
 
 /// Moves the cursor without acknowledging a delivery (past a parked event, or to the floor for
 /// an earliest start). `$5`: the new cursor.
@@ -289,6 +298,11 @@ LIMIT $4";
 /// its dead letters, and the unsequenced backlog of the whole outbox with the age of its
 /// oldest event (the sequencer is shared by every project). Both go through the partial index
 /// on unsequenced rows; arrival order stands in for age.
+///
+/// The backlog counts every row of the work list, read in `id` order: only the work list's
+/// index yields that order without a sort. A bare `count(*) ... WHERE sequence IS NULL` is
+/// answered with a sequential scan of the whole table once statistics taken during a backlog
+/// make unsequenced rows look common, even when the work list is empty.
 pub const GAUGES: &str = "
 SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
                  WHERE project_id = $1), 0) AS head,
@@ -296,7 +310,8 @@ SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
         WHERE project_id = $1 AND consumer_id = $2) AS cursor,
        (SELECT count(*) FROM {{schema}}.lifecycle_deliveries
         WHERE project_id = $1 AND consumer_id = $2 AND state = 'dead') AS dead_letters,
-       (SELECT count(*) FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL) AS unsequenced,
+       (SELECT count(*) FROM (SELECT FROM {{schema}}.lifecycle_outbox
+                              WHERE sequence IS NULL ORDER BY id) AS work_list) AS unsequenced,
        (SELECT GREATEST(extract(epoch FROM now() - occurred_at), 0)::float8
         FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL
         ORDER BY id LIMIT 1) AS oldest_unsequenced";

@@ -14,6 +14,7 @@ pub mod pgbouncer;
 pub mod process_kit;
 pub mod serve_kit;
 pub mod set_kit;
+pub mod stats_kit;
 pub mod tls_cluster;
 
 use std::process::Command;

@@ -1,10 +1,13 @@
-//! `outbox consume` as a user types it: bad input, exit codes, and the child-process sink.
+//! `outbox consume` as a user types it: bad input, exit codes, the child-process sink and its
+//! metrics.
 
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{SeedCursor, cursor, eventually, seed_consumer, write_event};
 use outbox_tests::fresh_db;
 use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+use outbox_tests::serve_kit::{Metrics, free_port, get};
+use outbox_tests::stats_kit::{SMALL_PROJECT, event_table_reads, stale_statistics};
 
 #[tokio::test]
 async fn usage_errors_exit_2_with_a_clear_message() {
@@ -263,4 +266,52 @@ async fn child_sink_retries_parks_the_poison_event_and_survives_a_crashing_child
         .get(0);
     assert_eq!(audits, 1);
     assert!(consumer.stderr().contains("child process started"));
+}
+
+/// The gauges a consumer with `--metrics-addr` samples every poll interval count the
+/// unsequenced backlog from the work list, however stale the statistics: never by scanning the
+/// whole event table.
+#[tokio::test]
+async fn the_gauges_read_the_work_list_under_stale_statistics() {
+    let db = fresh_db().await;
+    stale_statistics(&db).await;
+    seed_consumer(&db, SMALL_PROJECT, "c", SeedCursor::Head, false).await;
+    let before = event_table_reads(&db).await;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let mut consumer = ConsumeProcess::spawn(
+        &db.url,
+        &[
+            "--project",
+            SMALL_PROJECT,
+            "--consumer-id",
+            "c",
+            "--poll-interval",
+            "100ms",
+            "--no-prune",
+            "--metrics-addr",
+            &metrics_addr,
+        ],
+    );
+    let addr: std::net::SocketAddr = metrics_addr.parse().unwrap();
+    eventually(Duration::from_secs(20), "sampled gauges", || async move {
+        let Ok((200, _, body)) = get(addr, "/metrics", &[]).await else {
+            return false;
+        };
+        let metrics = Metrics::parse(&body);
+        metrics.get("outbox_unsequenced_events", &[]) == Some(0.0)
+            && metrics.get(
+                "outbox_consumer_lag_events",
+                &[("project", SMALL_PROJECT), ("consumer", "c")],
+            ) == Some(0.0)
+    })
+    .await;
+    // A few more samples.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    consumer.signal("TERM");
+    assert_eq!(consumer.wait().await, 0, "{}", consumer.stderr());
+    let after = event_table_reads(&db).await;
+    assert_eq!(
+        after.seq_scans, before.seq_scans,
+        "the gauges scanned the event table: {before:?} then {after:?}"
+    );
 }

@@ -10,7 +10,10 @@ use outbox_consumer::{
 };
 use outbox_core::{Schema, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{
-    Recorder, WAIT, cursor, eventually, fast_config, start, write_event,
+    Recorder, SeedCursor, WAIT, cursor, eventually, fast_config, seed_consumer, start, write_event,
+};
+use outbox_tests::stats_kit::{
+    BIG_PROJECT, SMALL_HISTORY, SMALL_PROJECT, event_table_reads, stale_statistics,
 };
 use outbox_tests::{TestDb, fresh_db};
 use tokio_util::sync::CancellationToken;
@@ -869,4 +872,39 @@ async fn each_failure_saves_the_next_attempt_from_the_schedule() {
         .unwrap()
         .get(0);
     assert_eq!(state, "dead");
+}
+
+/// The check a consumer that exits when caught up makes (does anything of its project still
+/// wait for a number?) reads the work list, however stale the statistics: neither the whole
+/// event table (a project holding most of it) nor a small project's whole history.
+#[tokio::test]
+async fn the_caught_up_check_reads_the_work_list_under_stale_statistics() {
+    let db = fresh_db().await;
+    stale_statistics(&db).await;
+    let mut reads = Vec::new();
+    for project in [BIG_PROJECT, SMALL_PROJECT] {
+        seed_consumer(&db, project, "c1", SeedCursor::Head, false).await;
+        let before = event_table_reads(&db).await;
+        let recorder = Recorder::default();
+        let mut config = fast_config(project, "c1");
+        config.exit_when_caught_up = true;
+        let (_shutdown, run) = start(&db, config, &recorder);
+        let summary = tokio::time::timeout(WAIT, run)
+            .await
+            .expect("the consumer stops once caught up")
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.delivered, 0);
+        reads.push((project, before, event_table_reads(&db).await));
+    }
+    for (project, before, after) in reads {
+        assert_eq!(
+            after.seq_scans, before.seq_scans,
+            "{project}: the check scanned the event table: {before:?} then {after:?}"
+        );
+        assert!(
+            after.event_key_entries - before.event_key_entries < SMALL_HISTORY,
+            "{project}: the check walked the project's history: {before:?} then {after:?}"
+        );
+    }
 }

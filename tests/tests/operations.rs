@@ -11,6 +11,9 @@ use outbox_tests::consumer_kit::{
     seed_delivery, start, write_event,
 };
 use outbox_tests::process_kit::{ConsumeProcess, outbox_json, outbox_on as outbox, run_outbox};
+use outbox_tests::stats_kit::{
+    BIG_PROJECT, SMALL_HISTORY, SMALL_PROJECT, event_table_reads, stale_statistics,
+};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
 
@@ -396,6 +399,38 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
             .any(|l| l.starts_with("state") && l.ends_with("dead")),
         "{block}"
     );
+}
+
+/// `outbox status` counts each project's unsequenced events from the work list, however stale
+/// the statistics: for every project, for the project holding most of the table and for a small
+/// one, it neither scans the whole event table nor walks a project's whole history.
+#[tokio::test]
+async fn status_reads_the_work_list_under_stale_statistics() {
+    let db = fresh_db().await;
+    stale_statistics(&db).await;
+    let mut reads = Vec::new();
+    for args in [
+        vec!["status"],
+        vec!["status", "--project", BIG_PROJECT],
+        vec!["status", "--project", SMALL_PROJECT],
+    ] {
+        let before = event_table_reads(&db).await;
+        let status = outbox_json(&db, &args).await;
+        let projects = status["projects"].as_array().unwrap();
+        assert_eq!(projects.len(), if args.len() == 1 { 201 } else { 1 });
+        assert!(projects.iter().all(|p| p["unsequenced"] == 0), "{status}");
+        reads.push((args, before, event_table_reads(&db).await));
+    }
+    for (args, before, after) in reads {
+        assert_eq!(
+            after.seq_scans, before.seq_scans,
+            "{args:?} scanned the event table: {before:?} then {after:?}"
+        );
+        assert!(
+            after.event_key_entries - before.event_key_entries < SMALL_HISTORY,
+            "{args:?} walked a project's history: {before:?} then {after:?}"
+        );
+    }
 }
 
 #[tokio::test]

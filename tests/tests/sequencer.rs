@@ -9,6 +9,7 @@ use chrono::Utc;
 use outbox_core::{
     Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
+use outbox_tests::stats_kit::event_table_reads;
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
 use tokio::sync::Mutex;
@@ -421,43 +422,19 @@ async fn never_scans_the_whole_event_table(sequencer: Sequencer) {
         ))
         .await
         .unwrap();
-    let seq_scans = || async {
-        client
-            .query_one(
-                "SELECT pg_stat_clear_snapshot(), \
-                        (SELECT seq_scan FROM pg_stat_user_tables \
-                         WHERE relid = 'outbox.lifecycle_outbox'::regclass)",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(1)
-    };
-    let before = seq_scans().await;
+    drop(client);
+    let before = event_table_reads(&db).await;
     {
         // Its own session, so its statistics are flushed when it ends.
         let mut ticker = db.connect().await;
         let numbered = sequencer.drain(&mut ticker).await.unwrap();
         assert_eq!(numbered, 20);
     }
-    outbox_tests::consumer_kit::eventually(
-        Duration::from_secs(10),
-        "the ticking session to end",
-        || async {
-            client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-                == 0
-        },
-    )
-    .await;
-    assert_eq!(seq_scans().await, before, "the tick read the whole table");
+    let after = event_table_reads(&db).await;
+    assert_eq!(
+        after.seq_scans, before.seq_scans,
+        "the tick read the whole table"
+    );
 }
 
 /// Writes `count` events for `project`, each in its own statement (`from` numbers the tasks).

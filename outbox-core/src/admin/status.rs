@@ -383,11 +383,19 @@ impl Admin {
 /// Projects with their head, retention floor and unsequenced backlog; `$1` project or NULL.
 /// A project is known once it has a head, a consumer or an unsequenced (committed) event.
 /// Ages are measured on the database clock.
+///
+/// The backlog is counted from the whole work list, read in `id` order (which only its index
+/// yields without a sort), with the project matched outside that subquery (`OFFSET 0` keeps
+/// the filter from being pushed into it). Statistics taken during a backlog make
+/// `sequence IS NULL` look common; with both conditions on the table, the planner then reads
+/// the whole table, or a filtered project's whole history through the `(project_id,
+/// event_id)` key, even when the work list is empty.
 const PROJECTS: &str = "
 WITH unsequenced AS (
     SELECT project_id, count(*) AS pending, min(occurred_at) AS oldest
-    FROM {{schema}}.lifecycle_outbox
-    WHERE sequence IS NULL AND ($1::text IS NULL OR project_id = $1)
+    FROM (SELECT project_id, occurred_at FROM {{schema}}.lifecycle_outbox
+          WHERE sequence IS NULL ORDER BY id OFFSET 0) AS work_list
+    WHERE $1::text IS NULL OR project_id = $1
     GROUP BY project_id
 ),
 projects AS (
