@@ -127,7 +127,7 @@ CREATE TABLE bench_floor (
 
 -- Two prototypes of numbering that leaves the event row alone, to measure what such designs
 -- would cost the writers. Each tick numbers the rows past a watermark in arrival order (the
--- work-list index serves `id > w` since these rows keep sequence NULL), advances the heads as
+-- work-list index serves id > w since these rows keep sequence NULL), advances the heads as
 -- the sequencer does, and stores the numbers apart: one narrow row per event, or one row per
 -- project and tick with the tick's event ids. A real design would also have to find rows that
 -- commit behind the watermark (PgQ-style snapshots); these do strictly less work than that.
