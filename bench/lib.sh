@@ -53,6 +53,18 @@ SQL
     sql -c 'VACUUM (ANALYZE) tasks'
 }
 
+# The Rust writer's statement (outbox-core's WRITE_TASK_DELETED) as a pgbench command, with the
+# event's fields from pgbench variables (project_id, event_type, event_id, task_id, deleted_at,
+# payload): the one statement the database runs for a Rust writer, which validates the fields
+# in the service.
+rust_writer_insert="INSERT INTO outbox.lifecycle_outbox
+    (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
+     payload_version, payload)
+VALUES (:project_id::text, :event_type::text, :event_id::text, :task_id::text,
+        :deleted_at::timestamptz, 'bench-writer', 1, :payload::jsonb)
+ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
+RETURNING id;"
+
 # wal_flushed LSN: waits until the WAL is flushed up to LSN (the WAL writer does it within
 # wal_writer_delay); pg_walinspect refuses to read beyond the flushed end.
 wal_flushed() {

@@ -72,16 +72,12 @@ if ! flock -n 9; then
     exit 1
 fi
 
-ticker_pid=
-prototype_pid=
+background_pid=
 bench_cleanup_extra() {
-    local pid
-    for pid in "$ticker_pid" "$prototype_pid"; do
-        if [ -n "$pid" ]; then
-            kill -TERM "$pid" 2>/dev/null || true
-            wait "$pid" 2>/dev/null || true
-        fi
-    done
+    if [ -n "$background_pid" ]; then
+        kill -TERM "$background_pid" 2>/dev/null || true
+        wait "$background_pid" 2>/dev/null || true
+    fi
 }
 trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
@@ -259,18 +255,10 @@ SELECT outbox.write_task_deleted(:project_id::text, :task_id::text, :deleted_at:
 \endif
 COMMIT;
 SQL
-# The Rust writer's statement (outbox-core's WRITE_TASK_DELETED), as the Rust writer sends it
-# after validating the fields in the service.
 cat >"$work/rust.sql" <<SQL
 $first_statement
 \if :hit > 0
-INSERT INTO outbox.lifecycle_outbox
-    (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
-     payload_version, payload)
-VALUES (:project_id::text, :event_type::text, :event_id::text, :task_id::text,
-        :deleted_at::timestamptz, 'bench-writer', 1, :payload::jsonb)
-ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
-RETURNING id;
+$rust_writer_insert
 \endif
 COMMIT;
 SQL
@@ -297,32 +285,20 @@ reset_state() {
         -c 'VACUUM (ANALYZE) pgq.queue' -c 'VACUUM (ANALYZE) pgq.tick' -c 'CHECKPOINT'
 }
 
-start_prototype() {
-    PGAPPNAME=bench-numbering-prototype sql -c "CALL bench_numbering_prototype('$1', 2000000000)" \
-        >/dev/null 2>"$work/prototype.err" &
-    prototype_pid=$!
+# start_call NAME STATEMENT: runs a long procedure call in the background on its own session,
+# named NAME (the PgQ ticker, a numbering prototype).
+start_call() {
+    PGAPPNAME=$1 sql -c "$2" >/dev/null 2>"$work/$1.err" &
+    background_pid=$!
     sleep 0.3
 }
 
-stop_prototype() {
-    sql -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-numbering-prototype'" >/dev/null
-    wait "$prototype_pid" 2>/dev/null || true
-    prototype_pid=
-    grep -q 'canceling statement' "$work/prototype.err" || { cat "$work/prototype.err" >&2; die "the numbering prototype failed"; }
-}
-
-start_ticker() {
-    PGAPPNAME=bench-pgq-ticker sql -c "CALL bench_pgq_ticker($(( (duration + 30) * 100 )))" \
-        >/dev/null 2>"$work/ticker.err" &
-    ticker_pid=$!
-    sleep 0.3
-}
-
-stop_ticker() {
-    sql -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench-pgq-ticker'" >/dev/null
-    wait "$ticker_pid" 2>/dev/null || true
-    ticker_pid=
-    grep -q 'canceling statement' "$work/ticker.err" || { cat "$work/ticker.err" >&2; die "the PgQ ticker failed"; }
+# stop_call NAME: cancels it; anything but the cancellation in its output is a failure.
+stop_call() {
+    sql -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = '$1'" >/dev/null
+    wait "$background_pid" 2>/dev/null || true
+    background_pid=
+    grep -q 'canceling statement' "$work/$1.err" || { cat "$work/$1.err" >&2; die "$1 failed"; }
 }
 
 # Events a variant wrote (tasks deleted for bare).
@@ -345,9 +321,9 @@ run() {
     reset_state
     case "$variant" in
         *+seq) start_sequencer ;;
-        rust+narrow) start_prototype narrow ;;
-        rust+tickrows) start_prototype tickrows ;;
-        pgq) start_ticker ;;
+        rust+narrow) start_call bench-numbering-prototype "CALL bench_numbering_prototype('narrow', 2000000000)" ;;
+        rust+tickrows) start_call bench-numbering-prototype "CALL bench_numbering_prototype('tickrows', 2000000000)" ;;
+        pgq) start_call bench-pgq-ticker "CALL bench_pgq_ticker($(( (duration + 30) * 100 )))" ;;
     esac
     out=$work/pgbench-$variant-$clients-$rep.log
     local lsn0 lsn1 c0 c1 ticks0 ticks=0
@@ -366,10 +342,10 @@ run() {
             unsequenced=$(sql -c 'SELECT (SELECT count(*) FROM outbox.lifecycle_outbox)
                 - (SELECT count(*) FROM bench_numbers)
                 - (SELECT coalesce(sum(cardinality(event_rows)), 0) FROM bench_tick_rows)')
-            stop_prototype ;;
+            stop_call bench-numbering-prototype ;;
         pgq)
             ticks=$(( $(sql -c 'SELECT count(*) FROM pgq.tick') - ticks0 ))
-            stop_ticker ;;
+            stop_call bench-pgq-ticker ;;
     esac
     sleep 0.3
     c1=$(cluster_ticks); lsn1=$(wal_lsn)

@@ -149,13 +149,7 @@ SELECT count(*) AS hit, max(project_id) AS project_id, max(id) AS task_id,
 FROM d
 \gset
 \if :hit > 0
-INSERT INTO outbox.lifecycle_outbox
-    (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
-     payload_version, payload)
-VALUES (:project_id::text, :event_type::text, :event_id::text, :task_id::text,
-        :deleted_at::timestamptz, 'bench-writer', 1, :payload::jsonb)
-ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
-RETURNING id;
+$rust_writer_insert
 \endif
 COMMIT;
 SQL

@@ -105,3 +105,17 @@ pub async fn event_table_reads(db: &TestDb) -> EventTableReads {
         event_key_entries: row.get("event_key_entries"),
     }
 }
+
+/// Asserts that what ran between `before` and `after` (named by `what`) read the event table
+/// only through the work list: no sequential scan, and fewer entries of the
+/// `(project_id, event_id)` key than [`SMALL_PROJECT`]'s history holds.
+pub fn assert_only_the_work_list_read(what: &str, before: EventTableReads, after: EventTableReads) {
+    assert_eq!(
+        after.seq_scans, before.seq_scans,
+        "{what} scanned the event table: {before:?} then {after:?}"
+    );
+    assert!(
+        after.event_key_entries - before.event_key_entries < SMALL_HISTORY,
+        "{what} walked a project's history: {before:?} then {after:?}"
+    );
+}
