@@ -22,6 +22,12 @@ OUTBOX_CHROMIUM=$(bash scripts/chromium.sh)
 export OUTBOX_CHROMIUM
 echo "chromium: $OUTBOX_CHROMIUM"
 
+# The alert-rule and metrics-format tests need promtool, the man-page test man and groff;
+# installed here when missing (fails loudly when they cannot be).
+OUTBOX_PROMTOOL=$(bash scripts/promtool.sh ensure)
+export OUTBOX_PROMTOOL
+echo "promtool: $OUTBOX_PROMTOOL"
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins

@@ -67,6 +67,7 @@ mod history;
 mod lease;
 mod listener;
 mod live_query;
+mod metric_help;
 mod probe;
 mod retry;
 mod runtime;
@@ -82,6 +83,7 @@ pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
 pub use history::History;
+pub use metric_help::describe_metrics;
 pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};

@@ -130,6 +130,7 @@ pub fn install_metrics() -> Result<PrometheusHandle, Failure> {
         )
         .and_then(|b| b.install_recorder())
         .map_err(|e| Failure::runtime(format!("cannot install the metrics recorder: {e}")))?;
+    outbox_consumer::describe_metrics();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         loop {
