@@ -113,6 +113,10 @@ pub enum Command {
     /// stream per project, Prometheus /metrics, /healthz and /readyz, and an operator
     /// dashboard at /.
     Serve(Box<crate::serve::ServeArgs>),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(crate::completions_cmd::CompletionsArgs),
+    /// Write man pages for every command into a directory.
+    Man(crate::completions_cmd::ManArgs),
 }
 
 /// `outbox migrate`.
@@ -220,6 +224,8 @@ impl Command {
             Command::Audit(_) => "read the audit trail",
             Command::Relay(_) => "relay events (read events, move its cursor and lease)",
             Command::Serve(_) => "serve events (read events, move its cursor and lease)",
+            Command::Completions(_) => "print shell completions",
+            Command::Man(_) => "write man pages",
         }
     }
 }

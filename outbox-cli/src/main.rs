@@ -6,6 +6,7 @@ mod args;
 mod audit_cmd;
 mod child;
 mod cli;
+mod completions_cmd;
 mod consume_cmd;
 mod consumers_cmd;
 mod db;
@@ -55,6 +56,8 @@ fn main() -> std::process::ExitCode {
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
             Command::Relay(command) => relay::run(&cli.global, command).await,
             Command::Serve(args) => serve::run(&cli.global, *args).await,
+            Command::Completions(args) => completions_cmd::completions(args),
+            Command::Man(args) => completions_cmd::man(args),
         }
     });
     match result {
