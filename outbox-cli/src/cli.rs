@@ -113,6 +113,11 @@ pub enum Command {
     /// stream per project, Prometheus /metrics, /healthz and /readyz, and an operator
     /// dashboard at /.
     Serve(Box<crate::serve::ServeArgs>),
+    /// Prove gap safety on this connection path (URL, pooler, TLS, role): concurrent probe
+    /// transactions (some rolled back, some committed late) into a dedicated probe project,
+    /// received by a probe consumer and checked for dense numbering, commit order, nothing
+    /// missing, duplicated or rolled back; then cleaned up. Exit 5 names each failed check.
+    Verify(crate::verify_cmd::VerifyArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(crate::completions_cmd::CompletionsArgs),
     /// Write man pages for every command into a directory.
@@ -224,6 +229,9 @@ impl Command {
             Command::Audit(_) => "read the audit trail",
             Command::Relay(_) => "relay events (read events, move its cursor and lease)",
             Command::Serve(_) => "serve events (read events, move its cursor and lease)",
+            Command::Verify(_) => {
+                "verify gap safety (write probe events, consume them, retire and prune)"
+            }
             Command::Completions(_) => "print shell completions",
             Command::Man(_) => "write man pages",
         }

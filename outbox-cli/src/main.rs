@@ -22,6 +22,8 @@ mod serve;
 mod shutdown;
 mod sink;
 mod status_cmd;
+mod verify;
+mod verify_cmd;
 
 use clap::Parser;
 
@@ -56,6 +58,7 @@ fn main() -> std::process::ExitCode {
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
             Command::Relay(command) => relay::run(&cli.global, command).await,
             Command::Serve(args) => serve::run(&cli.global, *args).await,
+            Command::Verify(args) => verify_cmd::run(&cli.global, args).await,
             Command::Completions(args) => completions_cmd::completions(args),
             Command::Man(args) => completions_cmd::man(args),
         }
