@@ -299,10 +299,31 @@ async fn live_scrapes(db: &TestDb) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The text whose metric names must appear in a live scrape: a rule file whole, the
+/// dashboard's queries (its panel descriptions are prose).
+fn queries_of(file: &str) -> String {
+    if !file.ends_with(".json") {
+        return read(file);
+    }
+    let dashboard = dashboard();
+    let panels = graph_panels(&dashboard);
+    let exprs = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap())
+        .map(|t| t["expr"].as_str().unwrap().to_owned());
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["definition"].as_str().map(str::to_owned));
+    exprs.chain(variables).collect::<Vec<_>>().join("\n")
+}
+
 /// The files whose metric names must each appear in a live scrape.
 const USERS_OF_METRICS: &[&str] = &[
     "deploy/prometheus/alerts.yml",
     "deploy/prometheus/recording.yml",
+    "deploy/grafana/outbox.json",
 ];
 
 #[tokio::test]
@@ -323,7 +344,7 @@ async fn live_metrics_pass_promtool_and_carry_every_name_the_rules_use() {
         exported.extend(scraped_names(scrape));
     }
     for file in USERS_OF_METRICS {
-        let used = metric_names_in(&read(file));
+        let used = metric_names_in(&queries_of(file));
         assert!(!used.is_empty(), "{file} uses no metric");
         let missing: Vec<_> = used.difference(&exported).collect();
         assert!(
@@ -331,6 +352,102 @@ async fn live_metrics_pass_promtool_and_carry_every_name_the_rules_use() {
             "{file} uses metrics no binary exported: {missing:?}; exported: {exported:?}"
         );
     }
+}
+
+/// The dashboard, parsed.
+fn dashboard() -> serde_json::Value {
+    serde_json::from_str(&read("deploy/grafana/outbox.json"))
+        .unwrap_or_else(|e| panic!("deploy/grafana/outbox.json is not valid JSON: {e}"))
+}
+
+/// The dashboard's graph panels (not its rows).
+fn graph_panels(dashboard: &serde_json::Value) -> Vec<&serde_json::Value> {
+    dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .collect()
+}
+
+#[test]
+fn the_dashboard_has_a_panel_for_each_view_on_the_data_source_variable() {
+    let dashboard = dashboard();
+    assert_eq!(dashboard["uid"], "lifecycle-outbox");
+    let panels = graph_panels(&dashboard);
+    let titles: Vec<&str> = panels
+        .iter()
+        .map(|p| p["title"].as_str().unwrap())
+        .collect();
+    for wanted in [
+        "Lag per consumer",
+        "Delivery rate",
+        "Failures by class",
+        "Dead letters",
+        "Commit → dispatch latency",
+        "Unsequenced backlog",
+        "SSE clients",
+        "Relay throughput",
+    ] {
+        assert!(titles.contains(&wanted), "no panel {wanted:?}: {titles:?}");
+    }
+    let mut ids = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let title = panel["title"].as_str().unwrap();
+        assert!(
+            ids.insert(panel["id"].as_u64().unwrap()),
+            "{title}: id repeated"
+        );
+        let grid = &panel["gridPos"];
+        let (x, w) = (grid["x"].as_u64().unwrap(), grid["w"].as_u64().unwrap());
+        assert!(x + w <= 24, "{title} is wider than the grid");
+    }
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert!(variables.contains(&"datasource"), "{variables:?}");
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{title}");
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title} has no query");
+        for target in targets {
+            let expr = target["expr"].as_str().unwrap_or("");
+            assert!(!metric_names_in(expr).is_empty(), "{title}: {expr:?}");
+        }
+    }
+}
+
+/// Every dashboard query is valid PromQL: each becomes a recording rule (Grafana's variables
+/// given plain values) for `promtool check rules`.
+#[tokio::test]
+async fn every_dashboard_query_is_valid_promql() {
+    let dashboard = dashboard();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (n, panel) in graph_panels(&dashboard).into_iter().enumerate() {
+        for (m, target) in panel["targets"].as_array().unwrap().iter().enumerate() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "5m")
+                .replace("$project", ".*")
+                .replace("$relay_consumer", ".*");
+            let quoted = serde_json::to_string(&expr).unwrap();
+            rules.push_str(&format!(
+                "      - record: dashboard:panel{n}:query{m}\n        expr: {quoted}\n"
+            ));
+        }
+    }
+    let dir = std::env::temp_dir().join(format!("outbox-dashboard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dashboard_rules.yml");
+    std::fs::write(&file, &rules).unwrap();
+    let (code, output) = run_promtool(&["check", "rules", file.to_str().unwrap()], "").await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, 0, "{output}\n{rules}");
 }
 
 #[test]
