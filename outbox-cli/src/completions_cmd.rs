@@ -34,9 +34,13 @@ pub fn completions(args: CompletionsArgs) -> Result<(), Failure> {
     let mut command = Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "outbox", &mut script);
-    std::io::stdout()
-        .write_all(&script)
-        .map_err(|e| Failure::runtime(format!("cannot write the completion script: {e}")))
+    match std::io::stdout().write_all(&script) {
+        // A reader that stopped early (`| head`) wanted no more.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Failure::runtime(format!(
+            "cannot write the completion script: {e}"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Writes every man page into `args.dir` and prints each path written.
