@@ -238,6 +238,67 @@ async fn a_child_command_that_cannot_run_stops_the_consumer_without_burning_atte
     assert_eq!(cursor(&db, "p", "missing").await, Some(0));
 }
 
+#[tokio::test]
+async fn a_child_that_prints_a_banner_before_its_first_answer_stops_without_charging_events() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    write_event(&db, "p", "t2").await;
+    let (_dir, script) = child_script(
+        "echo \"child v1 starting\"\nwhile read -r line; do echo '{\"ack\": 1}'; done\n",
+    );
+    let mut args = quick("banner");
+    args.extend(["--child".into(), script]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("broke the protocol before its first answer")
+            && stderr.contains("child v1 starting"),
+        "{stderr}"
+    );
+    assert_eq!(delivery_rows(&db).await, 0, "no attempt was charged");
+    assert_eq!(cursor(&db, "p", "banner").await, Some(0));
+    assert_eq!(
+        lease_owner(&db, "banner").await,
+        None,
+        "the lease was released"
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_answered_before_and_then_breaks_the_protocol_fails_that_event() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    write_event(&db, "p", "t2").await;
+    let (_dir, script) = child_script(
+        "read -r line; echo '{\"ack\": 1}'\nwhile read -r line; do echo 'oops'; done\n",
+    );
+    let mut args = quick_with("garbled", "50ms", "1");
+    args.extend(["--child".into(), script]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    let client = db.connect().await;
+    eventually(
+        Duration::from_secs(20),
+        "event 2 parked as child_protocol_error",
+        || async {
+            client
+                .query_opt(
+                    "SELECT 1 FROM outbox.lifecycle_deliveries WHERE sequence = 2 \
+                     AND state = 'dead' AND last_failure_class = 'child_protocol_error'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    assert_eq!(cursor(&db, "p", "garbled").await, Some(2));
+    send_signal(consumer.id().expect("pid"), "TERM");
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
+    assert_eq!(code, 0, "{stderr}");
+}
+
 /// Writes an executable child script into a fresh directory; returns (dir, script path).
 fn child_script(body: &str) -> (tempdir::Dir, String) {
     let dir = tempdir::Dir::new();
