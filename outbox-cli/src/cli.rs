@@ -9,7 +9,7 @@ use crate::db::DatabaseUrl;
 
 /// Operate lifecycle-outbox: migrate, run consumers, inspect and repair.
 #[derive(Debug, Parser)]
-#[command(name = "outbox", version, about)]
+#[command(name = "outbox", version = env!("OUTBOX_VERSION_LONG"), about)]
 pub struct Cli {
     /// Options every command takes.
     #[command(flatten)]

@@ -498,3 +498,20 @@ async fn a_quoted_password_in_a_key_value_string_is_never_printed() {
     assert!(!stderr.contains("hunter"), "{stderr}");
     assert!(!stderr.contains(" 2'"), "{stderr}");
 }
+
+#[tokio::test]
+async fn version_names_the_commit_the_binary_was_built_from() {
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run git");
+    assert!(head.status.success(), "the tests run in a git checkout");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    let (code, stdout, stderr) = run_outbox(&["--version"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("outbox {} (commit {head})", env!("CARGO_PKG_VERSION"))
+    );
+}
