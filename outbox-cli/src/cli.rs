@@ -19,6 +19,45 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Parses the command line, or prints the problem and exits 2 (0 for `--help`).
+///
+/// Clap suggests the subcommand closest in spelling, which for an action that is not a
+/// subcommand is often its opposite (`consumers reactivate` -> `retire`). Those words get the
+/// command that does what was asked instead.
+pub fn parse_or_exit() -> Cli {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    Cli::try_parse().unwrap_or_else(|error| {
+        if error.kind() == ErrorKind::InvalidSubcommand {
+            if let Some(ContextValue::String(word)) = error.get(ContextKind::InvalidSubcommand) {
+                if let Some(tip) = instead_of(word) {
+                    eprintln!(
+                        "error: unrecognized subcommand '{word}'\n\n  tip: {tip}\n\n\
+                         For more information, try '--help'."
+                    );
+                    std::process::exit(2);
+                }
+            }
+        }
+        error.exit()
+    })
+}
+
+/// What to run instead of a subcommand that does not exist, where clap's nearest spelling
+/// would point to the opposite action.
+fn instead_of(word: &str) -> Option<&'static str> {
+    match word {
+        "reactivate" | "unretire" | "activate" | "restore" | "resume" => Some(
+            "a retired consumer is reactivated by starting it again: \
+             outbox consume --project P --consumer-id C --reactivate (it reconciles first)",
+        ),
+        "unresolve" | "reopen" | "unpark" => Some(
+            "a resolution is final and audited; to deliver a dead letter again, replay it before \
+             resolving: outbox dead-letters replay",
+        ),
+        _ => None,
+    }
+}
+
 /// Options shared by every command.
 #[derive(Debug, Args)]
 pub struct Global {

@@ -22,12 +22,10 @@ mod shutdown;
 mod sink;
 mod status_cmd;
 
-use clap::Parser;
-
-use crate::cli::{Cli, Command};
+use crate::cli::Command;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = cli::parse_or_exit();
     cli.init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -515,3 +515,33 @@ async fn version_names_the_commit_the_binary_was_built_from() {
         format!("outbox {} (commit {head})", env!("CARGO_PKG_VERSION"))
     );
 }
+
+#[tokio::test]
+async fn a_missing_action_is_answered_with_the_command_that_does_it_not_its_opposite() {
+    for (args, wanted) in [
+        (
+            &["consumers", "reactivate"][..],
+            "outbox consume --project P --consumer-id C --reactivate",
+        ),
+        (&["consumers", "unretire"][..], "--reactivate"),
+        (
+            &["dead-letters", "unresolve"][..],
+            "outbox dead-letters replay",
+        ),
+    ] {
+        let (code, _, stderr) = run_outbox(args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(wanted), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("a similar subcommand exists"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A plain typo still gets clap's spelling tip.
+    let (code, _, stderr) = run_outbox(&["consumers", "retir"]).await;
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("a similar subcommand exists: 'retire'"),
+        "{stderr}"
+    );
+}
