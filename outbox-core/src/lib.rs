@@ -100,7 +100,7 @@ pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
     PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,
 };
-pub use row_security::{ROW_SECURITY_TABLES, enable_row_security};
+pub use row_security::{ROW_SECURITY_TABLES, enable_row_security, row_security_enabled};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
 pub use states::{AuditKind, ConsumerState, DeliveryState, Health};
