@@ -74,6 +74,17 @@ pub fn permission_denied(e: &(dyn std::error::Error + 'static)) -> Option<Failur
                 .get()
                 .map(|(r, a)| (r.as_str(), *a))
                 .unwrap_or(("(this role)", "do this"));
+            // Row security refuses with the same SQLSTATE: there the role has its privileges,
+            // and what it lacks is a binding to the project.
+            if db.message().contains("row-level security") {
+                return Some(Failure::runtime(format!(
+                    "permission denied: role {role} may not {action} for this project ({}): \
+                     row security binds each role to the projects listed for it; add a row \
+                     (role_name, project_id) = ('{role}', 'PROJECT') to the schema's \
+                     lifecycle_role_projects table (see README, Binding roles to projects)",
+                    db.message()
+                )));
+            }
             return Some(Failure::runtime(format!(
                 "permission denied: role {role} may not {action} ({}); grant it the role \
                  this process needs (see README, Deploying)",

@@ -180,6 +180,26 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
         assert!(denied, "{consumer_id}: {err:?}");
         assert!(recorder.events().is_empty());
     }
+    // Through the CLI, the refusal names the fix: a binding row, not a grant.
+    let (code, _, err) = run_outbox(&[
+        "--database-url",
+        &consumer_url,
+        "consume",
+        "--project",
+        "B",
+        "--consumer-id",
+        "new-on-b",
+        "--no-wait",
+        "--no-sequencer",
+        "--no-prune",
+    ])
+    .await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("add a row") && err.contains("lifecycle_role_projects"),
+        "{err}"
+    );
+    assert!(!err.contains("grant it the role"), "{err}");
 
     // A's operator lists no dead letter of B, and its status shows only A.
     let operator = bound_login(&db, "operator").await;
