@@ -84,6 +84,10 @@ fn parse_since(text: &str) -> Result<Since, String> {
 pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
     let shutdown = args.follow.then(Shutdown::install).transpose()?;
     let mut client = global.database()?.connect().await?;
+    let admin = Admin::new(&global.schema);
+    if let Some(project) = &args.filter.project {
+        admin.require_project(&client, project).await?;
+    }
     let mut filter = AuditFilter {
         project: args.filter.project,
         consumer: args.filter.consumer_id,
@@ -93,7 +97,6 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
         after_id: None,
         limit: args.limit,
     };
-    let admin = Admin::new(&global.schema);
     let listing = admin.audit_trail(&mut client, &filter).await?;
     let Some(shutdown) = shutdown else {
         return print(

@@ -57,6 +57,11 @@ pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
     };
     let pruner = Pruner::new(&global.schema, options).map_err(|e| Failure::usage(e.to_string()))?;
     let mut client = global.database()?.connect().await?;
+    if let Some(project) = &args.project {
+        outbox_core::Admin::new(&global.schema)
+            .require_project(&client, project)
+            .await?;
+    }
     let mut progress = Progress::new();
     let mut sweep = pruner.sweep();
     let result = loop {

@@ -545,3 +545,43 @@ async fn a_missing_action_is_answered_with_the_command_that_does_it_not_its_oppo
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn an_unknown_project_exits_3_in_every_command_that_names_one() {
+    let db = fresh_db().await;
+    let url = db.url.as_str();
+    for command in [
+        &["status"][..],
+        &["prune"][..],
+        &["prune", "--dry-run"][..],
+        &["consumers", "list"][..],
+        &["dead-letters", "list"][..],
+        &["audit"][..],
+    ] {
+        let mut args = vec!["--database-url", url];
+        args.extend_from_slice(command);
+        args.extend(["--project", "nowhere"]);
+        let (code, out, err) = run_outbox(&args).await;
+        assert_eq!(code, 3, "{command:?}: {out}{err}");
+        assert_eq!(err, "error: project nowhere not found\n", "{command:?}");
+    }
+    // A project is known from its first event on, numbered or not: nothing to prune is exit 0.
+    db.connect()
+        .await
+        .execute(
+            "INSERT INTO outbox.lifecycle_outbox (project_id, event_type, event_id, task_id, \
+             deleted_at, writer_process_id, payload_version, payload) VALUES ('fresh', \
+             'task:deleted', 'task-deleted:t:2026-01-01T00:00:00.000000Z', 't', now(), 'w', 1, \
+             '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    for command in [&["prune"][..], &["consumers", "list"][..], &["audit"][..]] {
+        let mut args = vec!["--database-url", url];
+        args.extend_from_slice(command);
+        args.extend(["--project", "fresh"]);
+        let (code, out, err) = run_outbox(&args).await;
+        assert_eq!(code, 0, "{command:?}: {out}{err}");
+    }
+}
