@@ -142,7 +142,11 @@ impl Inner {
         if restarts > 0 {
             let delay =
                 Duration::from_millis(100u64 << restarts.min(6)).min(Duration::from_secs(5));
-            tracing::warn!(restarts, ?delay, "restarting child process");
+            tracing::warn!(
+                restarts,
+                delay = %humantime::format_duration(delay),
+                "restarting child process"
+            );
             tokio::select! {
                 _ = self.shutdown.cancelled() => return Err(HandlerFailure::abandon()),
                 _ = tokio::time::sleep(delay) => {}
@@ -192,7 +196,7 @@ impl Inner {
         if killpg(group, None).is_ok() {
             tracing::warn!(
                 group = group.as_raw(),
-                grace = ?self.stop_grace,
+                grace = %humantime::format_duration(self.stop_grace),
                 "child process group outlived SIGTERM; killing it"
             );
             let _ = killpg(group, Signal::SIGKILL);
@@ -265,12 +269,13 @@ impl Inner {
                 if timed_out {
                     tracing::warn!(
                         sequence,
-                        timeout = ?self.answer_timeout,
+                        timeout = %humantime::format_duration(self.answer_timeout),
                         "child did not answer in time; ended its process group"
                     );
                     return Err(class("child_timeout"));
                 }
-                tracing::warn!(sequence, ?status, "child exited before answering");
+                let status = status.map_or_else(|| "unknown".to_owned(), |s| s.to_string());
+                tracing::warn!(sequence, %status, "child exited before answering");
                 return Err(class("child_exited"));
             }
         };

@@ -45,6 +45,27 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// Prints the final line on stderr: `error: MESSAGE`, or under `--log-format json` one
+    /// JSON object shaped like the log lines before it (`timestamp`, `level`, `fields` with
+    /// `message` and `exit_code`, `target`), so a log collector parses the last line too.
+    pub fn report(&self, format: crate::cli::LogFormat) {
+        match format {
+            crate::cli::LogFormat::Text => eprintln!("error: {self}"),
+            crate::cli::LogFormat::Json => eprintln!(
+                "{}",
+                serde_json::json!({
+                    "timestamp": chrono::Utc::now()
+                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    "level": "ERROR",
+                    "fields": {"message": self.message, "exit_code": self.code as u8},
+                    "target": "outbox",
+                })
+            ),
+        }
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)

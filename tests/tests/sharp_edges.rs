@@ -585,3 +585,41 @@ async fn an_unknown_project_exits_3_in_every_command_that_names_one() {
         assert_eq!(code, 0, "{command:?}: {out}{err}");
     }
 }
+
+#[tokio::test]
+async fn under_json_logs_the_final_error_line_is_json_too() {
+    let (code, _, stderr) = run_outbox(&[
+        "--log-format",
+        "json",
+        "--database-url",
+        "postgresql://nobody@/x?host=/nonexistent-socket-dir",
+        "status",
+    ])
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    let last = stderr.lines().last().expect("a final line");
+    let line: serde_json::Value = serde_json::from_str(last).expect("the final line is JSON");
+    assert_eq!(line["level"], "ERROR", "{last}");
+    assert_eq!(line["fields"]["exit_code"], 1, "{last}");
+    assert!(
+        line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("cannot connect to")),
+        "{last}"
+    );
+    // Text logs keep the plain form.
+    let (_, _, stderr) = run_outbox(&[
+        "--database-url",
+        "postgresql://nobody@/x?host=/nonexistent-socket-dir",
+        "status",
+    ])
+    .await;
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("error: cannot connect to"),
+        "{stderr}"
+    );
+}
