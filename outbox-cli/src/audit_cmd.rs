@@ -84,6 +84,10 @@ fn parse_since(text: &str) -> Result<Since, String> {
 pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
     let shutdown = args.follow.then(Shutdown::install).transpose()?;
     let mut client = global.database()?.connect().await?;
+    let admin = Admin::new(&global.schema);
+    if let Some(project) = &args.filter.project {
+        admin.require_project(&client, project).await?;
+    }
     let mut filter = AuditFilter {
         project: args.filter.project,
         consumer: args.filter.consumer_id,
@@ -93,7 +97,6 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
         after_id: None,
         limit: args.limit,
     };
-    let admin = Admin::new(&global.schema);
     let listing = admin.audit_trail(&mut client, &filter).await?;
     let Some(shutdown) = shutdown else {
         return print(
@@ -140,7 +143,7 @@ fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(),
             }
         }
         Output::Table => {
-            let table = audit_table(rows).render();
+            let table = audit_table(Table::fixed(&AUDIT_COLUMNS, &FOLLOW_WIDTHS), rows).render();
             let mut lines = table.lines();
             if !header {
                 lines.next();
@@ -160,11 +163,17 @@ fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(),
         .map_err(|e| Failure::runtime(format!("cannot write to stdout ({e})")))
 }
 
-/// The audit table of `rows`.
-fn audit_table(rows: &[AuditEntry]) -> Table {
-    let mut table = Table::new(&[
-        "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT_ID", "ACTOR", "COUNT", "REASON",
-    ]);
+/// The audit table's columns.
+const AUDIT_COLUMNS: [&str; 9] = [
+    "ID", "RECORDED", "KIND", "PROJECT", "CONSUMER", "EVENT_ID", "ACTOR", "COUNT", "REASON",
+];
+
+/// Column widths under `--follow`, where rows arrive after their header was printed: a row
+/// id, a timestamp, the longest kind, identifiers and text cut to a fixed width.
+const FOLLOW_WIDTHS: [usize; 9] = [8, 20, 28, 16, 16, 40, 16, 6, crate::output::MAX_CELL];
+
+/// `rows` in an audit table (fitted to them, or `fixed` for following).
+fn audit_table(mut table: Table, rows: &[AuditEntry]) -> Table {
     for entry in rows {
         table.row(vec![
             entry.id.to_string(),
@@ -197,7 +206,7 @@ struct AuditListJson<'a> {
 
 impl Render for AuditList {
     fn table(&self) -> String {
-        audit_table(&self.listing.items).render()
+        audit_table(Table::new(&AUDIT_COLUMNS), &self.listing.items).render()
     }
 
     fn json(&self) -> impl Serialize + '_ {
@@ -214,5 +223,23 @@ impl Render for AuditList {
                 self.limit
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_core::AuditKind;
+
+    use super::FOLLOW_WIDTHS;
+
+    #[test]
+    fn every_audit_kind_fits_its_followed_column() {
+        for kind in AuditKind::ALL {
+            assert!(
+                kind.short_name().len() <= FOLLOW_WIDTHS[2],
+                "{}",
+                kind.short_name()
+            );
+        }
     }
 }

@@ -50,8 +50,9 @@ struct Running {
     group: Pid,
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
-    /// Whether this child has answered at least once (a child that never did and exits with
-    /// 126 or 127 could not be run).
+    /// Whether this child has given at least one answer in protocol. A child that never did
+    /// and exits with 126 or 127 could not be run; one whose first line breaks the protocol
+    /// (a banner on stdout, say) cannot speak it. Either is a broken sink, not a failed event.
     answered: bool,
     /// Set once the group has been ended, so dropping does not signal a reused ID.
     ended: bool,
@@ -141,7 +142,11 @@ impl Inner {
         if restarts > 0 {
             let delay =
                 Duration::from_millis(100u64 << restarts.min(6)).min(Duration::from_secs(5));
-            tracing::warn!(restarts, ?delay, "restarting child process");
+            tracing::warn!(
+                restarts,
+                delay = %humantime::format_duration(delay),
+                "restarting child process"
+            );
             tokio::select! {
                 _ = self.shutdown.cancelled() => return Err(HandlerFailure::abandon()),
                 _ = tokio::time::sleep(delay) => {}
@@ -191,7 +196,7 @@ impl Inner {
         if killpg(group, None).is_ok() {
             tracing::warn!(
                 group = group.as_raw(),
-                grace = ?self.stop_grace,
+                grace = %humantime::format_duration(self.stop_grace),
                 "child process group outlived SIGTERM; killing it"
             );
             let _ = killpg(group, Signal::SIGKILL);
@@ -264,30 +269,53 @@ impl Inner {
                 if timed_out {
                     tracing::warn!(
                         sequence,
-                        timeout = ?self.answer_timeout,
+                        timeout = %humantime::format_duration(self.answer_timeout),
                         "child did not answer in time; ended its process group"
                     );
                     return Err(class("child_timeout"));
                 }
-                tracing::warn!(sequence, ?status, "child exited before answering");
+                let status = status.map_or_else(|| "unknown".to_owned(), |s| s.to_string());
+                tracing::warn!(sequence, %status, "child exited before answering");
                 return Err(class("child_exited"));
             }
         };
-        running.answered = true;
-        *self.restarts.lock().await = 0;
-        match serde_json::from_str::<Answer>(answer.trim()) {
-            Ok(Answer::Ack { ack }) if ack == sequence => Ok(()),
-            Ok(Answer::Fail { fail, class: code }) if fail == sequence => Err(HandlerFailure::new(
-                FailureClass::new(code.clone()).unwrap_or_else(|_| {
-                    tracing::warn!(
-                        sequence,
-                        class = %code,
-                        "child's failure class breaks the rule {CLASS_RULE}; recorded as handler_error"
-                    );
-                    FailureClass::handler_error()
-                }),
-            )),
-            _ => {
+        let in_protocol = match serde_json::from_str::<Answer>(answer.trim()) {
+            Ok(Answer::Ack { ack }) if ack == sequence => Some(Ok(())),
+            Ok(Answer::Fail { fail, class: code }) if fail == sequence => {
+                Some(Err(HandlerFailure::new(
+                    FailureClass::new(code.clone()).unwrap_or_else(|_| {
+                        tracing::warn!(
+                            sequence,
+                            class = %code,
+                            "child's failure class breaks the rule {CLASS_RULE}; recorded as handler_error"
+                        );
+                        FailureClass::handler_error()
+                    }),
+                )))
+            }
+            _ => None,
+        };
+        match in_protocol {
+            Some(outcome) => {
+                running.answered = true;
+                *self.restarts.lock().await = 0;
+                outcome
+            }
+            None if !running.answered => {
+                let received = answer.trim().to_owned();
+                if let Some(dead) = slot.take() {
+                    self.end(dead).await;
+                }
+                Err(HandlerFailure::stop(format!(
+                    "the child command {:?} broke the protocol before its first answer: it \
+                     printed {received:?} where one line {{\"ack\": {sequence}}} or \
+                     {{\"fail\": {sequence}, \"class\": \"code\"}} was expected (stdout \
+                     carries answers only; print banners and logs to stderr); no attempt was \
+                     charged",
+                    self.command
+                )))
+            }
+            None => {
                 tracing::error!(
                     sequence,
                     received = %answer.trim(),

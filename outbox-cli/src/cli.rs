@@ -9,7 +9,7 @@ use crate::db::DatabaseUrl;
 
 /// Operate lifecycle-outbox: migrate, run consumers, inspect and repair.
 #[derive(Debug, Parser)]
-#[command(name = "outbox", version, about)]
+#[command(name = "outbox", version = env!("OUTBOX_VERSION_LONG"), about)]
 pub struct Cli {
     /// Options every command takes.
     #[command(flatten)]
@@ -17,6 +17,45 @@ pub struct Cli {
     /// The command.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Parses the command line, or prints the problem and exits 2 (0 for `--help`).
+///
+/// Clap suggests the subcommand closest in spelling, which for an action that is not a
+/// subcommand is often its opposite (`consumers reactivate` -> `retire`). Those words get the
+/// command that does what was asked instead.
+pub fn parse_or_exit() -> Cli {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    Cli::try_parse().unwrap_or_else(|error| {
+        if error.kind() == ErrorKind::InvalidSubcommand {
+            if let Some(ContextValue::String(word)) = error.get(ContextKind::InvalidSubcommand) {
+                if let Some(tip) = instead_of(word) {
+                    eprintln!(
+                        "error: unrecognized subcommand '{word}'\n\n  tip: {tip}\n\n\
+                         For more information, try '--help'."
+                    );
+                    std::process::exit(2);
+                }
+            }
+        }
+        error.exit()
+    })
+}
+
+/// What to run instead of a subcommand that does not exist, where clap's nearest spelling
+/// would point to the opposite action.
+fn instead_of(word: &str) -> Option<&'static str> {
+    match word {
+        "reactivate" | "unretire" | "activate" | "restore" | "resume" => Some(
+            "a retired consumer is reactivated by starting it again: \
+             outbox consume --project P --consumer-id C --reactivate (it reconciles first)",
+        ),
+        "unresolve" | "reopen" | "unpark" => Some(
+            "a resolution is final and audited; to deliver a dead letter again, replay it before \
+             resolving: outbox dead-letters replay",
+        ),
+        _ => None,
+    }
 }
 
 /// Options shared by every command.
@@ -150,7 +189,7 @@ pub struct SequenceArgs {
     pub every: Option<std::time::Duration>,
     /// Length of the sequencer lease with --every; a dead sequencer is replaced within 1.25
     /// times this.
-    #[arg(long, value_parser = parse_duration, default_value = "10s", requires = "every")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s", requires = "every")]
     pub lease_ttl: std::time::Duration,
     /// Most events numbered per transaction.
     #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
@@ -160,14 +199,48 @@ pub struct SequenceArgs {
     pub output: Output,
 }
 
-/// Parses a human duration ("250ms", "10s", "5m"); zero is refused.
+/// The longest time knob a running process takes (a lease, a retry delay, an interval, a
+/// threshold): past a day a value is a typo (`1y` for `1s`), and every such value must also fit
+/// PostgreSQL's interval arithmetic.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// The longest retention-like period (a stream's maximum age): 36500 days.
+pub const MAX_LONG_DURATION: std::time::Duration = std::time::Duration::from_secs(36_500 * 86_400);
+
+/// Parses a human duration ("250ms", "10s", "5m"): greater than zero, at most 24h.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let d = humantime::parse_duration(text)
+    parse_bounded(text, MAX_DURATION, "24h")
+}
+
+/// Parses a long period ("7d", "90d"): greater than zero, at most 36500 days.
+pub fn parse_long_duration(text: &str) -> Result<std::time::Duration, String> {
+    parse_bounded(text, MAX_LONG_DURATION, "36500 days")
+}
+
+/// One rule for every duration flag: a range error names the range, for a negative value too
+/// (humantime would report an unexpected character at position 0).
+fn parse_bounded(
+    text: &str,
+    max: std::time::Duration,
+    max_text: &str,
+) -> Result<std::time::Duration, String> {
+    let trimmed = text.trim();
+    if let Some(magnitude) = trimmed.strip_prefix('-') {
+        if humantime::parse_duration(magnitude.trim()).is_ok() {
+            return Err(format!(
+                "invalid duration {text:?}: must be greater than zero and at most {max_text}"
+            ));
+        }
+    }
+    let d = humantime::parse_duration(trimmed)
         .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 250ms, 10s, 5m)"))?;
     if d.is_zero() {
         return Err(format!(
             "invalid duration {text:?}: must be greater than zero"
         ));
+    }
+    if d > max {
+        return Err(format!("invalid duration {text:?}: at most {max_text}"));
     }
     Ok(d)
 }
@@ -342,10 +415,10 @@ pub struct ConsumerOptions {
     #[arg(long, value_name = "COMMAND")]
     pub child: Option<String>,
     /// How long the child may take to answer one line.
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
     pub child_timeout: Duration,
     /// How long the child's process group has between SIGTERM and SIGKILL.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub child_stop_grace: Duration,
     /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
@@ -372,26 +445,26 @@ pub struct ConsumerOptions {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
     /// Lease length.
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
     pub lease_ttl: Duration,
     /// Lease renewal interval (at most half the lease).
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub heartbeat_interval: Duration,
     /// Fallback poll interval when no wake-up arrives.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
     /// Slowest tick of this process's sequencer while it is the elected one and idle (after
     /// a tick that numbered something it ticks again at once); one process at a time sequences.
-    #[arg(long, value_parser = parse_duration, default_value = "50ms")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "50ms")]
     pub sequence_interval: Duration,
     /// Length of the sequencer lease; a dead sequencer is replaced within 1.25 times this.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub sequencer_lease_ttl: Duration,
     /// Do not run the sequencer in this process.
     #[arg(long)]
     pub no_sequencer: bool,
     /// Delays after the 1st, 2nd, ... failure; the last repeats.
-    #[arg(long, value_parser = parse_duration, value_delimiter = ',', default_value = "1s,5s,30s,5m,15m")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, value_delimiter = ',', default_value = "1s,5s,30s,5m,15m")]
     pub retry_delays: Vec<Duration>,
     /// Attempts before an event is parked as a dead letter.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -400,18 +473,65 @@ pub struct ConsumerOptions {
     #[arg(long)]
     pub live_query: Option<String>,
     /// How long shutdown waits for a running handler.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub shutdown_grace: Duration,
     /// How often this process runs the retention sweep of its project (also once at start).
-    #[arg(long, value_parser = parse_duration, default_value = "1h")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "1h")]
     pub prune_interval: Duration,
     /// Do not run the retention sweep in this process.
     #[arg(long, conflicts_with = "prune_interval")]
     pub no_prune: bool,
     /// Retention period of the sweep (see `outbox prune --help`).
-    #[arg(long, value_parser = crate::prune_cmd::parse_retention, default_value = "30d")]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::prune_cmd::parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{parse_duration, parse_long_duration};
+
+    #[test]
+    fn durations_are_bounded_on_both_sides() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(
+            parse_duration("1y").unwrap_err(),
+            "invalid duration \"1y\": at most 24h"
+        );
+        assert_eq!(
+            parse_duration("25h").unwrap_err(),
+            "invalid duration \"25h\": at most 24h"
+        );
+        assert!(
+            parse_duration("99999999999d")
+                .unwrap_err()
+                .starts_with("invalid duration \"99999999999d\": ")
+        );
+        assert_eq!(
+            parse_duration("-1s").unwrap_err(),
+            "invalid duration \"-1s\": must be greater than zero and at most 24h"
+        );
+        assert_eq!(
+            parse_duration("0s").unwrap_err(),
+            "invalid duration \"0s\": must be greater than zero"
+        );
+        assert!(
+            parse_duration("5 parsecs")
+                .unwrap_err()
+                .contains("examples")
+        );
+        assert_eq!(
+            parse_long_duration("90d"),
+            Ok(Duration::from_secs(90 * 86_400))
+        );
+        assert_eq!(
+            parse_long_duration("36501d").unwrap_err(),
+            "invalid duration \"36501d\": at most 36500 days"
+        );
+    }
 }

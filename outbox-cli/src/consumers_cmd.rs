@@ -50,6 +50,9 @@ pub async fn run(global: &Global, command: ConsumersCommand) -> Result<(), Failu
     let admin = Admin::new(&global.schema);
     match command {
         ConsumersCommand::List(args) => {
+            if let Some(project) = &args.project {
+                admin.require_project(&client, project).await?;
+            }
             let consumers = admin.consumers(&mut client, args.project.as_ref()).await?;
             print(args.output, &ConsumerList(consumers))
         }

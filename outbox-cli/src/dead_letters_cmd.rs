@@ -138,6 +138,9 @@ pub async fn run(global: &Global, command: DeadLettersCommand) -> Result<(), Fai
     let admin = Admin::new(&global.schema);
     match command {
         DeadLettersCommand::List(args) => {
+            if let Some(project) = &args.filter.project {
+                admin.require_project(&client, project).await?;
+            }
             let filter = DeadLetterFilter {
                 project: args.filter.project,
                 consumer: args.filter.consumer_id,

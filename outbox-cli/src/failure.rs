@@ -45,6 +45,27 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// Prints the final line on stderr: `error: MESSAGE`, or under `--log-format json` one
+    /// JSON object shaped like the log lines before it (`timestamp`, `level`, `fields` with
+    /// `message` and `exit_code`, `target`), so a log collector parses the last line too.
+    pub fn report(&self, format: crate::cli::LogFormat) {
+        match format {
+            crate::cli::LogFormat::Text => eprintln!("error: {self}"),
+            crate::cli::LogFormat::Json => eprintln!(
+                "{}",
+                serde_json::json!({
+                    "timestamp": chrono::Utc::now()
+                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    "level": "ERROR",
+                    "fields": {"message": self.message, "exit_code": self.code as u8},
+                    "target": "outbox",
+                })
+            ),
+        }
+    }
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
@@ -74,6 +95,17 @@ pub fn permission_denied(e: &(dyn std::error::Error + 'static)) -> Option<Failur
                 .get()
                 .map(|(r, a)| (r.as_str(), *a))
                 .unwrap_or(("(this role)", "do this"));
+            // Row security refuses with the same SQLSTATE: there the role has its privileges,
+            // and what it lacks is a binding to the project.
+            if db.message().contains("row-level security") {
+                return Some(Failure::runtime(format!(
+                    "permission denied: role {role} may not {action} for this project ({}): \
+                     row security binds each role to the projects listed for it; add a row \
+                     (role_name, project_id) = ('{role}', 'PROJECT') to the schema's \
+                     lifecycle_role_projects table (see README, Binding roles to projects)",
+                    db.message()
+                )));
+            }
             return Some(Failure::runtime(format!(
                 "permission denied: role {role} may not {action} ({}); grant it the role \
                  this process needs (see README, Deploying)",

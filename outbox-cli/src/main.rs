@@ -25,13 +25,12 @@ mod status_cmd;
 mod verify;
 mod verify_cmd;
 
-use clap::Parser;
-
-use crate::cli::{Cli, Command};
+use crate::cli::Command;
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = cli::parse_or_exit();
     cli.init_logging();
+    let log_format = cli.global.log_format;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -66,7 +65,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("error: {failure}");
+            failure.report(log_format);
             std::process::ExitCode::from(failure.code as u8)
         }
     }

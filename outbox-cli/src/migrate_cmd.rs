@@ -13,7 +13,8 @@ struct Migrated<'a> {
     schema: &'a Schema,
     /// The migrations applied now and earlier.
     report: MigrationReport,
-    /// Whether per-project row security was (also) turned on.
+    /// Whether per-project row security is on for the schema after the run (turned on now or
+    /// earlier).
     row_security: bool,
 }
 
@@ -143,12 +144,13 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
     if args.row_security {
         outbox_core::enable_row_security(&mut client, &global.schema).await?;
     }
+    let row_security = outbox_core::row_security_enabled(&client, &global.schema).await?;
     print(
         args.output,
         &Migrated {
             schema: &global.schema,
             report,
-            row_security: args.row_security,
+            row_security,
         },
     )
 }

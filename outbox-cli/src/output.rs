@@ -41,15 +41,23 @@ pub fn print(output: Output, value: &impl Render) -> Result<(), Failure> {
     }
 }
 
+/// The widest a table cell grows: identifiers may be 128 characters and reasons longer, and
+/// one such value would otherwise push every other column off the screen. The full values are
+/// in `--output json`.
+pub const MAX_CELL: usize = 48;
+
 /// An aligned, plain-text table: a header row, then one row per item, columns separated by
 /// two spaces. Cells are escaped so that stored text can never break the layout or send
-/// terminal control sequences.
+/// terminal control sequences, and cut to [`MAX_CELL`] characters.
 #[derive(Debug)]
 pub struct Table {
     /// Column names.
     headers: Vec<&'static str>,
     /// Rows of escaped cells, each as long as `headers`.
     rows: Vec<Vec<String>>,
+    /// Fixed column widths, for rows printed a few at a time under one header
+    /// (`audit --follow`); `None` fits the columns to the rows.
+    fixed: Option<Vec<usize>>,
 }
 
 impl Table {
@@ -58,25 +66,49 @@ impl Table {
         Self {
             headers: headers.to_vec(),
             rows: Vec::new(),
+            fixed: None,
+        }
+    }
+
+    /// An empty table whose columns have these widths whatever the rows hold (a header is never
+    /// cut; a longer cell is), so rows rendered later line up with a header rendered earlier.
+    pub fn fixed(headers: &[&'static str], widths: &[usize]) -> Self {
+        debug_assert_eq!(headers.len(), widths.len(), "one width per column");
+        let widths = headers
+            .iter()
+            .zip(widths)
+            .map(|(h, w)| (*w).max(h.chars().count()))
+            .collect();
+        Self {
+            fixed: Some(widths),
+            ..Self::new(headers)
         }
     }
 
     /// Appends a row; missing cells are blank, extra cells are a bug.
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert!(cells.len() <= self.headers.len(), "more cells than columns");
-        let mut cells: Vec<String> = cells.iter().map(|c| escape(c)).collect();
+        let mut cells: Vec<String> = cells.iter().map(|c| cut(&escape(c), MAX_CELL)).collect();
         cells.resize(self.headers.len(), String::new());
+        if let Some(widths) = &self.fixed {
+            for (cell, width) in cells.iter_mut().zip(widths) {
+                *cell = cut(cell, *width);
+            }
+        }
         self.rows.push(cells);
     }
 
     /// The table as text, one line per row, ending in a newline.
     pub fn render(&self) -> String {
-        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
-        for row in &self.rows {
-            for (width, cell) in widths.iter_mut().zip(row) {
-                *width = (*width).max(cell.chars().count());
+        let widths = self.fixed.clone().unwrap_or_else(|| {
+            let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+            for row in &self.rows {
+                for (width, cell) in widths.iter_mut().zip(row) {
+                    *width = (*width).max(cell.chars().count());
+                }
             }
-        }
+            widths
+        });
         let mut out = String::new();
         let header: Vec<String> = self.headers.iter().map(|h| (*h).to_owned()).collect();
         for cells in std::iter::once(&header).chain(&self.rows) {
@@ -94,6 +126,22 @@ impl Table {
         }
         out
     }
+}
+
+/// `text` cut to `width` characters with `…` in the middle, keeping both ends: an event ID's
+/// task and time, a consumer ID's prefix and suffix.
+pub fn cut(text: &str, width: usize) -> String {
+    let length = text.chars().count();
+    if length <= width || width < 3 {
+        return text.to_owned();
+    }
+    // The tail gets the larger share: an event ID ends in its 28-character time.
+    let tail = (width - 1) * 3 / 5;
+    let head = width - 1 - tail;
+    let mut out: String = text.chars().take(head).collect();
+    out.push('…');
+    out.extend(text.chars().skip(length - tail));
+    out
 }
 
 /// Aligned `key  value` lines, for one object.
@@ -213,6 +261,41 @@ mod tests {
              22  b\\nc\n"
         );
         assert_eq!(Table::new(&["A", "B"]).render(), "A  B\n");
+    }
+
+    #[test]
+    fn long_cells_are_cut_in_the_middle() {
+        let long = format!(
+            "task-deleted:{}:2026-01-02T03:04:05.000000Z",
+            "F".repeat(100)
+        );
+        let mut table = Table::new(&["EVENT_ID", "N"]);
+        table.row(vec![long.clone(), "1".into()]);
+        let line = table.render().lines().nth(1).unwrap().to_owned();
+        let cell = line.split("  ").next().unwrap();
+        assert_eq!(cell.chars().count(), MAX_CELL);
+        assert!(cell.starts_with("task-deleted:FFFFFF…"), "{cell}");
+        assert!(cell.ends_with(":2026-01-02T03:04:05.000000Z"), "{cell}");
+        assert_eq!(cut("short", 48), "short");
+        assert_eq!(cut("abcdefgh", 5), "ab…gh");
+        assert_eq!(cut("abcdefgh", 4), "ab…h");
+    }
+
+    #[test]
+    fn fixed_tables_line_up_across_renders() {
+        let header = Table::fixed(&["ID", "KIND"], &[4, 8]).render();
+        let mut later = Table::fixed(&["ID", "KIND"], &[4, 8]);
+        later.row(vec!["12345678".into(), "k".into()]);
+        later.row(vec!["7".into(), "retired".into()]);
+        assert_eq!(header, "ID    KIND\n");
+        let rendered = later.render();
+        let rows: Vec<&str> = rendered.lines().skip(1).collect();
+        assert_eq!(rows, vec!["12…8  k", "7     retired"]);
+        assert_eq!(
+            header.find("KIND"),
+            rows[1].find("retired"),
+            "each column starts where its header does"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub struct PruneArgs {
     pub project: Option<ProjectId>,
     /// Retention period: events older than this that every non-retired consumer acknowledged
     /// go, and dead letters resolved (or replayed) longer ago than this.
-    #[arg(long, value_parser = parse_retention, default_value = "30d")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -34,6 +34,11 @@ pub struct PruneArgs {
 
 /// Parses a retention period ("30d", "12h", "0s"); zero is allowed, more than 36500 days not.
 pub fn parse_retention(text: &str) -> Result<Duration, String> {
+    if text.trim().starts_with('-') {
+        return Err(format!(
+            "invalid duration {text:?}: must be between 0s and 36500 days"
+        ));
+    }
     let d = humantime::parse_duration(text)
         .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 30d, 12h, 0s)"))?;
     if d > outbox_core::MAX_RETENTION {
@@ -52,6 +57,11 @@ pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
     };
     let pruner = Pruner::new(&global.schema, options).map_err(|e| Failure::usage(e.to_string()))?;
     let mut client = global.database()?.connect().await?;
+    if let Some(project) = &args.project {
+        outbox_core::Admin::new(&global.schema)
+            .require_project(&client, project)
+            .await?;
+    }
     let mut progress = Progress::new();
     let mut sweep = pruner.sweep();
     let result = loop {

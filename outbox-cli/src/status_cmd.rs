@@ -27,17 +27,17 @@ pub struct StatusArgs {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..))]
     pub max_lag: i64,
     /// An event failing (and holding its consumer's cursor) for longer is `stuck_retrying`.
-    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "15m")]
     pub max_retrying_age: Duration,
     /// A live lease whose last heartbeat is older is `stale_heartbeat`; once the lease has
     /// expired (or with none), a heartbeat this old while events wait is `not_running`, and a
     /// consumer registered longer ago than this that never acknowledged anything is
     /// `never_acknowledged` (default: twice the default heartbeat interval).
-    #[arg(long, value_parser = parse_duration, default_value = "20s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "20s")]
     pub max_heartbeat_age: Duration,
     /// Committed events unsequenced for longer mean `sequencer_stalled` (no consumer or
     /// `outbox sequence` is numbering events).
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
     pub max_unsequenced_age: Duration,
     /// More events than this that a retention sweep would prune now mean `pruning_backlog`
     /// (no consumer runs the sweep for the project and no `outbox prune` is scheduled).

@@ -17,6 +17,11 @@ pub const MAX_PRIOR_VALUE_LEN: usize = 64;
 /// How far ahead of the clock a `deleted_at` may lie before it is refused as a clock error.
 pub const MAX_FUTURE_SKEW: TimeDelta = TimeDelta::minutes(5);
 
+/// The earliest accepted `deleted_at`, 2000-01-01T00:00:00Z: an earlier time (year 1900, a BC
+/// date, `-infinity`) is a default value or a bug in the writer, never a real deletion, and
+/// PostgreSQL's writer refuses the same range.
+pub const MIN_DELETED_AT: DateTime<Utc> = DateTime::from_timestamp_nanos(946_684_800_000_000_000);
+
 /// Why an event was refused before anything was written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -27,6 +32,9 @@ pub enum ValidationError {
     /// `deleted_at` lies further in the future than [`MAX_FUTURE_SKEW`].
     #[error("invalid deleted_at: {} is more than 5 minutes in the future", format_timestamp(*.0))]
     DeletedAtInFuture(DateTime<Utc>),
+    /// `deleted_at` lies before [`MIN_DELETED_AT`].
+    #[error("invalid deleted_at: {} is before 2000-01-01T00:00:00Z", format_timestamp(*.0))]
+    DeletedAtTooEarly(DateTime<Utc>),
     /// `prior` is not a JSON object.
     #[error("invalid prior: must be a JSON object")]
     PriorNotObject,
@@ -129,6 +137,9 @@ impl TaskDeleted {
         if deleted_at > now + MAX_FUTURE_SKEW {
             return Err(ValidationError::DeletedAtInFuture(deleted_at));
         }
+        if deleted_at < MIN_DELETED_AT {
+            return Err(ValidationError::DeletedAtTooEarly(deleted_at));
+        }
         prior.validate()?;
         Ok(Self {
             project_id,
@@ -209,6 +220,20 @@ mod tests {
             err.to_string()
                 .ends_with("is more than 5 minutes in the future")
         );
+    }
+
+    #[test]
+    fn refuses_times_before_2000() {
+        assert_eq!(MIN_DELETED_AT.to_rfc3339(), "2000-01-01T00:00:00+00:00");
+        assert!(event(MIN_DELETED_AT, Prior::default()).is_ok());
+        let early = MIN_DELETED_AT - TimeDelta::microseconds(1);
+        let err = event(early, Prior::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid deleted_at: 1999-12-31T23:59:59.999999Z is before 2000-01-01T00:00:00Z"
+        );
+        let err = event(DateTime::<Utc>::MIN_UTC, Prior::default()).unwrap_err();
+        assert!(matches!(err, ValidationError::DeletedAtTooEarly(_)));
     }
 
     #[test]

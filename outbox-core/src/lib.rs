@@ -84,8 +84,8 @@ pub use election::{
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{
-    MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, PAYLOAD_VERSION, Prior, TASK_DELETED, TaskDeleted,
-    ValidationError, format_timestamp,
+    MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, MIN_DELETED_AT, PAYLOAD_VERSION, Prior, TASK_DELETED,
+    TaskDeleted, ValidationError, format_timestamp,
 };
 pub use ids::{
     ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, ProjectId, TaskId, WriterProcessId,
@@ -100,7 +100,7 @@ pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,
     PruneOptions, PruneOptionsError, PruneReport, Pruner, Sweep, SweepProgress,
 };
-pub use row_security::{ROW_SECURITY_TABLES, enable_row_security};
+pub use row_security::{ROW_SECURITY_TABLES, enable_row_security, row_security_enabled};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
 pub use states::{AuditKind, ConsumerState, DeliveryState, Health};

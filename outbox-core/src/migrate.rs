@@ -71,6 +71,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cheaper_checks",
         template: include_str!("../../sql/0007_cheaper_checks.sql"),
     },
+    Migration {
+        version: 8,
+        name: "deleted_at_lower_bound",
+        template: include_str!("../../sql/0008_deleted_at_lower_bound.sql"),
+    },
 ];
 
 /// What a migration run did.

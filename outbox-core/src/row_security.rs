@@ -33,3 +33,19 @@ pub async fn enable_row_security(client: &mut Client, schema: &Schema) -> Result
     tx.commit().await?;
     Ok(())
 }
+
+/// Whether row security is on for every project table of `schema`: the state the schema is in,
+/// whoever turned it on and whenever (a run of `migrate` without `--row-security` leaves it as
+/// it was, and reports it so).
+pub async fn row_security_enabled(client: &Client, schema: &Schema) -> Result<bool, Error> {
+    let tables: Vec<&str> = ROW_SECURITY_TABLES.to_vec();
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE c.relrowsecurity) = cardinality($2::text[]) AS on \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = ANY ($2::text[])",
+            &[&schema.name(), &tables],
+        )
+        .await?;
+    Ok(row.try_get("on")?)
+}

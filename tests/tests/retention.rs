@@ -1289,13 +1289,11 @@ async fn outbox_prune_prints_what_it_removed() {
         "{out}"
     );
 
-    let (code, out, _) =
+    // An unknown project is refused as by every command that names one.
+    let (code, _, err) =
         run_outbox(&["--database-url", url, "prune", "--project", "nowhere"]).await;
-    assert_eq!(code, 0);
-    assert_eq!(
-        out,
-        "project nowhere has no sequenced events: nothing to prune\n"
-    );
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(err, "error: project nowhere not found\n");
 }
 
 #[tokio::test]

@@ -56,9 +56,20 @@ async fn record(url: &str, project: &str, task: &str) -> Result<(), outbox_core:
 async fn roles_bound_to_a_project_see_and_write_only_that_project() {
     let db = fresh_db().await;
     let (code, out, err) =
+        run_outbox(&["--database-url", &db.url, "migrate", "--output", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(report["row_security"], false, "off until turned on: {out}");
+    let (code, out, err) =
         run_outbox(&["--database-url", &db.url, "migrate", "--row-security"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("row security is on"), "{out}");
+    // A later run without the flag reports the schema's state, not the flag.
+    let (code, out, err) =
+        run_outbox(&["--database-url", &db.url, "migrate", "--output", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(report["row_security"], true, "{out}");
 
     // B's history, written and consumed by the owner: events, a consumer, a dead letter.
     for task in ["b1", "b-poison", "b3"] {
@@ -169,6 +180,26 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
         assert!(denied, "{consumer_id}: {err:?}");
         assert!(recorder.events().is_empty());
     }
+    // Through the CLI, the refusal names the fix: a binding row, not a grant.
+    let (code, _, err) = run_outbox(&[
+        "--database-url",
+        &consumer_url,
+        "consume",
+        "--project",
+        "B",
+        "--consumer-id",
+        "new-on-b",
+        "--no-wait",
+        "--no-sequencer",
+        "--no-prune",
+    ])
+    .await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("add a row") && err.contains("lifecycle_role_projects"),
+        "{err}"
+    );
+    assert!(!err.contains("grant it the role"), "{err}");
 
     // A's operator lists no dead letter of B, and its status shows only A.
     let operator = bound_login(&db, "operator").await;

@@ -238,6 +238,67 @@ async fn a_child_command_that_cannot_run_stops_the_consumer_without_burning_atte
     assert_eq!(cursor(&db, "p", "missing").await, Some(0));
 }
 
+#[tokio::test]
+async fn a_child_that_prints_a_banner_before_its_first_answer_stops_without_charging_events() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    write_event(&db, "p", "t2").await;
+    let (_dir, script) = child_script(
+        "echo \"child v1 starting\"\nwhile read -r line; do echo '{\"ack\": 1}'; done\n",
+    );
+    let mut args = quick("banner");
+    args.extend(["--child".into(), script]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("broke the protocol before its first answer")
+            && stderr.contains("child v1 starting"),
+        "{stderr}"
+    );
+    assert_eq!(delivery_rows(&db).await, 0, "no attempt was charged");
+    assert_eq!(cursor(&db, "p", "banner").await, Some(0));
+    assert_eq!(
+        lease_owner(&db, "banner").await,
+        None,
+        "the lease was released"
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_answered_before_and_then_breaks_the_protocol_fails_that_event() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    write_event(&db, "p", "t2").await;
+    let (_dir, script) = child_script(
+        "read -r line; echo '{\"ack\": 1}'\nwhile read -r line; do echo 'oops'; done\n",
+    );
+    let mut args = quick_with("garbled", "50ms", "1");
+    args.extend(["--child".into(), script]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    let client = db.connect().await;
+    eventually(
+        Duration::from_secs(20),
+        "event 2 parked as child_protocol_error",
+        || async {
+            client
+                .query_opt(
+                    "SELECT 1 FROM outbox.lifecycle_deliveries WHERE sequence = 2 \
+                     AND state = 'dead' AND last_failure_class = 'child_protocol_error'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+    assert_eq!(cursor(&db, "p", "garbled").await, Some(2));
+    send_signal(consumer.id().expect("pid"), "TERM");
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
+    assert_eq!(code, 0, "{stderr}");
+}
+
 /// Writes an executable child script into a fresh directory; returns (dir, script path).
 fn child_script(body: &str) -> (tempdir::Dir, String) {
     let dir = tempdir::Dir::new();
@@ -436,4 +497,129 @@ async fn a_quoted_password_in_a_key_value_string_is_never_printed() {
     assert!(stderr.contains("password=***"), "{stderr}");
     assert!(!stderr.contains("hunter"), "{stderr}");
     assert!(!stderr.contains(" 2'"), "{stderr}");
+}
+
+#[tokio::test]
+async fn version_names_the_commit_the_binary_was_built_from() {
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run git");
+    assert!(head.status.success(), "the tests run in a git checkout");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    let (code, stdout, stderr) = run_outbox(&["--version"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!("outbox {} (commit {head})", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[tokio::test]
+async fn a_missing_action_is_answered_with_the_command_that_does_it_not_its_opposite() {
+    for (args, wanted) in [
+        (
+            &["consumers", "reactivate"][..],
+            "outbox consume --project P --consumer-id C --reactivate",
+        ),
+        (&["consumers", "unretire"][..], "--reactivate"),
+        (
+            &["dead-letters", "unresolve"][..],
+            "outbox dead-letters replay",
+        ),
+    ] {
+        let (code, _, stderr) = run_outbox(args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.contains(wanted), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("a similar subcommand exists"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // A plain typo still gets clap's spelling tip.
+    let (code, _, stderr) = run_outbox(&["consumers", "retir"]).await;
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("a similar subcommand exists: 'retire'"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_project_exits_3_in_every_command_that_names_one() {
+    let db = fresh_db().await;
+    let url = db.url.as_str();
+    for command in [
+        &["status"][..],
+        &["prune"][..],
+        &["prune", "--dry-run"][..],
+        &["consumers", "list"][..],
+        &["dead-letters", "list"][..],
+        &["audit"][..],
+    ] {
+        let mut args = vec!["--database-url", url];
+        args.extend_from_slice(command);
+        args.extend(["--project", "nowhere"]);
+        let (code, out, err) = run_outbox(&args).await;
+        assert_eq!(code, 3, "{command:?}: {out}{err}");
+        assert_eq!(err, "error: project nowhere not found\n", "{command:?}");
+    }
+    // A project is known from its first event on, numbered or not: nothing to prune is exit 0.
+    db.connect()
+        .await
+        .execute(
+            "INSERT INTO outbox.lifecycle_outbox (project_id, event_type, event_id, task_id, \
+             deleted_at, writer_process_id, payload_version, payload) VALUES ('fresh', \
+             'task:deleted', 'task-deleted:t:2026-01-01T00:00:00.000000Z', 't', now(), 'w', 1, \
+             '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    for command in [&["prune"][..], &["consumers", "list"][..], &["audit"][..]] {
+        let mut args = vec!["--database-url", url];
+        args.extend_from_slice(command);
+        args.extend(["--project", "fresh"]);
+        let (code, out, err) = run_outbox(&args).await;
+        assert_eq!(code, 0, "{command:?}: {out}{err}");
+    }
+}
+
+#[tokio::test]
+async fn under_json_logs_the_final_error_line_is_json_too() {
+    let (code, _, stderr) = run_outbox(&[
+        "--log-format",
+        "json",
+        "--database-url",
+        "postgresql://nobody@/x?host=/nonexistent-socket-dir",
+        "status",
+    ])
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    let last = stderr.lines().last().expect("a final line");
+    let line: serde_json::Value = serde_json::from_str(last).expect("the final line is JSON");
+    assert_eq!(line["level"], "ERROR", "{last}");
+    assert_eq!(line["fields"]["exit_code"], 1, "{last}");
+    assert!(
+        line["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("cannot connect to")),
+        "{last}"
+    );
+    // Text logs keep the plain form.
+    let (_, _, stderr) = run_outbox(&[
+        "--database-url",
+        "postgresql://nobody@/x?host=/nonexistent-socket-dir",
+        "status",
+    ])
+    .await;
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("error: cannot connect to"),
+        "{stderr}"
+    );
 }

@@ -425,3 +425,65 @@ async fn sql_writer_names_each_null_argument() {
     }
     assert_eq!(count(&client).await, 0, "nothing was written");
 }
+
+/// A `deleted_at` before 2000-01-01T00:00:00Z, or an infinity, is a 22023 naming the problem
+/// in the SQL writer and a validation error in the Rust writer; the bound itself is accepted.
+#[tokio::test]
+async fn both_writers_bound_deleted_at_below() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    let cases = [
+        (
+            "1999-12-31 23:59:59.999999+00",
+            "invalid deleted_at: 1999-12-31T23:59:59.999999Z is before 2000-01-01T00:00:00Z",
+        ),
+        (
+            "1900-01-01 00:00:00+00",
+            "invalid deleted_at: 1900-01-01T00:00:00.000000Z is before 2000-01-01T00:00:00Z",
+        ),
+        (
+            "4000-01-01 00:00:00+00 BC",
+            "invalid deleted_at: 4000-01-01T00:00:00.000000Z BC is before 2000-01-01T00:00:00Z",
+        ),
+        (
+            "-infinity",
+            "invalid deleted_at: -infinity is not a finite time",
+        ),
+        (
+            "infinity",
+            "invalid deleted_at: infinity is not a finite time",
+        ),
+    ];
+    for (at, expected) in cases {
+        let err = client
+            .query_one(
+                "SELECT outbox.write_task_deleted('p1', 'T', $1::text::timestamptz, 'w', NULL)",
+                &[&at],
+            )
+            .await
+            .expect_err(at);
+        let db_error = err.as_db_error().expect("a server error");
+        assert_eq!(db_error.code().code(), "22023", "{at}: {db_error:?}");
+        assert_eq!(db_error.message(), expected, "{at}");
+    }
+    assert_eq!(count(&client).await, 0, "nothing was written");
+
+    let early: DateTime<Utc> = "1999-12-31T23:59:59.999999Z".parse().unwrap();
+    let rust = TaskDeleted::new(
+        ProjectId::new("p1").unwrap(),
+        TaskId::new("T").unwrap(),
+        early,
+        Prior::default(),
+    )
+    .unwrap_err();
+    assert_eq!(rust.to_string(), cases[0].1, "one contract, one message");
+
+    client
+        .query_one(
+            "SELECT outbox.write_task_deleted('p1', 'T', '2000-01-01 00:00:00+00', 'w', NULL)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(count(&client).await, 1, "the bound itself is a valid time");
+}

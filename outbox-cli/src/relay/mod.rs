@@ -102,7 +102,7 @@ fn parse_max_age(text: &str) -> Result<Duration, String> {
     if text.eq_ignore_ascii_case("unlimited") {
         return Ok(Duration::ZERO);
     }
-    parse_duration(text)
+    crate::cli::parse_long_duration(text)
 }
 
 /// Runs `outbox relay ...`.

@@ -37,6 +37,7 @@
 //!   reactivation is the consumer runtime's (`ConsumerConfig::reactivate`), since only the
 //!   process that will run the consumer can say it reconciles first.
 //! - [`dead_letters`]: listing, showing, replaying and resolving dead letters.
+//! - [`projects`]: [`Admin::require_project`], the one rule for an unknown `--project`.
 //! - [`audit`]: the audit trail, and [`AuditLog`], the one statement that appends to it.
 //! - [`error`]: [`AdminError`], [`InputError`], [`Target`].
 //! - [`reason`]: [`Reason`], the validated operator text.
@@ -45,6 +46,7 @@ pub mod audit;
 pub mod consumers;
 pub mod dead_letters;
 pub mod error;
+pub mod projects;
 pub mod reason;
 pub mod status;
 
