@@ -131,6 +131,16 @@ pub async fn outbox_json(db: &crate::TestDb, args: &[&str]) -> serde_json::Value
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
 }
 
+/// Whether the tests run as root. PostgreSQL refuses to, so the kits that start a server of
+/// their own (PgBouncer, the TLS cluster) then run it as `postgres`.
+pub fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
 /// Sends the signal `name` (`KILL`, `TERM`, `INT`, `STOP`, `CONT`) to process `pid`.
 pub fn send_signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")

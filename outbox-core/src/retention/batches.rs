@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use tokio_postgres::{Client, IsolationLevel, Transaction};
+use tokio_postgres::{Client, Transaction};
 
 use super::pruner::Pruner;
 use super::report::ProjectPrune;
 use crate::admin::AuditRecord;
 use crate::error::Error;
+use crate::snapshot::read_only_snapshot;
 use crate::states::AuditKind;
 use crate::stmt::Unnamed as _;
 
@@ -231,12 +232,7 @@ pub(super) async fn dry_run_project(
     current: &mut Current,
 ) -> Result<(), Error> {
     let project = current.entry.project_id.clone();
-    let tx = client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = read_only_snapshot(client).await?;
     let Some(state) = pruner.project_state(&tx, &project).await? else {
         tx.rollback().await?;
         return Ok(());

@@ -274,17 +274,7 @@ mod tests {
         let mut project = ProjectStatus {
             project_id: "p".into(),
             head_sequence: 3,
-            pruned_through: 0,
-            unsequenced: 0,
-            oldest_unsequenced_at: None,
-            oldest_unsequenced_age_secs: None,
-            prunable: 0,
-            prunable_capped: false,
-            oldest_retained_at: None,
-            oldest_retained_age_secs: None,
-            held_by: None,
-            oldest_held_age_secs: None,
-            health: Vec::new(),
+            ..ProjectStatus::default()
         };
         assert_eq!(project_health(&project, &t), vec![Health::Ok]);
         project.unsequenced = 4;

@@ -61,13 +61,7 @@ impl ProjectStatus {
             unsequenced: row.try_get("unsequenced")?,
             oldest_unsequenced_at: row.try_get("oldest_unsequenced_at")?,
             oldest_unsequenced_age_secs: row.try_get("oldest_unsequenced_age")?,
-            prunable: 0,
-            prunable_capped: false,
-            oldest_retained_at: None,
-            oldest_retained_age_secs: None,
-            held_by: None,
-            oldest_held_age_secs: None,
-            health: Vec::new(),
+            ..Self::default()
         })
     }
 }

@@ -7,8 +7,8 @@ use crate::admin::ConsumerInfo;
 use crate::retention::HoldBack;
 use crate::states::Health;
 
-/// One project's stream.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One project's stream. The default is a project with nothing in it yet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ProjectStatus {
     /// The project.
     pub project_id: String,
