@@ -1,6 +1,9 @@
 //! [`ConnectSettings`] and the values it carries ([`SslMode`], [`RootCert`], [`Pooler`]):
-//! parsing a URL or key=value string, with the TLS parameters the driver does not know taken
-//! out first, and libpq's environment filling what the text leaves out.
+//! parsing a URL or key=value string, with the parameters the driver does not know (or does
+//! not read as libpq does) taken out first, and libpq's environment filling what the text
+//! leaves out. Both forms may name several hosts (`postgresql://h1:5432,h2:5432/db`,
+//! `?host=/a,/b&port=1,2`, `host=a,b port=1,2`), tried in order, with
+//! `target_session_attrs=read-write` to skip a standby.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,7 +11,7 @@ use std::str::FromStr;
 
 use percent_encoding::percent_decode_str;
 use tokio_postgres::Config;
-use tokio_postgres::config::SslMode as WireSslMode;
+use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
 
 use super::error::ConnectError;
 
@@ -147,9 +150,16 @@ impl fmt::Debug for ConnectSettings {
     }
 }
 
-/// The TLS parameters this module handles itself (the driver knows none but `sslmode`, and
-/// only three of its values).
-const TLS_KEYS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// The parameters this module handles itself, in both forms: the TLS ones (the driver knows
+/// none but `sslmode`, and only three of its values) and `target_session_attrs` (which may
+/// also come from `PGTARGETSESSIONATTRS`, so whether the text gave it must be known).
+const OWN_KEYS: [&str; 5] = [
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "target_session_attrs",
+];
 
 impl ConnectSettings {
     /// Settings for an already-parsed configuration, with libpq's defaults (`prefer`).
@@ -180,23 +190,29 @@ impl ConnectSettings {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConnectError> {
-        let (rest, tls) = split_tls_params(text);
-        let config = Config::from_str(&rest).map_err(|e| ConnectError::Invalid(e.to_string()))?;
-        Self::with_tls(config, &tls, env)
+        let (rest, own) = split_own_params(text);
+        let mut config =
+            Config::from_str(&rest).map_err(|e| ConnectError::Invalid(e.to_string()))?;
+        for (_, hosts) in own.iter().filter(|(key, _)| key == "host") {
+            add_hosts(&mut config, hosts);
+        }
+        Self::with_own_params(config, &own, env)
     }
 
     /// Settings for a configuration read from the libpq variables: TLS from `PGSSLMODE`,
-    /// `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` in `env`.
+    /// `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY`, the session wanted from
+    /// `PGTARGETSESSIONATTRS`, in `env`.
     pub fn from_config_with_env(
         config: Config,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConnectError> {
-        Self::with_tls(config, &[], env)
+        Self::with_own_params(config, &[], env)
     }
 
-    /// `config` with TLS as the `params` taken out of a URL say, else as `env` says, else
-    /// libpq's default (`prefer`).
-    fn with_tls(
+    /// `config` with TLS and `target_session_attrs` as the `params` taken out of the text
+    /// say, else as `env` says, else libpq's defaults (`prefer`, `any`); refused when the
+    /// hosts and ports do not pair up.
+    fn with_own_params(
         config: Config,
         params: &[(String, String)],
         env: impl Fn(&str) -> Option<String>,
@@ -228,6 +244,12 @@ impl ConnectSettings {
                 "sslcert and sslkey go together: give both or neither".to_owned(),
             ));
         }
+        if let Some(attrs) = lookup("target_session_attrs", "PGTARGETSESSIONATTRS") {
+            settings
+                .config
+                .target_session_attrs(parse_target_session_attrs(&attrs)?);
+        }
+        check_host_and_port_counts(&settings.config)?;
         Ok(settings)
     }
 
@@ -249,20 +271,58 @@ impl ConnectSettings {
     }
 }
 
-/// Splits the TLS parameters out of a URL's query or a key=value string; the rest goes to the
-/// driver's parser, which knows none of them but `sslmode`, and only three of its values.
-fn split_tls_params(text: &str) -> (String, Vec<(String, String)>) {
-    let mut tls = Vec::new();
+/// libpq's `target_session_attrs` values that the driver can check.
+fn parse_target_session_attrs(text: &str) -> Result<TargetSessionAttrs, ConnectError> {
+    match text {
+        "any" => Ok(TargetSessionAttrs::Any),
+        "read-write" => Ok(TargetSessionAttrs::ReadWrite),
+        "read-only" => Ok(TargetSessionAttrs::ReadOnly),
+        other => Err(ConnectError::Invalid(format!(
+            "invalid target_session_attrs {other:?}: use any, read-write or read-only"
+        ))),
+    }
+}
+
+/// Adds the hosts of a URL's `host` query parameter: comma-separated, each a socket directory
+/// (starting with `/`) or a host name. The driver's URL parser takes the whole value as one
+/// host, so `?host=/a,/b&port=1,2` would name one host with two ports.
+fn add_hosts(config: &mut Config, hosts: &str) {
+    for host in hosts.split(',') {
+        if host.starts_with('/') {
+            config.host_path(host);
+        } else {
+            config.host(host);
+        }
+    }
+}
+
+/// libpq's rule: one port for every host, or one port per host. The driver would only find
+/// out when connecting, as `invalid number of ports`.
+fn check_host_and_port_counts(config: &Config) -> Result<(), ConnectError> {
+    let hosts = config.get_hosts().len().max(config.get_hostaddrs().len());
+    let ports = config.get_ports().len();
+    if ports > 1 && ports != hosts {
+        return Err(ConnectError::Invalid(format!(
+            "{hosts} host(s) but {ports} ports: give one port for all hosts, or one per host"
+        )));
+    }
+    Ok(())
+}
+
+/// Splits the parameters this module handles ([`OWN_KEYS`], and a URL's `host`) out of a
+/// URL's query or a key=value string; the rest goes to the driver's parser.
+fn split_own_params(text: &str) -> (String, Vec<(String, String)>) {
+    let mut own = Vec::new();
     if text.contains("://") {
         let Some(q) = text.find('?') else {
-            return (text.to_owned(), tls);
+            return (text.to_owned(), own);
         };
         let (base, query) = (&text[..q], &text[q + 1..]);
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if TLS_KEYS.contains(&key) {
-                tls.push((
+            if OWN_KEYS.contains(&key) || key == "host" {
+                own.push((
                     key.to_owned(),
                     percent_decode_str(value).decode_utf8_lossy().into_owned(),
                 ));
@@ -275,18 +335,18 @@ fn split_tls_params(text: &str) -> (String, Vec<(String, String)>) {
         } else {
             format!("{base}?{}", kept.join("&"))
         };
-        return (rest, tls);
+        return (rest, own);
     }
     let mut kept = Vec::new();
     for pair in text.split_whitespace() {
         match pair.split_once('=') {
-            Some((key, value)) if TLS_KEYS.contains(&key) => {
-                tls.push((key.to_owned(), value.trim_matches('\'').to_owned()));
+            Some((key, value)) if OWN_KEYS.contains(&key) => {
+                own.push((key.to_owned(), value.trim_matches('\'').to_owned()));
             }
             _ => kept.push(pair),
         }
     }
-    (kept.join(" "), tls)
+    (kept.join(" "), own)
 }
 
 #[cfg(test)]
@@ -350,5 +410,84 @@ mod tests {
             "transaction".parse::<Pooler>().unwrap(),
             Pooler::Transaction
         );
+    }
+
+    #[test]
+    fn reads_every_multi_host_form() {
+        use tokio_postgres::config::Host;
+        let s = parse("postgresql://u@h1:5433,h2/db?target_session_attrs=read-write").unwrap();
+        assert_eq!(
+            s.config.get_hosts(),
+            [Host::Tcp("h1".into()), Host::Tcp("h2".into())]
+        );
+        assert_eq!(s.config.get_ports(), [5433, 5432]);
+        assert_eq!(
+            s.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+
+        let s = parse("postgresql://u@/db?host=/a,%2Fb&port=5611,5612").unwrap();
+        assert_eq!(
+            s.config.get_hosts(),
+            [Host::Unix("/a".into()), Host::Unix("/b".into())]
+        );
+        assert_eq!(s.config.get_ports(), [5611, 5612]);
+        assert_eq!(s.config.get_dbname(), Some("db"));
+
+        let s = parse("host=a,/b port=1,2 target_session_attrs=read-only").unwrap();
+        assert_eq!(
+            s.config.get_hosts(),
+            [Host::Tcp("a".into()), Host::Unix("/b".into())]
+        );
+        assert_eq!(
+            s.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadOnly
+        );
+        // One port serves every host.
+        assert_eq!(parse("host=a,b port=7").unwrap().config.get_ports(), [7]);
+    }
+
+    #[test]
+    fn target_session_attrs_from_the_environment_unless_the_text_sets_it() {
+        let env = |k: &str| (k == "PGTARGETSESSIONATTRS").then(|| "read-write".to_owned());
+        let s = ConnectSettings::parse_with_env("host=a,b", env).unwrap();
+        assert_eq!(
+            s.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        let s = ConnectSettings::parse_with_env("host=a target_session_attrs=any", env).unwrap();
+        assert_eq!(s.config.get_target_session_attrs(), TargetSessionAttrs::Any);
+        let s = ConnectSettings::from_config_with_env(Config::new(), env).unwrap();
+        assert_eq!(
+            s.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+    }
+
+    #[test]
+    fn refuses_bad_multi_host_strings() {
+        for (text, expected) in [
+            (
+                "postgresql://u@h/db?target_session_attrs=bogus",
+                "invalid target_session_attrs \"bogus\"",
+            ),
+            (
+                "host=a target_session_attrs=bogus",
+                "invalid target_session_attrs",
+            ),
+            (
+                "postgresql://u@/db?host=/a,/b&port=1,2,3",
+                "2 host(s) but 3 ports",
+            ),
+            ("host=a,b,c port=1,2", "3 host(s) but 2 ports"),
+        ] {
+            let err = parse(text)
+                .err()
+                .unwrap_or_else(|| panic!("{text} was accepted"));
+            assert!(matches!(err, ConnectError::Invalid(_)), "{text}: {err:?}");
+            assert!(err.to_string().contains(expected), "{text}: {err}");
+        }
+        let env = |k: &str| (k == "PGTARGETSESSIONATTRS").then(|| "primary".to_owned());
+        assert!(ConnectSettings::parse_with_env("host=a", env).is_err());
     }
 }
