@@ -179,8 +179,9 @@ impl ConnectSettings {
         }
     }
 
-    /// Parses a `postgresql://` URL or a key=value string, taking `PGSSLMODE` and
-    /// `PGSSLROOTCERT` from the process environment where the text does not set them.
+    /// Parses a `postgresql://` URL or a key=value string, taking the TLS variables
+    /// (`PGSSLMODE`, `PGSSLROOTCERT`, ...) and `PGTARGETSESSIONATTRS` from the process
+    /// environment where the text does not set them.
     pub fn parse(text: &str) -> Result<Self, ConnectError> {
         Self::parse_with_env(text, |key| std::env::var(key).ok())
     }
