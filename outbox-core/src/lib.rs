@@ -42,6 +42,8 @@
 //!   ([`retention::sweep`]).
 //! - [`admin`]: the operator surface, one module per noun (status, consumers, dead letters,
 //!   audit trail), and [`admin::AuditLog`], the one writer of audit rows.
+//! - `connect`: the one connection factory (libpq settings, TLS, pool).
+//! - `snapshot`: the read-only snapshot transaction of multi-statement reads.
 //! - `error`, `observed`: the crate's error and the observed-dispatch marker.
 //!
 //! The root re-exports what a service or an operator tool uses; the details of each
@@ -64,6 +66,7 @@ pub mod retention;
 mod row_security;
 mod schema;
 mod sequencer;
+mod snapshot;
 mod sql;
 pub mod states;
 mod stmt;
@@ -103,6 +106,7 @@ pub use retention::{
 pub use row_security::{ROW_SECURITY_TABLES, enable_row_security, row_security_enabled};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
 pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
+pub use snapshot::read_only_snapshot;
 pub use states::{AuditKind, ConsumerState, DeliveryState, Health};
 pub use stmt::Unnamed;
 pub use writer::{WriteOutcome, Writer};

@@ -5,6 +5,8 @@
 //! contain backslash escapes (`password='hunter 2'`, `password=it\'s`). Text that does not
 //! parse is redacted conservatively: everything from the first `password` on is dropped.
 
+use percent_encoding::percent_decode_str;
+
 /// What replaces a password.
 const MASK: &str = "***";
 
@@ -69,7 +71,10 @@ fn redact_url(text: &str) -> Option<String> {
                 .split('&')
                 .map(|pair| {
                     let key = pair.split('=').next().unwrap_or("");
-                    if percent_decoded_lowercase(key) == "password" {
+                    if percent_decode_str(key)
+                        .decode_utf8_lossy()
+                        .eq_ignore_ascii_case("password")
+                    {
                         format!("{key}={MASK}")
                     } else {
                         pair.to_owned()
@@ -80,26 +85,6 @@ fn redact_url(text: &str) -> Option<String> {
         }
     }
     Some(out)
-}
-
-/// `key` with `%XX` escapes decoded (bytes that do not decode are kept), in lower case.
-fn percent_decoded_lowercase(key: &str) -> String {
-    let bytes = key.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).to_ascii_lowercase()
 }
 
 /// The key=value form, as libpq parses it: `key = value` pairs separated by whitespace; a

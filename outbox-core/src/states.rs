@@ -264,9 +264,10 @@ mod tests {
     #[test]
     fn every_literal_in_the_statements_is_a_known_value() {
         let sources = [
-            include_str!("admin/status.rs"),
+            include_str!("admin/status/mod.rs"),
             include_str!("admin/consumers.rs"),
-            include_str!("admin/dead_letters.rs"),
+            include_str!("admin/dead_letters/mod.rs"),
+            include_str!("admin/dead_letters/repair.rs"),
             include_str!("admin/audit.rs"),
             include_str!("retention/sql.rs"),
         ];

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Config;
 use tokio_postgres::config::Host;
 
+use crate::process_kit::is_root;
+
 /// Server connections PgBouncer keeps per database and user: small, so that clients really
 /// share server sessions and any session state leaking between them would show.
 pub const POOL_SIZE: u32 = 3;
@@ -44,14 +46,6 @@ pub fn pgbouncer_binary() -> PathBuf {
         "pgbouncer is not installed: `make test` installs it (scripts/test-deps.sh runs \
          apt-get install pgbouncer); install it to run this test alone"
     );
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 fn free_port() -> u16 {

@@ -1,26 +1,101 @@
 //! Helpers for tests that run the real `outbox` binary as a separate process.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// The `outbox` binary built by `cargo build --workspace --bins` (`make test` builds it
-/// before running the suite).
+/// The `outbox` binary Cargo builds from the sources as they are now, for this test process.
+///
+/// Cargo sets `CARGO_BIN_EXE_<name>` only for the tests of the package that owns the binary,
+/// and `cargo test -p outbox-tests` builds no binary of another package: a kit that ran
+/// `target/debug/outbox` as found would test whatever was built last. So the first call asks
+/// Cargo to build it (a no-op when it is current) and uses the path Cargo reports. Cargo
+/// holds its build lock only while compiling, not while tests run, so the nested build does
+/// not wait on the `cargo test` that started this process.
 pub fn outbox_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")));
-    let binary = target.join("debug").join("outbox");
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(build_outbox_binary).clone()
+}
+
+/// Runs `cargo build --bin outbox` in this workspace, with the profile this test binary was
+/// built with, and returns the executable Cargo reports.
+fn build_outbox_binary() -> PathBuf {
+    // The Cargo running the tests, else the one that compiled them.
+    let cargo = std::env::var_os("CARGO")
+        .or_else(|| option_env!("CARGO").map(Into::into))
+        .unwrap_or_else(|| "cargo".into());
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the test kit lives in the workspace");
+    let mut command = std::process::Command::new(cargo);
+    // Without the variables Cargo sets for this test process: build scripts that watch one
+    // (ring's watches `CARGO_MANIFEST_DIR`) would otherwise see it change between this build
+    // and the `cargo test` one, and each would rebuild what the other built.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_tests) {
+            command.env_remove(name);
+        }
+    }
+    let output = command
+        .current_dir(workspace)
+        // `--workspace` resolves features as `cargo build --workspace` does, so a binary
+        // built that way is reused, not rebuilt with other features.
+        .args(["build", "--workspace", "--bin", "outbox"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .args(["--profile", &test_profile()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run cargo build for the outbox binary");
     assert!(
-        binary.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (make test does)",
-        binary.display()
+        output.status.success(),
+        "cargo build of the outbox binary failed (its errors are above)"
     );
-    binary
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| {
+            message["reason"] == "compiler-artifact" && message["target"]["name"] == "outbox"
+        })
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .expect("cargo build reported no outbox executable")
+}
+
+/// Whether `name` is one of the variables Cargo sets for a test process it runs (as opposed to
+/// the user's configuration, such as `CARGO_HOME` or `CARGO_TARGET_DIR`, which must stay).
+fn set_by_cargo_for_tests(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
+}
+
+/// The Cargo profile this test binary was built with, read from where it lives
+/// (`target/<profile directory>/deps/<test>`): `debug` is the `dev` profile.
+fn test_profile() -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let directory = exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::file_name)
+        .and_then(|name| name.to_str())
+        .unwrap_or("debug");
+    match directory {
+        "debug" => "dev".to_owned(),
+        other => other.to_owned(),
+    }
 }
 
 /// Runs `outbox ARGS` to completion; returns (exit code, stdout, stderr).
@@ -54,6 +129,16 @@ pub async fn outbox_json(db: &crate::TestDb, args: &[&str]) -> serde_json::Value
     let (code, out, err) = outbox_on(db, &all).await;
     assert_eq!(code, 0, "outbox {args:?} failed: {err}");
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"))
+}
+
+/// Whether the tests run as root. PostgreSQL refuses to, so the kits that start a server of
+/// their own (PgBouncer, the TLS cluster) then run it as `postgres`.
+pub fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }
 
 /// Sends the signal `name` (`KILL`, `TERM`, `INT`, `STOP`, `CONT`) to process `pid`.

@@ -5,8 +5,9 @@
 //! long after the sequencer caught up. A statement that filters on it alone may then be planned
 //! as a sequential scan of the whole table, or as a walk of a project's whole history through
 //! the `(project_id, event_id)` key, although the work list (the partial index on unsequenced
-//! rows) is empty. Tests set that up with [`stale_statistics`] and compare
-//! [`event_table_reads`] before and after running the code under test.
+//! rows) is empty. Tests set that up with [`stale_statistics`], compare [`event_table_reads`]
+//! before and after running the code under test, and end with [`assert_the_counters_move`],
+//! which shows that the counters they compared would have shown a scan.
 
 use std::time::Duration;
 
@@ -117,5 +118,37 @@ pub fn assert_only_the_work_list_read(what: &str, before: EventTableReads, after
     assert!(
         after.event_key_entries - before.event_key_entries < SMALL_HISTORY,
         "{what} walked a project's history: {before:?} then {after:?}"
+    );
+}
+
+/// The positive control of a statistics test, run after its last reading `last`: in a session
+/// of its own, one sequential scan of the event table and one read of [`SMALL_HISTORY`]
+/// entries of the `(project_id, event_id)` key, which the next reading must show. A test whose
+/// counters cannot move (statistics not collected, or not yet reported when read) then fails
+/// here instead of passing.
+pub async fn assert_the_counters_move(db: &TestDb, last: EventTableReads) {
+    let client = db.connect().await;
+    client
+        .batch_execute(&format!(
+            "SET enable_indexscan = off; SET enable_indexonlyscan = off;
+             SET enable_bitmapscan = off;
+             SELECT count(*) FROM outbox.lifecycle_outbox;
+             RESET ALL; SET enable_seqscan = off; SET enable_sort = off;
+             SELECT project_id, event_id FROM outbox.lifecycle_outbox
+             ORDER BY project_id, event_id LIMIT {SMALL_HISTORY};"
+        ))
+        .await
+        .expect("the canary scans");
+    drop(client);
+    let next = event_table_reads(db).await;
+    assert!(
+        next.seq_scans > last.seq_scans,
+        "a sequential scan of the event table did not show in its counters: {last:?} then \
+         {next:?}"
+    );
+    assert!(
+        next.event_key_entries - last.event_key_entries >= SMALL_HISTORY,
+        "{SMALL_HISTORY} entries read from the event key did not show in its counters: \
+         {last:?} then {next:?}"
     );
 }

@@ -16,6 +16,8 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+use crate::process_kit::is_root;
+
 /// The role that must authenticate with a client certificate (`cert` in `pg_hba.conf`).
 pub const CERT_USER: &str = "certuser";
 
@@ -57,14 +59,6 @@ fn find_bindir() -> PathBuf {
     candidates
         .pop()
         .expect("PostgreSQL server binaries not found (scripts/pg.sh installs them; run make test)")
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
 }
 
 fn new_ca(name: &str) -> (String, Issuer<'static, KeyPair>) {

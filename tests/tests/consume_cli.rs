@@ -7,7 +7,9 @@ use outbox_tests::consumer_kit::{SeedCursor, cursor, eventually, seed_consumer, 
 use outbox_tests::fresh_db;
 use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
 use outbox_tests::serve_kit::{Metrics, free_port, get};
-use outbox_tests::stats_kit::{SMALL_PROJECT, event_table_reads, stale_statistics};
+use outbox_tests::stats_kit::{
+    SMALL_PROJECT, assert_the_counters_move, event_table_reads, stale_statistics,
+};
 
 #[tokio::test]
 async fn usage_errors_exit_2_with_a_clear_message() {
@@ -356,4 +358,5 @@ async fn the_gauges_read_the_work_list_under_stale_statistics() {
         after.seq_scans, before.seq_scans,
         "the gauges scanned the event table: {before:?} then {after:?}"
     );
+    assert_the_counters_move(&db, after).await;
 }

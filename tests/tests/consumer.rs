@@ -13,7 +13,8 @@ use outbox_tests::consumer_kit::{
     Recorder, SeedCursor, WAIT, cursor, eventually, fast_config, seed_consumer, start, write_event,
 };
 use outbox_tests::stats_kit::{
-    BIG_PROJECT, SMALL_PROJECT, assert_only_the_work_list_read, event_table_reads, stale_statistics,
+    BIG_PROJECT, SMALL_PROJECT, assert_only_the_work_list_read, assert_the_counters_move,
+    event_table_reads, stale_statistics,
 };
 use outbox_tests::{TestDb, fresh_db};
 use tokio_util::sync::CancellationToken;
@@ -897,7 +898,9 @@ async fn the_caught_up_check_reads_the_work_list_under_stale_statistics() {
         assert_eq!(summary.delivered, 0);
         reads.push((project, before, event_table_reads(&db).await));
     }
+    let last = reads.last().expect("readings").2;
     for (project, before, after) in reads {
         assert_only_the_work_list_read(&format!("{project}: the check"), before, after);
     }
+    assert_the_counters_move(&db, last).await;
 }

@@ -12,7 +12,8 @@ use outbox_tests::consumer_kit::{
 };
 use outbox_tests::process_kit::{ConsumeProcess, outbox_json, outbox_on as outbox, run_outbox};
 use outbox_tests::stats_kit::{
-    BIG_PROJECT, SMALL_PROJECT, assert_only_the_work_list_read, event_table_reads, stale_statistics,
+    BIG_PROJECT, SMALL_PROJECT, assert_only_the_work_list_read, assert_the_counters_move,
+    event_table_reads, stale_statistics,
 };
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
@@ -421,9 +422,11 @@ async fn status_reads_the_work_list_under_stale_statistics() {
         assert!(projects.iter().all(|p| p["unsequenced"] == 0), "{status}");
         reads.push((args, before, event_table_reads(&db).await));
     }
+    let last = reads.last().expect("readings").2;
     for (args, before, after) in reads {
         assert_only_the_work_list_read(&format!("{args:?}"), before, after);
     }
+    assert_the_counters_move(&db, last).await;
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use chrono::Utc;
 use outbox_core::{
     Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
-use outbox_tests::stats_kit::event_table_reads;
+use outbox_tests::stats_kit::{assert_the_counters_move, event_table_reads};
 use outbox_tests::{TestDb, fresh_db, sequenced};
 use rand::Rng;
 use tokio::sync::Mutex;
@@ -435,6 +435,7 @@ async fn never_scans_the_whole_event_table(sequencer: Sequencer) {
         after.seq_scans, before.seq_scans,
         "the tick read the whole table"
     );
+    assert_the_counters_move(&db, after).await;
 }
 
 /// Writes `count` events for `project`, each in its own statement (`from` numbers the tasks).

@@ -52,9 +52,10 @@ pub mod status;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio_postgres::{Client, IsolationLevel, Transaction};
+use tokio_postgres::{Client, Transaction};
 
 use crate::schema::Schema;
+use crate::snapshot::read_only_snapshot;
 use crate::states::UnknownValue;
 
 pub use crate::ids::{EventId, MAX_EVENT_ID_LEN, MAX_OPERATOR_LEN, OperatorName};
@@ -148,12 +149,7 @@ impl Admin {
 
     /// A read-only transaction on one snapshot.
     async fn snapshot(client: &mut Client) -> Result<Transaction<'_>, AdminError> {
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = read_only_snapshot(client).await?;
         tx.batch_execute(STATEMENT_TIMEOUT).await?;
         Ok(tx)
     }

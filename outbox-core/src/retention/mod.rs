@@ -40,14 +40,22 @@
 //! prune is passed over without taking the lock, so sweeps only meet where there is work.
 //! Writers only insert unsequenced rows and the sequencer only numbers them, so neither ever
 //! waits on a deleted row; the project-heads row the sequencer also updates is locked by the
+//! batch only from its last statement to its commit.
 //!
 //! ## Modules
 //! - [`plan`]: the options and the pure part of the rule: how far a batch may move the floor
 //!   judging by head, batch size and cursors ([`plan`]'s `bound`), and what holds it back.
-//! - [`sweep`]: [`Pruner`] and [`Sweep`], the batches that apply the rule in the database.
+//! - `pruner`: [`Pruner`], the rule applied in the database: statements, the batch
+//!   transaction and its lock, the next batch's plan, and the read-only look of `status`.
+//! - `batches`: one batch of a project's events or delivery rows, or a dry run of it.
+//! - [`sweep`]: [`Sweep`], one sweep in progress, stepped batch by batch.
+//! - `report`: [`PruneReport`], [`ProjectPrune`], [`SweepProgress`].
 //! - `sql`: the statements.
 
+mod batches;
 pub mod plan;
+mod pruner;
+mod report;
 mod sql;
 pub mod sweep;
 

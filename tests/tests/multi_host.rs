@@ -1,0 +1,87 @@
+//! Connection strings that name several hosts, in every form libpq accepts: the first host
+//! that answers (and, with `target_session_attrs=read-write`, accepts writes) is used.
+
+use outbox_core::ConnectSettings;
+use outbox_tests::consumer_kit::write_event;
+use outbox_tests::process_kit::run_outbox;
+use outbox_tests::{TestDb, fresh_db};
+use tokio_postgres::config::Host;
+
+/// A socket directory no server listens in: connecting there fails at once.
+const DOWN: &str = "/nonexistent-outbox-socket-dir";
+
+/// `db`'s socket directory, port and user.
+fn parts(db: &TestDb) -> (String, u16, String) {
+    let Host::Unix(dir) = &db.config.get_hosts()[0] else {
+        panic!("the test cluster listens on a socket directory");
+    };
+    (
+        dir.display().to_string(),
+        db.config.get_ports()[0],
+        db.config.get_user().expect("a user").to_owned(),
+    )
+}
+
+/// Each form of a string naming a host that is down first and `db`'s cluster second.
+fn two_host_strings(db: &TestDb) -> Vec<String> {
+    let (dir, port, user) = parts(db);
+    let name = &db.name;
+    vec![
+        format!(
+            "postgresql://{user}@/{name}?host={DOWN},{dir}&port=1,{port}&\
+             target_session_attrs=read-write"
+        ),
+        format!("host={DOWN},{dir} port=1,{port} user={user} dbname={name}"),
+        format!(
+            "host={DOWN},{dir} port={port} user={user} dbname={name} \
+             target_session_attrs=read-write"
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_multi_host_form_connects_through_the_host_that_is_up() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    for text in two_host_strings(&db) {
+        let client = ConnectSettings::parse(&text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
+        let database: String = client
+            .query_one("SELECT current_database()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(database, db.name, "{text}");
+
+        let (code, out, err) =
+            run_outbox(&["status", "--database-url", &text, "--output", "json"]).await;
+        assert_eq!(code, 0, "{text}: {err}");
+        let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(status["projects"][0]["project_id"], "p", "{text}");
+    }
+}
+
+#[tokio::test]
+async fn bad_multi_host_strings_exit_2_naming_the_problem() {
+    for (url, expected) in [
+        (
+            "postgresql://u@/db?host=/a,/b&port=1,2,3",
+            "2 host(s) but 3 ports",
+        ),
+        ("host=a,b,c port=1,2 user=u", "3 host(s) but 2 ports"),
+        (
+            "postgresql://u@h1,h2/db?target_session_attrs=bogus",
+            "invalid target_session_attrs \"bogus\"",
+        ),
+    ] {
+        let (code, _, stderr) = run_outbox(&["status", "--database-url", url]).await;
+        assert_eq!(code, 2, "{url}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{url}: {stderr:?} lacks {expected:?}"
+        );
+    }
+}
