@@ -2,10 +2,6 @@
 //! to a NATS JetStream stream, so that many downstream services fan out from JetStream instead
 //! of each polling the application's database.
 
-mod publisher;
-mod settings;
-mod stream;
-
 use std::time::Duration;
 
 use async_nats::jetstream::stream::RetentionPolicy;
@@ -18,9 +14,10 @@ use crate::failure::Failure;
 use crate::serve::MetricsEndpoint;
 use crate::shutdown::Shutdown;
 
-pub use publisher::{Publisher, PublisherSettings};
-pub use settings::{parse_nats_urls, validate_stream_name, validate_subject_prefix};
-pub use stream::{Ensured, StreamError, StreamSpec};
+use outbox_relay::{
+    Ensured, NatsServer, Publisher, PublisherSettings, StreamError, StreamSpec, parse_nats_urls,
+    validate_stream_name, validate_subject_prefix,
+};
 
 /// `outbox relay`.
 #[derive(Debug, Subcommand)]
@@ -114,7 +111,7 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 
 /// Everything checkable without a connection, in one place so that each refusal exits 2
 /// before anything is contacted.
-fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Failure> {
+fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
     if args.consume.options.child.is_some() {
         return Err(Failure::usage(
             "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
@@ -179,7 +176,7 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     // Fail fast when NATS cannot be reached or the stream is wrong; once running, the relay
     // rides out outages through the retry schedule instead.
     let js = publisher.connect_now().await.map_err(Failure::runtime)?;
-    match stream::ensure(&js, &spec).await {
+    match outbox_relay::ensure(&js, &spec).await {
         Ok(Ensured::Created) => tracing::info!(stream = %spec.name, "created the stream"),
         Ok(Ensured::Verified) => tracing::info!(stream = %spec.name, "stream matches"),
         Err(e @ StreamError::Mismatch { .. }) => return Err(Failure::usage(e.to_string())),

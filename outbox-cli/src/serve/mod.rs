@@ -7,11 +7,6 @@
 //! project's [`hub::Hub`]. SSE clients own no cursor: they resume from the hub's ring, from
 //! retained history (read-only) or from a reconciliation.
 
-mod dashboard;
-mod http;
-mod hub;
-mod stream;
-
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,6 +17,7 @@ use clap::Args;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use outbox_consumer::{Consumer, History};
 use outbox_core::{ConsumerId, OperatorName, ProjectId};
+use outbox_serve::{dashboard, http, hub};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::ConsumerRef;
@@ -175,7 +171,9 @@ async fn metrics_only(
     addr: SocketAddr,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, Failure> {
-    let listener = http::bind(addr, "--metrics-addr").await?;
+    let listener = http::bind(addr, "--metrics-addr")
+        .await
+        .map_err(|e| Failure::usage(e.to_string()))?;
     let handle = install_metrics()?;
     let app = axum::Router::new()
         .route(
@@ -227,7 +225,9 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     }
 
     // Bind first: a used address is a usage error, reported before anything else happens.
-    let listener = http::bind(args.listen, "--listen").await?;
+    let listener = http::bind(args.listen, "--listen")
+        .await
+        .map_err(|e| Failure::usage(e.to_string()))?;
     // Each served project runs its own consumer: at least MIN_POOL_SIZE connections each.
     let needed = outbox_consumer::MIN_POOL_SIZE * projects.len() + 1;
     let pool_size = u16::try_from(needed)

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::http::{AppState, ConnectionToken, error};
-use super::hub::{Frame, Hub, Subscription};
+use crate::http::{AppState, ConnectionToken, error};
+use crate::hub::{Frame, Hub, Subscription};
 
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
@@ -111,7 +111,7 @@ pub async fn events(
     response
 }
 
-pub(super) fn busy(state: &AppState, message: &str) -> Response {
+pub(crate) fn busy(state: &AppState, message: &str) -> Response {
     let mut response = error(
         StatusCode::SERVICE_UNAVAILABLE,
         message.to_owned(),
@@ -127,7 +127,7 @@ pub(super) fn busy(state: &AppState, message: &str) -> Response {
 /// Takes one of the `--max-clients` SSE slots (event streams and dashboard streams alike),
 /// or answers 503; the caller gives the slot back with [`release`].
 #[allow(clippy::result_large_err)]
-pub(super) fn reserve(state: &AppState) -> Result<(), Response> {
+pub(crate) fn reserve(state: &AppState) -> Result<(), Response> {
     let taken = state.clients.fetch_add(1, Ordering::AcqRel);
     if taken >= state.max_clients {
         state.clients.fetch_sub(1, Ordering::AcqRel);
@@ -143,7 +143,7 @@ pub(super) fn reserve(state: &AppState) -> Result<(), Response> {
 }
 
 /// Gives back a slot taken with [`reserve`].
-pub(super) fn release(state: &AppState) {
+pub(crate) fn release(state: &AppState) {
     state.clients.fetch_sub(1, Ordering::AcqRel);
 }
 
@@ -365,7 +365,7 @@ impl Client {
     }
 
     /// Takes `first` and every batch already waiting behind it.
-    async fn take_queued(&mut self, first: Arc<super::hub::Batch>) -> Result<(), String> {
+    async fn take_queued(&mut self, first: Arc<crate::hub::Batch>) -> Result<(), String> {
         let mut next = Some(first);
         while let Some(batch) = next {
             self.subscription
@@ -400,7 +400,7 @@ impl Client {
 
     /// Takes a published batch: whole when it follows on, filtered when the client already
     /// has part of it, after a history read when something lies between.
-    async fn take(&mut self, batch: &super::hub::Batch) -> Result<(), String> {
+    async fn take(&mut self, batch: &crate::hub::Batch) -> Result<(), String> {
         let (Some(first), Some(last)) = (batch.frames.first(), batch.frames.last()) else {
             return Ok(());
         };

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::hub::Hub;
+use crate::hub::Hub;
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -55,7 +55,7 @@ pub struct AppState {
     /// How often the dashboard's own stream refreshes.
     pub dashboard_refresh: Duration,
     /// Admin actions, when enabled.
-    pub admin: Option<super::dashboard::AdminAuth>,
+    pub admin: Option<crate::dashboard::AdminAuth>,
     /// Cancelled at SIGTERM: streams end with a final comment.
     pub shutdown: CancellationToken,
 }
@@ -76,12 +76,12 @@ pub fn error(status: StatusCode, message: String, extra: serde_json::Value) -> R
 /// The routes of `outbox serve`.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/", get(super::dashboard::page))
-        .route("/v1/projects/{project}/events", get(super::stream::events))
-        .route("/v1/dashboard/stream", get(super::dashboard::stream))
-        .route("/v1/admin/replay", post(super::dashboard::replay))
-        .route("/v1/admin/resolve", post(super::dashboard::resolve))
-        .route("/v1/admin/retire", post(super::dashboard::retire))
+        .route("/", get(crate::dashboard::page))
+        .route("/v1/projects/{project}/events", get(crate::stream::events))
+        .route("/v1/dashboard/stream", get(crate::dashboard::stream))
+        .route("/v1/admin/replay", post(crate::dashboard::replay))
+        .route("/v1/admin/resolve", post(crate::dashboard::resolve))
+        .route("/v1/admin/retire", post(crate::dashboard::retire))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -102,6 +102,7 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     render_metrics(&state.metrics)
 }
 
+/// `/metrics` of `handle`, with the Prometheus text format's content type.
 pub fn render_metrics(handle: &PrometheusHandle) -> Response {
     let mut response = handle.render().into_response();
     response.headers_mut().insert(
@@ -156,15 +157,31 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// Binds `addr`; an address in use is a usage error (exit 2) naming it.
-pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, crate::failure::Failure> {
+/// An address that cannot be listened on: bad input, named with the option it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {addr} ({what}): {reason}")]
+pub struct BindError {
+    /// The address.
+    pub addr: SocketAddr,
+    /// Where it came from (`--listen`, `--metrics-addr`).
+    pub what: String,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Binds `addr`; an address in use is named as such.
+pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, BindError> {
     TcpListener::bind(addr).await.map_err(|e| {
-        let message = if e.kind() == std::io::ErrorKind::AddrInUse {
-            format!("cannot listen on {addr} ({what}): the address is already in use")
+        let reason = if e.kind() == std::io::ErrorKind::AddrInUse {
+            "the address is already in use".to_owned()
         } else {
-            format!("cannot listen on {addr} ({what}): {e}")
+            e.to_string()
         };
-        crate::failure::Failure::usage(message)
+        BindError {
+            addr,
+            what: what.to_owned(),
+            reason,
+        }
     })
 }
 

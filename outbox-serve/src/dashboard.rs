@@ -19,7 +19,7 @@ use outbox_core::{
 use serde::Deserialize;
 use serde_json::json;
 
-use super::http::{AppState, error};
+use crate::http::{AppState, error};
 
 /// Admin actions' credentials: the token clients must present, and whom to credit.
 pub struct AdminAuth {
@@ -417,7 +417,7 @@ pub async fn page(State(state): State<Arc<AppState>>) -> Response {
 
 /// `GET /v1/dashboard/stream`: the page's sections, re-rendered every `--dashboard-refresh`.
 pub async fn stream(State(state): State<Arc<AppState>>) -> Response {
-    if let Err(refusal) = super::stream::reserve(&state) {
+    if let Err(refusal) = crate::stream::reserve(&state) {
         return refusal;
     }
     let slot = Slot(state.clone());
@@ -460,7 +460,7 @@ struct Slot(Arc<AppState>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        super::stream::release(&self.0);
+        crate::stream::release(&self.0);
     }
 }
 

@@ -15,8 +15,7 @@ use outbox_core::ProjectId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::child::ChildSink;
-use crate::sink::{event_line, reconcile_line};
+use outbox_service::lines::{event_line, reconcile_line};
 
 /// One SSE message, rendered once and shared by every client.
 #[derive(Debug, Clone)]
@@ -298,14 +297,14 @@ impl Hub {
 /// The durable consumer's handler and reconciler in `outbox serve`: an optional `--child`
 /// first, then the hub. Events are published at `before_ack`, once the whole handled prefix
 /// of a batch is known, so clients only ever see events the durable consumer has handled.
-pub struct HubSink {
+pub struct HubSink<C> {
     /// The project's hub.
     pub hub: Arc<Hub>,
     /// `--child`, when given.
-    pub child: Option<ChildSink>,
+    pub child: Option<C>,
 }
 
-impl Handler for HubSink {
+impl<C: Handler> Handler for HubSink<C> {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
         if let Some(child) = &self.child {
             child.handle(event).await?;
@@ -343,7 +342,7 @@ impl Handler for HubSink {
     }
 }
 
-impl Reconciler for HubSink {
+impl<C: Reconciler> Reconciler for HubSink<C> {
     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
         if let Some(child) = &self.child {
             child.reconcile(live).await?;
@@ -360,9 +359,9 @@ impl Reconciler for HubSink {
 }
 
 /// A shared [`HubSink`] as the consumer's handler and reconciler both.
-pub struct SharedHubSink(pub Arc<HubSink>);
+pub struct SharedHubSink<C>(pub Arc<HubSink<C>>);
 
-impl Handler for SharedHubSink {
+impl<C: Handler> Handler for SharedHubSink<C> {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
         self.0.handle(event).await
     }
@@ -372,7 +371,7 @@ impl Handler for SharedHubSink {
     }
 }
 
-impl Reconciler for SharedHubSink {
+impl<C: Reconciler> Reconciler for SharedHubSink<C> {
     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
         self.0.reconcile(live).await
     }
