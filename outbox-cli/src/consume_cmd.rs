@@ -105,7 +105,7 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let out = sink.for_consumer(String::new());
     let factory = move |_: &ProjectId, consumer: &ConsumerId| {
         let sink = std::sync::Arc::new(sink.for_consumer(consumer.to_string()));
-        (SharedSink(sink.clone()), SharedSink(sink))
+        (sink.clone(), sink)
     };
     let set = ConsumerSet::new(
         connections.pool,
@@ -296,42 +296,10 @@ where
         connections.pool,
         connections.listen,
         config,
-        SharedSink(sink.clone()),
-        SharedSink(sink),
+        sink.clone(),
+        sink,
     )
     .listen_tls(connections.tls)
     .run(shutdown)
     .await
-}
-
-/// One sink serving as both handler and reconciler.
-struct SharedSink<S>(std::sync::Arc<S>);
-
-impl<S: outbox_consumer::Handler> outbox_consumer::Handler for SharedSink<S> {
-    async fn handle(
-        &self,
-        event: &outbox_consumer::ObservedEvent,
-    ) -> Result<(), outbox_consumer::HandlerFailure> {
-        self.0.handle(event).await
-    }
-
-    async fn before_ack(&self) -> Result<(), outbox_consumer::HandlerFailure> {
-        self.0.before_ack().await
-    }
-
-    async fn before_ack_prefix(
-        &self,
-        handled: &[outbox_consumer::ObservedEvent],
-    ) -> Result<(), outbox_consumer::PartialAck> {
-        self.0.before_ack_prefix(handled).await
-    }
-}
-
-impl<S: outbox_consumer::Reconciler> outbox_consumer::Reconciler for SharedSink<S> {
-    async fn reconcile(
-        &self,
-        live: &outbox_consumer::LiveSet,
-    ) -> Result<(), outbox_consumer::HandlerFailure> {
-        self.0.reconcile(live).await
-    }
 }

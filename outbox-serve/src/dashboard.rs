@@ -368,7 +368,7 @@ pub async fn page(State(state): State<Arc<AppState>>) -> Response {
             audit: String::new(),
         }
     });
-    let projects: Vec<&String> = state.hubs.keys().collect();
+    let projects: Vec<&String> = state.fan_outs.keys().collect();
     // JSON inside <script>: escape '<' so no "</script>" can end the element early.
     let projects_json = serde_json::to_string(&projects)
         .unwrap_or_else(|_| "[]".into())

@@ -21,12 +21,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::hub::Hub;
+use crate::fan_out::FanOut;
 
 /// Everything the handlers share.
 pub struct AppState {
     /// Hubs by project ID.
-    pub hubs: BTreeMap<String, Arc<Hub>>,
+    pub fan_outs: BTreeMap<String, Arc<FanOut>>,
     /// Each durable consumer's probe, by project.
     pub probes: Vec<(ProjectId, Arc<Probe>)>,
     /// The consumer ID every project is followed under.

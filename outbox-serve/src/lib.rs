@@ -5,6 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod dashboard;
+pub mod fan_out;
 pub mod http;
-pub mod hub;
 mod stream;

@@ -4,7 +4,7 @@
 //!
 //! Each project's consumer is the ordinary runtime ([`outbox_consumer::Consumer`]), with
 //! lease, retries and all; its sink (optionally after a `--child`) publishes to the
-//! project's [`hub::Hub`]. SSE clients own no cursor: they resume from the hub's ring, from
+//! project's [`fan_out::FanOut`]. SSE clients own no cursor: they resume from the fan-out's ring, from
 //! retained history (read-only) or from a reconciliation.
 
 use std::collections::BTreeMap;
@@ -17,7 +17,7 @@ use clap::Args;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use outbox_consumer::{Consumer, History};
 use outbox_core::{ConsumerId, OperatorName, ProjectId};
-use outbox_serve::{dashboard, http, hub};
+use outbox_serve::{dashboard, fan_out, http};
 use tokio_util::sync::CancellationToken;
 
 use crate::args::ConsumerRef;
@@ -241,13 +241,13 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let extra_metrics = MetricsEndpoint::start(consume.metrics_addr, &shutdown).await?;
     let read_pool = database.pool(4)?;
 
-    let mut hubs = BTreeMap::new();
+    let mut fan_outs = BTreeMap::new();
     let mut probes = Vec::new();
     let mut consumers = tokio::task::JoinSet::new();
     let mut children = Vec::new();
     for config in configs {
         let project = config.project_id.clone();
-        let hub = Arc::new(hub::Hub::new(
+        let fan_out = Arc::new(fan_out::FanOut::new(
             project.clone(),
             args.consumer_id.to_string(),
             args.ring_size as usize,
@@ -268,26 +268,26 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             signals.on_force(move || force.kill_now());
             children.push(child.clone());
         }
-        let sink = Arc::new(hub::HubSink {
-            hub: hub.clone(),
+        let sink = Arc::new(fan_out::FanOutSink {
+            fan_out: fan_out.clone(),
             child,
         });
         let consumer = Consumer::new(
             connections.pool.clone(),
             connections.listen.clone(),
             config,
-            hub::SharedHubSink(sink.clone()),
-            hub::SharedHubSink(sink),
+            sink.clone(),
+            sink,
         )
         .listen_tls(connections.tls.clone());
         probes.push((project.clone(), consumer.probe()));
-        hubs.insert(project.to_string(), hub);
+        fan_outs.insert(project.to_string(), fan_out);
         let stop = shutdown.clone();
         consumers.spawn(async move { (project, consumer.run(stop).await) });
     }
 
     let state = Arc::new(http::AppState {
-        hubs,
+        fan_outs,
         probes,
         consumer_id: args.consumer_id.clone(),
         schema: global.schema.clone(),

@@ -82,15 +82,15 @@ impl Batch {
 
 /// A client's end of its queue.
 pub struct Subscription {
-    /// The hub, to unsubscribe on drop.
-    hub: Arc<Hub>,
-    /// The client's key in the hub.
+    /// The fan-out, to unsubscribe on drop.
+    fan_out: Arc<FanOut>,
+    /// The client's key in the fan-out.
     id: u64,
     /// Batches published since subscribing.
     pub queue: mpsc::UnboundedReceiver<Arc<Batch>>,
-    /// Events queued and not yet taken; the hub drops the client past the limit.
+    /// Events queued and not yet taken; the fan-out drops the client past the limit.
     pub queued: Arc<AtomicUsize>,
-    /// Set when the hub dropped the client for falling behind.
+    /// Set when the fan-out dropped the client for falling behind.
     pub lagged: Arc<AtomicBool>,
     /// Ring frames after the client's position, taken in the same critical section as the
     /// subscription, so nothing falls between them and the queue.
@@ -103,11 +103,11 @@ pub struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.unsubscribe(self.id);
+        self.fan_out.unsubscribe(self.id);
     }
 }
 
-/// A subscribed client as the hub sees it.
+/// A subscribed client as the fan-out sees it.
 struct Slot {
     /// Where its batches go.
     queue: mpsc::UnboundedSender<Arc<Batch>>,
@@ -119,7 +119,7 @@ struct Slot {
     connection: CancellationToken,
 }
 
-/// State behind the hub's lock.
+/// State behind the fan-out's lock.
 #[derive(Default)]
 struct Inner {
     /// The most recent published events, oldest first.
@@ -133,7 +133,7 @@ struct Inner {
 }
 
 /// The fan-out of one project's stream.
-pub struct Hub {
+pub struct FanOut {
     /// The project.
     pub project: ProjectId,
     /// The durable consumer feeding it, named in the lines it publishes.
@@ -151,8 +151,8 @@ pub struct Hub {
     inner: Mutex<Inner>,
 }
 
-impl Hub {
-    /// An empty hub.
+impl FanOut {
+    /// An empty fan-out.
     pub fn new(
         project: ProjectId,
         consumer: String,
@@ -215,7 +215,7 @@ impl Hub {
             None => Vec::new(),
         };
         let subscription = Subscription {
-            hub: self.clone(),
+            fan_out: self.clone(),
             id,
             queue: rx,
             queued,
@@ -295,16 +295,16 @@ impl Hub {
 }
 
 /// The durable consumer's handler and reconciler in `outbox serve`: an optional `--child`
-/// first, then the hub. Events are published at `before_ack`, once the whole handled prefix
+/// first, then the fan-out. Events are published at `before_ack`, once the whole handled prefix
 /// of a batch is known, so clients only ever see events the durable consumer has handled.
-pub struct HubSink<C> {
-    /// The project's hub.
-    pub hub: Arc<Hub>,
+pub struct FanOutSink<C> {
+    /// The project's fan-out.
+    pub fan_out: Arc<FanOut>,
     /// `--child`, when given.
     pub child: Option<C>,
 }
 
-impl<C: Handler> Handler for HubSink<C> {
+impl<C: Handler> Handler for FanOutSink<C> {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
         if let Some(child) = &self.child {
             child.handle(event).await?;
@@ -313,7 +313,7 @@ impl<C: Handler> Handler for HubSink<C> {
             // A replayed dead letter arrives outside sequence order; clients, which resume
             // by sequence, are not sent it.
             let frame = Frame::event(event);
-            self.hub
+            self.fan_out
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -325,7 +325,7 @@ impl<C: Handler> Handler for HubSink<C> {
     async fn before_ack(&self) -> Result<(), HandlerFailure> {
         if let Some(child) = &self.child {
             if let Err(failure) = child.before_ack().await {
-                self.hub
+                self.fan_out
                     .pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -333,46 +333,32 @@ impl<C: Handler> Handler for HubSink<C> {
                 return Err(failure);
             }
         }
-        let frames =
-            std::mem::take(&mut *self.hub.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let frames = std::mem::take(
+            &mut *self
+                .fan_out
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         if !frames.is_empty() {
-            self.hub.publish(Batch::new(frames, false));
+            self.fan_out.publish(Batch::new(frames, false));
         }
         Ok(())
     }
 }
 
-impl<C: Reconciler> Reconciler for HubSink<C> {
+impl<C: Reconciler> Reconciler for FanOutSink<C> {
     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
         if let Some(child) = &self.child {
             child.reconcile(live).await?;
         }
-        self.hub
+        self.fan_out
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        let frame = Frame::reconcile(live, &self.hub.consumer);
-        self.hub.publish(Batch::new(vec![frame], true));
+        let frame = Frame::reconcile(live, &self.fan_out.consumer);
+        self.fan_out.publish(Batch::new(vec![frame], true));
         Ok(())
-    }
-}
-
-/// A shared [`HubSink`] as the consumer's handler and reconciler both.
-pub struct SharedHubSink<C>(pub Arc<HubSink<C>>);
-
-impl<C: Handler> Handler for SharedHubSink<C> {
-    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
-        self.0.handle(event).await
-    }
-
-    async fn before_ack(&self) -> Result<(), HandlerFailure> {
-        self.0.before_ack().await
-    }
-}
-
-impl<C: Reconciler> Reconciler for SharedHubSink<C> {
-    async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
-        self.0.reconcile(live).await
     }
 }
