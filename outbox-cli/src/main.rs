@@ -20,6 +20,7 @@ mod sequence_cmd;
 mod serve;
 mod shutdown;
 mod sink;
+mod start;
 mod status_cmd;
 
 use clap::Parser;

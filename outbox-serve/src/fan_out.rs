@@ -294,20 +294,21 @@ impl FanOut {
     }
 }
 
-/// The durable consumer's handler and reconciler in `outbox serve`: an optional `--child`
-/// first, then the fan-out. Events are published at `before_ack`, once the whole handled prefix
+/// A served project's handler and reconciler: an optional handler first (the command's
+/// `--child`, say), then the fan-out. Events are published at `before_ack`, once the whole handled prefix
 /// of a batch is known, so clients only ever see events the durable consumer has handled.
 pub struct FanOutSink<C> {
     /// The project's fan-out.
     pub fan_out: Arc<FanOut>,
-    /// `--child`, when given.
-    pub child: Option<C>,
+    /// Handles each event (and reconciliation) before it is fanned out, when given; an event
+    /// it fails is not fanned out.
+    pub first: Option<C>,
 }
 
 impl<C: Handler> Handler for FanOutSink<C> {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
-        if let Some(child) = &self.child {
-            child.handle(event).await?;
+        if let Some(first) = &self.first {
+            first.handle(event).await?;
         }
         if !event.replay {
             // A replayed dead letter arrives outside sequence order; clients, which resume
@@ -323,8 +324,8 @@ impl<C: Handler> Handler for FanOutSink<C> {
     }
 
     async fn before_ack(&self) -> Result<(), HandlerFailure> {
-        if let Some(child) = &self.child {
-            if let Err(failure) = child.before_ack().await {
+        if let Some(first) = &self.first {
+            if let Err(failure) = first.before_ack().await {
                 self.fan_out
                     .pending
                     .lock()
@@ -349,8 +350,8 @@ impl<C: Handler> Handler for FanOutSink<C> {
 
 impl<C: Reconciler> Reconciler for FanOutSink<C> {
     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
-        if let Some(child) = &self.child {
-            child.reconcile(live).await?;
+        if let Some(first) = &self.first {
+            first.reconcile(live).await?;
         }
         self.fan_out
             .pending

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use outbox_consumer::ReconcileReason;
 use serde::Deserialize;
@@ -18,7 +18,9 @@ use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::fan_out::{FanOut, Frame, Subscription};
-use crate::http::{AppState, ConnectionToken, error};
+use outbox_service::http::ConnectionToken;
+
+use crate::state::{AppState, busy, error, release, reserve};
 
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
@@ -109,42 +111,6 @@ pub async fn events(
     // when the stream ends (after `lagged`, say) frees the socket at once.
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
-}
-
-pub(crate) fn busy(state: &AppState, message: &str) -> Response {
-    let mut response = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        message.to_owned(),
-        json!({ "retry_after_secs": state.retry_after.as_secs() }),
-    );
-    response.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from(state.retry_after.as_secs().max(1)),
-    );
-    response.into_response()
-}
-
-/// Takes one of the `--max-clients` SSE slots (event streams and dashboard streams alike),
-/// or answers 503; the caller gives the slot back with [`release`].
-#[allow(clippy::result_large_err)]
-pub(crate) fn reserve(state: &AppState) -> Result<(), Response> {
-    let taken = state.clients.fetch_add(1, Ordering::AcqRel);
-    if taken >= state.max_clients {
-        state.clients.fetch_sub(1, Ordering::AcqRel);
-        return Err(busy(
-            state,
-            &format!(
-                "this server already has {} SSE clients (--max-clients)",
-                state.max_clients
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Gives back a slot taken with [`reserve`].
-pub(crate) fn release(state: &AppState) {
-    state.clients.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// One client's stream.

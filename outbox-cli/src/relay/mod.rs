@@ -9,13 +9,12 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use crate::args::ConsumerRef;
 use crate::cli::{ConsumeArgs, Global, parse_duration};
-use crate::consume_cmd::{build_config, connections, finish, run_with};
+use crate::consume_cmd::{build_config, finish};
 use crate::failure::Failure;
-use crate::serve::MetricsEndpoint;
-use crate::shutdown::Shutdown;
+use crate::start::Started;
 
 use outbox_relay::{
-    Ensured, NatsServer, Publisher, PublisherSettings, StreamError, StreamSpec, parse_nats_urls,
+    NatsServer, PublisherSettings, Relay, RelayError, StreamError, StreamSpec, parse_nats_urls,
     validate_stream_name, validate_subject_prefix,
 };
 
@@ -147,8 +146,6 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, spec) = check(&args)?;
-    let shutdown = Shutdown::install()?;
-    let database = global.database()?;
     let (project, consumer) = args
         .consume
         .targets
@@ -159,11 +156,8 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         consumer_id: consumer.clone(),
     };
     let config = build_config(global, &consumer, &args.consume.options)?;
-    config
-        .validate()
-        .map_err(|e| Failure::usage(e.to_string()))?;
 
-    let publisher = Publisher::new(PublisherSettings {
+    let publisher = PublisherSettings {
         servers,
         prefix: args.subject_prefix.clone(),
         project: project.to_string(),
@@ -172,31 +166,20 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         publish_timeout: args.publish_timeout,
         connect_timeout: args.nats_connect_timeout,
         ping_interval: args.nats_ping_interval,
-    });
-    // Fail fast when NATS cannot be reached or the stream is wrong; once running, the relay
-    // rides out outages through the retry schedule instead.
-    let js = publisher.connect_now().await.map_err(Failure::runtime)?;
-    match outbox_relay::ensure(&js, &spec).await {
-        Ok(Ensured::Created) => tracing::info!(stream = %spec.name, "created the stream"),
-        Ok(Ensured::Verified) => tracing::info!(stream = %spec.name, "stream matches"),
-        Err(e @ StreamError::Mismatch { .. }) => return Err(Failure::usage(e.to_string())),
-        Err(e) => return Err(Failure::runtime(e.to_string())),
-    }
-    drop(js);
-
-    let connections = connections(
-        &database,
-        args.consume.options.no_listen,
-        args.consume.options.pool_size,
-    )
-    .await?;
-    let metrics =
-        MetricsEndpoint::start(args.consume.options.metrics_addr, &shutdown.token()).await?;
-    let result = run_with(connections, config, publisher, shutdown.token()).await;
+    };
+    let started = Started::open(global, &args.consume.options).await?;
+    let relay = Relay::new(started.connections.clone(), config, publisher, spec);
+    let result = relay.run(started.shutdown.token()).await;
     // The metrics endpoint stops with the run, whichever way the run ended.
-    if let Some(metrics) = metrics {
-        metrics.stop().await;
-    }
+    started.close().await;
+    let result = match result {
+        Ok(summary) => Ok(summary),
+        Err(RelayError::Consumer(e)) => Err(e),
+        Err(e @ RelayError::Stream(StreamError::Mismatch { .. })) => {
+            return Err(Failure::usage(e.to_string()));
+        }
+        Err(e) => return Err(Failure::runtime(e.to_string())),
+    };
     finish(
         result,
         "relay",
