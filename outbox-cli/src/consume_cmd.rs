@@ -55,7 +55,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     finish(result, "consumer", args_live_query, "outbox consume")
 }
 
-/// Several projects, every project, or several consumer IDs: one [`ConsumerSet`] on one pool
+/// Several projects, every project, or several consumer IDs: one [`outbox_consumer::ConsumerSet`] on one pool
 /// and one LISTEN connection, printing the same lines as a lone consumer (each names its
 /// project and consumer). A pair that fails is logged and stops alone; the process ends with
 /// the first such failure's exit code once it stops.

@@ -1,6 +1,8 @@
 //! `outbox`: the operator CLI of lifecycle-outbox.
 
 #![forbid(unsafe_code)]
+// Doc comments on options are the `--help` text, where `<prefix>` and `<task>` mean what they say.
+#![allow(rustdoc::invalid_html_tags)]
 
 mod args;
 mod audit_cmd;
