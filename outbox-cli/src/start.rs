@@ -25,7 +25,16 @@ pub struct Started {
 impl Started {
     /// Starts a command running consumers with `options`.
     pub async fn open(global: &Global, options: &ConsumerOptions) -> Result<Self, Failure> {
-        let shutdown = Shutdown::install()?;
+        Self::open_after(Shutdown::install()?, global, options).await
+    }
+
+    /// As [`Started::open`], for a command that installed its signal handlers earlier (to
+    /// check something else first, cancellably).
+    pub async fn open_after(
+        shutdown: Shutdown,
+        global: &Global,
+        options: &ConsumerOptions,
+    ) -> Result<Self, Failure> {
         let database = global.database()?;
         drop(database.connect().await?);
         let connections = Connections::new(

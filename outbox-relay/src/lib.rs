@@ -38,8 +38,9 @@
 //! };
 //!
 //! let shutdown = CancellationToken::new();
-//! Relay::new(connections, config, publisher, stream)
-//!     .run(shutdown)
+//! Relay::connect(publisher, &stream)
+//!     .await?
+//!     .run(&connections, config, shutdown)
 //!     .await?;
 //! # Ok(())
 //! # }

@@ -1,5 +1,5 @@
-//! The relay as a whole: the stream checked (or created), then one durable consumer whose
-//! handler and reconciler is the [`Publisher`].
+//! The relay as a whole: NATS reached and the stream checked (or created), then one durable
+//! consumer whose handler and reconciler is the [`Publisher`].
 
 use outbox_consumer::{ConsumerConfig, ConsumerError, RunSummary};
 use outbox_service::Connections;
@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use crate::publisher::{Publisher, PublisherSettings};
 use crate::stream::{Ensured, StreamError, StreamSpec, ensure};
 
-/// Why the relay stopped other than by `shutdown`.
+/// Why the relay cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     /// NATS could not be reached at start.
@@ -17,61 +17,47 @@ pub enum RelayError {
     /// The stream could not be created, or does not match what the relay needs.
     #[error(transparent)]
     Stream(#[from] StreamError),
-    /// The durable consumer failed.
-    #[error(transparent)]
-    Consumer(#[from] ConsumerError),
 }
 
-/// A durable consumer relaying its project into a JetStream stream. See the crate docs.
+/// A durable consumer relaying its project into a JetStream stream, once NATS has answered
+/// and the stream is known to fit. See the crate docs.
 pub struct Relay {
-    /// What the consumer runs on.
-    connections: Connections,
-    /// The consumer.
-    config: ConsumerConfig,
-    /// How the publisher reaches NATS.
-    publisher: PublisherSettings,
-    /// The stream published into.
-    stream: StreamSpec,
+    /// The consumer's handler and reconciler.
+    publisher: Publisher,
 }
 
 impl Relay {
-    /// A relay of consumer `config` on `connections`, publishing as `publisher` into
-    /// `stream`.
-    pub fn new(
-        connections: Connections,
-        config: ConsumerConfig,
+    /// Connects to NATS as `publisher` and checks `stream` (creating it when missing), before
+    /// anything is claimed in the database: fails fast when NATS cannot be reached or the
+    /// stream is wrong. Once running, the relay rides out NATS outages through the consumer's
+    /// retry schedule instead.
+    pub async fn connect(
         publisher: PublisherSettings,
-        stream: StreamSpec,
-    ) -> Self {
-        Self {
-            connections,
-            config,
-            publisher,
-            stream,
-        }
-    }
-
-    /// Checks NATS and the stream (creating it when missing), then relays until `shutdown`,
-    /// or until the consumer stops on its own.
-    ///
-    /// Fails fast when NATS cannot be reached or the stream is wrong; once running, the relay
-    /// rides out NATS outages through the consumer's retry schedule instead.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<RunSummary, RelayError> {
-        let publisher = Publisher::new(self.publisher);
+        stream: &StreamSpec,
+    ) -> Result<Self, RelayError> {
+        let publisher = Publisher::new(publisher);
         let js = publisher
             .connect_now()
             .await
             .map_err(RelayError::Unreachable)?;
-        match ensure(&js, &self.stream).await? {
-            Ensured::Created => tracing::info!(stream = %self.stream.name, "created the stream"),
-            Ensured::Verified => tracing::info!(stream = %self.stream.name, "stream matches"),
+        match ensure(&js, stream).await? {
+            Ensured::Created => tracing::info!(stream = %stream.name, "created the stream"),
+            Ensured::Verified => tracing::info!(stream = %stream.name, "stream matches"),
         }
-        drop(js);
-        let summary = self
-            .connections
-            .consumer(self.config, publisher)
+        Ok(Self { publisher })
+    }
+
+    /// Relays as consumer `config` on `connections` until `shutdown`, or until the consumer
+    /// stops on its own.
+    pub async fn run(
+        self,
+        connections: &Connections,
+        config: ConsumerConfig,
+        shutdown: CancellationToken,
+    ) -> Result<RunSummary, ConsumerError> {
+        connections
+            .consumer(config, self.publisher)
             .run(shutdown)
-            .await?;
-        Ok(summary)
+            .await
     }
 }

@@ -101,3 +101,18 @@ pub(crate) fn reserve(state: &AppState) -> Result<(), Response> {
 pub(crate) fn release(state: &AppState) {
     state.clients.fetch_sub(1, Ordering::AcqRel);
 }
+
+/// A `text/event-stream` response streaming `chunks`, never cached.
+pub fn event_stream<S>(chunks: S) -> Response
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> + Send + 'static,
+{
+    let mut response = Response::new(axum::body::Body::from_stream(chunks));
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}

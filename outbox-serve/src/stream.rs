@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
@@ -20,7 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::fan_out::{FanOut, Frame, Subscription};
 use outbox_service::http::ConnectionToken;
 
-use crate::state::{AppState, busy, error, release, reserve};
+use crate::state::{AppState, busy, error, event_stream, release, reserve};
 
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
@@ -99,13 +98,8 @@ pub async fn events(
             .await
             .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), client))
     });
-    let mut response = Response::new(Body::from_stream(stream));
+    let mut response = event_stream(stream);
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     // An event stream is never followed by another request on its connection; closing it
     // when the stream ends (after `lagged`, say) frees the socket at once.

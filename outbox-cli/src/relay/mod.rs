@@ -11,6 +11,7 @@ use crate::args::ConsumerRef;
 use crate::cli::{ConsumeArgs, Global, parse_duration};
 use crate::consume_cmd::{build_config, finish};
 use crate::failure::Failure;
+use crate::shutdown::Shutdown;
 use crate::start::Started;
 
 use outbox_relay::{
@@ -146,6 +147,7 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, spec) = check(&args)?;
+    let shutdown = Shutdown::install()?;
     let (project, consumer) = args
         .consume
         .targets
@@ -167,19 +169,20 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         connect_timeout: args.nats_connect_timeout,
         ping_interval: args.nats_ping_interval,
     };
-    let started = Started::open(global, &args.consume.options).await?;
-    let relay = Relay::new(started.connections.clone(), config, publisher, spec);
-    let result = relay.run(started.shutdown.token()).await;
-    // The metrics endpoint stops with the run, whichever way the run ended.
-    started.close().await;
-    let result = match result {
-        Ok(summary) => Ok(summary),
-        Err(RelayError::Consumer(e)) => Err(e),
+    // NATS and the stream first: a wrong stream is refused before the database is touched.
+    let relay = match Relay::connect(publisher, &spec).await {
+        Ok(relay) => relay,
         Err(e @ RelayError::Stream(StreamError::Mismatch { .. })) => {
             return Err(Failure::usage(e.to_string()));
         }
         Err(e) => return Err(Failure::runtime(e.to_string())),
     };
+    let started = Started::open_after(shutdown, global, &args.consume.options).await?;
+    let result = relay
+        .run(&started.connections, config, started.shutdown.token())
+        .await;
+    // The metrics endpoint stops with the run, whichever way the run ended.
+    started.close().await;
     finish(
         result,
         "relay",

@@ -9,7 +9,7 @@ mod render;
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
@@ -19,7 +19,7 @@ use serde_json::json;
 pub(crate) use admin::{replay, resolve, retire};
 use render::Sections;
 
-use crate::state::{AppState, release, reserve};
+use crate::state::{AppState, event_stream, release, reserve};
 
 /// Reads the status, the dead letters and the audit trail, and renders each section.
 async fn sections(state: &AppState) -> Result<Sections, String> {
@@ -105,14 +105,7 @@ pub(crate) async fn stream(State(state): State<Arc<AppState>>) -> Response {
             (slot, false),
         ))
     });
-    let mut response = Response::new(Body::from_stream(stream));
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
+    event_stream(stream)
 }
 
 /// A dashboard stream's `--max-clients` slot, given back when the stream is dropped.
