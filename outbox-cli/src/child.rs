@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::sink::{event_line, reconcile_line};
+use outbox_service::lines::{event_line, reconcile_line};
 
 /// The rule a child's failure class must follow, as shown in messages.
 const CLASS_RULE: &str = "[a-z0-9_]{1,64}";

@@ -1,44 +1,33 @@
 //! `outbox consume`: run one durable consumer, or a set of them in one process, with a
 //! built-in sink.
 
-use outbox_consumer::{
-    Consumer, ConsumerConfig, ConsumerError, ConsumerSet, Projects, RetrySchedule, StartFrom,
-};
+use outbox_consumer::{ConsumerConfig, ConsumerError, Projects, RetrySchedule, StartFrom};
 use outbox_core::{ConsumerId, ProjectId};
-use tokio_util::sync::CancellationToken;
 
 use crate::args::ConsumerRef;
 use crate::child::ChildSink;
 use crate::cli::{ConsumeArgs, ConsumerOptions, Global, StartFromArg};
-use crate::db::DatabaseUrl;
 use crate::failure::{ExitCode, Failure};
-use crate::serve::MetricsEndpoint;
-use crate::shutdown::Shutdown;
 use crate::sink::StdoutSink;
+use crate::start::Started;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     args.targets.check_distinct().map_err(Failure::usage)?;
     let Some((project, consumer)) = args.targets.single() else {
         return run_set(global, args).await;
     };
-    let shutdown = Shutdown::install()?;
-    let database = global.database()?;
     let options = &args.options;
     let consumer = ConsumerRef {
         project: project.clone(),
         consumer_id: consumer.clone(),
     };
     let config = build_config(global, &consumer, options)?;
-    config
-        .validate()
-        .map_err(|e| Failure::usage(e.to_string()))?;
-
-    let connections = connections(&database, options.no_listen, options.pool_size).await?;
-    let metrics = MetricsEndpoint::start(options.metrics_addr, &shutdown.token()).await?;
+    let started = Started::open(global, options).await?;
+    let connections = &started.connections;
 
     let consumer_id = consumer.consumer_id.to_string();
     let args_live_query = options.live_query.is_some();
-    let token = shutdown.token();
+    let token = started.shutdown.token();
     let result = match options.child.clone() {
         Some(command) => {
             let sink = ChildSink::new(
@@ -49,27 +38,24 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
                 token.clone(),
             );
             let force = sink.clone();
-            shutdown.on_force(move || force.kill_now());
-            let result = run_with(connections, config, sink.clone(), token).await;
+            started.shutdown.on_force(move || force.kill_now());
+            let result = connections.consumer(config, sink.clone()).run(token).await;
             sink.close().await;
             result
         }
         None => {
             let sink = StdoutSink::new(consumer_id);
             let out = sink.for_consumer(String::new());
-            let result = run_with(connections, config, sink, token).await;
+            let result = connections.consumer(config, sink).run(token).await;
             out.close().await;
             result
         }
     };
-    // The metrics endpoint stops with the run, whichever way the run ended.
-    if let Some(metrics) = metrics {
-        metrics.stop().await;
-    }
+    started.close().await;
     finish(result, "consumer", args_live_query, "outbox consume")
 }
 
-/// Several projects, every project, or several consumer IDs: one [`ConsumerSet`] on one pool
+/// Several projects, every project, or several consumer IDs: one [`outbox_consumer::ConsumerSet`] on one pool
 /// and one LISTEN connection, printing the same lines as a lone consumer (each names its
 /// project and consumer). A pair that fails is logged and stops alone; the process ends with
 /// the first such failure's exit code once it stops.
@@ -81,8 +67,6 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
              consumer IDs, run one `outbox consume --child` per consumer instead",
         ));
     }
-    let shutdown = Shutdown::install()?;
-    let database = global.database()?;
     let targets = &args.targets;
     let first_project = match targets.projects.first() {
         Some(project) => project.clone(),
@@ -93,32 +77,24 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         consumer_id: targets.consumer_ids[0].clone(),
     };
     let template = build_config(global, &first, options)?;
-    template
-        .validate()
-        .map_err(|e| Failure::usage(e.to_string()))?;
     let projects = match targets.all_projects {
         true => Projects::All,
         false => Projects::Listed(targets.projects.clone()),
     };
-    let connections = connections(&database, options.no_listen, options.pool_size).await?;
+    let started = Started::open(global, options).await?;
     let sink = std::sync::Arc::new(StdoutSink::new(String::new()));
     let out = sink.for_consumer(String::new());
     let factory = move |_: &ProjectId, consumer: &ConsumerId| {
         let sink = std::sync::Arc::new(sink.for_consumer(consumer.to_string()));
-        (SharedSink(sink.clone()), SharedSink(sink))
+        (sink.clone(), sink)
     };
-    let set = ConsumerSet::new(
-        connections.pool,
-        connections.listen,
-        template,
-        projects,
-        targets.consumer_ids.clone(),
-        factory,
-    )
-    .listen_tls(connections.tls);
+    let set = started
+        .connections
+        .set(template, projects, targets.consumer_ids.clone(), factory);
     let custom_live_query = options.live_query.is_some();
-    let outcomes = set.run(shutdown.token()).await;
+    let outcomes = set.run(started.shutdown.token()).await;
     out.close().await;
+    started.close().await;
     let outcomes = outcomes.map_err(|e| classify(e, custom_live_query, "outbox consume"))?;
     let total = outcomes.len();
     let mut failures = outcomes.into_iter().filter_map(|o| o.result.err());
@@ -139,37 +115,6 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
             Err(failure)
         }
     }
-}
-
-/// What a consumer runs on: its pool, the LISTEN connection's configuration (unless
-/// `--no-listen`), and the TLS connector both use.
-pub(crate) struct Connections {
-    pub pool: deadpool_postgres::Pool,
-    pub listen: Option<tokio_postgres::Config>,
-    pub tls: outbox_core::Connector,
-}
-
-/// The consumer's connections. Fails fast, naming the (redacted) URL, when the database
-/// cannot be reached at all or its schema does not match this build; once running, the
-/// consumer rides out outages instead.
-pub(crate) async fn connections(
-    database: &DatabaseUrl,
-    no_listen: bool,
-    pool_size: u16,
-) -> Result<Connections, Failure> {
-    drop(database.connect().await?);
-    let pool = database.pool(usize::from(pool_size))?;
-    let tls = database
-        .settings
-        .connector()
-        .map_err(|e| database.failure(e))?;
-    let mut listen = database.settings.wire_config();
-    listen.application_name("outbox-listener");
-    Ok(Connections {
-        pool,
-        listen: (!no_listen).then_some(listen),
-        tls,
-    })
 }
 
 /// Logs how a run of `what` (consumer, relay) ended, or turns its error into the command's
@@ -237,7 +182,7 @@ pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str)
     }
 }
 
-/// The configuration of `consumer` running with `args`.
+/// The configuration of `consumer` running with `args`, checked.
 pub fn build_config(
     global: &Global,
     consumer: &ConsumerRef,
@@ -276,62 +221,8 @@ pub fn build_config(
     }
     config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
         .map_err(|e| Failure::usage(e.to_string()))?;
+    config
+        .validate()
+        .map_err(|e| Failure::usage(e.to_string()))?;
     Ok(config)
-}
-
-/// Runs the consumer with `sink` as both its handler and its reconciler. SIGINT or SIGTERM
-/// (through `shutdown`) lets the current event finish or be abandoned within the grace
-/// period, releases the lease and ends the run.
-pub async fn run_with<S>(
-    connections: Connections,
-    config: ConsumerConfig,
-    sink: S,
-    shutdown: CancellationToken,
-) -> Result<outbox_consumer::RunSummary, ConsumerError>
-where
-    S: outbox_consumer::Handler + outbox_consumer::Reconciler,
-{
-    let sink = std::sync::Arc::new(sink);
-    Consumer::new(
-        connections.pool,
-        connections.listen,
-        config,
-        SharedSink(sink.clone()),
-        SharedSink(sink),
-    )
-    .listen_tls(connections.tls)
-    .run(shutdown)
-    .await
-}
-
-/// One sink serving as both handler and reconciler.
-struct SharedSink<S>(std::sync::Arc<S>);
-
-impl<S: outbox_consumer::Handler> outbox_consumer::Handler for SharedSink<S> {
-    async fn handle(
-        &self,
-        event: &outbox_consumer::ObservedEvent,
-    ) -> Result<(), outbox_consumer::HandlerFailure> {
-        self.0.handle(event).await
-    }
-
-    async fn before_ack(&self) -> Result<(), outbox_consumer::HandlerFailure> {
-        self.0.before_ack().await
-    }
-
-    async fn before_ack_prefix(
-        &self,
-        handled: &[outbox_consumer::ObservedEvent],
-    ) -> Result<(), outbox_consumer::PartialAck> {
-        self.0.before_ack_prefix(handled).await
-    }
-}
-
-impl<S: outbox_consumer::Reconciler> outbox_consumer::Reconciler for SharedSink<S> {
-    async fn reconcile(
-        &self,
-        live: &outbox_consumer::LiveSet,
-    ) -> Result<(), outbox_consumer::HandlerFailure> {
-        self.0.reconcile(live).await
-    }
 }

@@ -1,6 +1,8 @@
 //! `outbox`: the operator CLI of lifecycle-outbox.
 
 #![forbid(unsafe_code)]
+// Doc comments on options are the `--help` text, where `<prefix>` and `<task>` mean what they say.
+#![allow(rustdoc::invalid_html_tags)]
 
 mod args;
 mod audit_cmd;
@@ -21,6 +23,7 @@ mod sequence_cmd;
 mod serve;
 mod shutdown;
 mod sink;
+mod start;
 mod status_cmd;
 mod verify;
 mod verify_cmd;

@@ -1,5 +1,5 @@
 //! The one output path of every command: a result type implements [`Render`] (its table or
-//! text form, its JSON document, an optional note for stderr) and [`print`] writes it as the
+//! text form, its JSON document, an optional note for stderr) and [`print()`] writes it as the
 //! `--output` flag asks. Also the pieces the table forms share: aligned tables, key/value
 //! blocks, and the small formatting rules (times, ages, missing values).
 

@@ -1,29 +1,9 @@
-//! The stdout sink of `outbox consume` (JSON lines), and the lines every sink sends.
+//! The stdout sink of `outbox consume`: one JSON line per event (see [`outbox_service::lines`]).
 
 use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
-use serde_json::json;
+use outbox_service::lines::{event_line, reconcile_line};
 
 use crate::lines_out::LinesOut;
-
-/// The line describing an event.
-pub fn event_line(event: &ObservedEvent) -> String {
-    let mut value = serde_json::to_value(event).expect("events serialize");
-    value["type"] = json!("event");
-    value.to_string()
-}
-
-/// The line describing a reconciliation.
-pub fn reconcile_line(live: &LiveSet, consumer: &str) -> String {
-    json!({
-        "type": "reconcile",
-        "project_id": live.project_id,
-        "consumer_id": consumer,
-        "reason": live.reason,
-        "head_sequence": live.head_sequence,
-        "live_task_ids": live.task_ids,
-    })
-    .to_string()
-}
 
 /// Stdout that cannot be written (closed by the reader, EPIPE) is the sink's failure, never
 /// the event's: the consumer stops and the next run delivers the event.

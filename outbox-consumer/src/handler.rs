@@ -115,3 +115,44 @@ pub trait Reconciler: Send + Sync + 'static {
     /// Receives the live set; the cursor moves to `live.head_sequence` after `Ok`.
     fn reconcile(&self, live: &LiveSet) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
 }
+
+/// A shared handler is a handler: one value can serve as the handler and the reconciler of a
+/// consumer, or be shared by the pairs of a set, without a forwarding wrapper that could
+/// forget a method.
+impl<T: Handler + ?Sized> Handler for std::sync::Arc<T> {
+    fn handle(
+        &self,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        T::handle(self, event)
+    }
+
+    fn before_ack(&self) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        T::before_ack(self)
+    }
+
+    fn before_ack_prefix(
+        &self,
+        handled: &[ObservedEvent],
+    ) -> impl Future<Output = Result<(), PartialAck>> + Send {
+        T::before_ack_prefix(self, handled)
+    }
+}
+
+/// A shared transactional handler is a transactional handler (see the [`Handler`] impl).
+impl<T: TransactionalHandler + ?Sized> TransactionalHandler for std::sync::Arc<T> {
+    fn handle(
+        &self,
+        tx: &Transaction<'_>,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        T::handle(self, tx, event)
+    }
+}
+
+/// A shared reconciler is a reconciler (see the [`Handler`] impl).
+impl<T: Reconciler + ?Sized> Reconciler for std::sync::Arc<T> {
+    fn reconcile(&self, live: &LiveSet) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        T::reconcile(self, live)
+    }
+}

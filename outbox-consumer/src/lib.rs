@@ -87,4 +87,4 @@ pub use metric_help::describe_metrics;
 pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};
-pub use set::{ConsumerSet, PairFactory, PairOutcome, Projects};
+pub use set::{ConsumerSet, PairFactory, PairOutcome, PairProbes, Projects};

@@ -58,7 +58,7 @@ pub const DEFAULT_SEQUENCER_LEASE_TTL: Duration = Duration::from_secs(10);
 /// the database and a slow round trip would cost the lease).
 pub const MIN_SEQUENCER_LEASE_TTL: Duration = Duration::from_millis(500);
 
-/// The adaptive tick: [`FAST_TICK`]-fast after activity, then from [`FIRST_IDLE_STEP`]
+/// The adaptive tick: [`FAST_TICK`]-fast after activity, then from `FIRST_IDLE_STEP`
 /// doubling while idle, capped at the idle tick. A pure state machine.
 ///
 /// With the defaults (0, 50 ms): after a tick that numbered events the next comes at once,

@@ -983,3 +983,58 @@ async fn with_a_child_the_stream_carries_what_the_child_acknowledged() {
     .await;
     let _ = std::fs::remove_file(&log);
 }
+
+/// Connections to the test's database other than the one asking, and how many of them
+/// are LISTEN connections.
+async fn server_connections(db: &TestDb) -> (i64, i64) {
+    let row = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE application_name = 'outbox-listener') \
+             FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn a_hundred_projects_hold_the_pool_and_one_listen_connection() {
+    let db = fresh_db().await;
+    let projects: Vec<String> = (0..100).map(|i| format!("p{i:03}")).collect();
+    // Slower polls than FAST: a hundred consumers on a pool of four, on a shared machine.
+    let mut extra = vec![
+        "--lease-ttl",
+        "5s",
+        "--heartbeat-interval",
+        "1s",
+        "--poll-interval",
+        "500ms",
+        "--ready-max-poll-age",
+        "10s",
+        "--no-prune",
+        "--pool-size",
+        "4",
+        "--consumer-id",
+        "wide",
+    ];
+    for project in &projects {
+        extra.extend(["--project", project.as_str()]);
+    }
+    let server = ServeProcess::start(&db.url, &extra).await;
+    ready(&server).await;
+    write_event(&db, "p042", "T-1").await;
+    eventually(Duration::from_secs(10), "p042's event acknowledged", || {
+        let db = &db;
+        async move { cursor(db, "p042", "wide").await == Some(1) }
+    })
+    .await;
+    let (all, listeners) = server_connections(&db).await;
+    assert_eq!(listeners, 1, "one LISTEN connection for every project");
+    assert!(
+        all <= 4 + 1,
+        "{all} connections: more than the pool (4) and the LISTEN connection"
+    );
+}

@@ -2,10 +2,6 @@
 //! to a NATS JetStream stream, so that many downstream services fan out from JetStream instead
 //! of each polling the application's database.
 
-mod publisher;
-mod settings;
-mod stream;
-
 use std::time::Duration;
 
 use async_nats::jetstream::stream::RetentionPolicy;
@@ -13,14 +9,15 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use crate::args::ConsumerRef;
 use crate::cli::{ConsumeArgs, Global, parse_duration};
-use crate::consume_cmd::{build_config, connections, finish, run_with};
+use crate::consume_cmd::{build_config, finish};
 use crate::failure::Failure;
-use crate::serve::MetricsEndpoint;
 use crate::shutdown::Shutdown;
+use crate::start::Started;
 
-pub use publisher::{Publisher, PublisherSettings};
-pub use settings::{parse_nats_urls, validate_stream_name, validate_subject_prefix};
-pub use stream::{Ensured, StreamError, StreamSpec};
+use outbox_relay::{
+    NatsServer, PublisherSettings, Relay, RelayError, StreamError, StreamSpec, parse_nats_urls,
+    validate_stream_name, validate_subject_prefix,
+};
 
 /// `outbox relay`.
 #[derive(Debug, Subcommand)]
@@ -114,7 +111,7 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 
 /// Everything checkable without a connection, in one place so that each refusal exits 2
 /// before anything is contacted.
-fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Failure> {
+fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
     if args.consume.options.child.is_some() {
         return Err(Failure::usage(
             "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
@@ -151,7 +148,6 @@ fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Fai
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
-    let database = global.database()?;
     let (project, consumer) = args
         .consume
         .targets
@@ -162,11 +158,8 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         consumer_id: consumer.clone(),
     };
     let config = build_config(global, &consumer, &args.consume.options)?;
-    config
-        .validate()
-        .map_err(|e| Failure::usage(e.to_string()))?;
 
-    let publisher = Publisher::new(PublisherSettings {
+    let publisher = PublisherSettings {
         servers,
         prefix: args.subject_prefix.clone(),
         project: project.to_string(),
@@ -175,31 +168,21 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         publish_timeout: args.publish_timeout,
         connect_timeout: args.nats_connect_timeout,
         ping_interval: args.nats_ping_interval,
-    });
-    // Fail fast when NATS cannot be reached or the stream is wrong; once running, the relay
-    // rides out outages through the retry schedule instead.
-    let js = publisher.connect_now().await.map_err(Failure::runtime)?;
-    match stream::ensure(&js, &spec).await {
-        Ok(Ensured::Created) => tracing::info!(stream = %spec.name, "created the stream"),
-        Ok(Ensured::Verified) => tracing::info!(stream = %spec.name, "stream matches"),
-        Err(e @ StreamError::Mismatch { .. }) => return Err(Failure::usage(e.to_string())),
+    };
+    // NATS and the stream first: a wrong stream is refused before the database is touched.
+    let relay = match Relay::connect(publisher, &spec).await {
+        Ok(relay) => relay,
+        Err(e @ RelayError::Stream(StreamError::Mismatch { .. })) => {
+            return Err(Failure::usage(e.to_string()));
+        }
         Err(e) => return Err(Failure::runtime(e.to_string())),
-    }
-    drop(js);
-
-    let connections = connections(
-        &database,
-        args.consume.options.no_listen,
-        args.consume.options.pool_size,
-    )
-    .await?;
-    let metrics =
-        MetricsEndpoint::start(args.consume.options.metrics_addr, &shutdown.token()).await?;
-    let result = run_with(connections, config, publisher, shutdown.token()).await;
+    };
+    let started = Started::open_after(shutdown, global, &args.consume.options).await?;
+    let result = relay
+        .run(&started.connections, config, started.shutdown.token())
+        .await;
     // The metrics endpoint stops with the run, whichever way the run ended.
-    if let Some(metrics) = metrics {
-        metrics.stop().await;
-    }
+    started.close().await;
     finish(
         result,
         "relay",

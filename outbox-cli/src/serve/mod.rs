@@ -1,35 +1,21 @@
-//! `outbox serve`: durable consumers (one per `--project`, all under one consumer ID) whose
-//! handled events are fanned out over HTTP: Server-Sent Events for ephemeral clients,
-//! Prometheus metrics, Kubernetes probes and an operator dashboard.
-//!
-//! Each project's consumer is the ordinary runtime ([`outbox_consumer::Consumer`]), with
-//! lease, retries and all; its sink (optionally after a `--child`) publishes to the
-//! project's [`hub::Hub`]. SSE clients own no cursor: they resume from the hub's ring, from
-//! retained history (read-only) or from a reconciliation.
-
-mod dashboard;
-mod http;
-mod hub;
-mod stream;
+//! `outbox serve`: the options of [`outbox_serve::Server`] (durable consumers, one per
+//! `--project`, all under one consumer ID, whose handled events are fanned out over HTTP),
+//! and its start-up and exit code.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use clap::Args;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_consumer::{Consumer, History};
 use outbox_core::{ConsumerId, OperatorName, ProjectId};
-use tokio_util::sync::CancellationToken;
+use outbox_serve::{AdminAuth, ServeError, Server, ServerSettings};
 
 use crate::args::ConsumerRef;
 use crate::child::ChildSink;
 use crate::cli::{ConsumerOptions, Global, parse_duration};
-use crate::consume_cmd::{build_config, classify, connections};
+use crate::consume_cmd::{build_config, classify};
 use crate::failure::Failure;
-use crate::shutdown::Shutdown;
+use crate::start::Started;
 
 /// `outbox serve`.
 #[derive(Debug, Args)]
@@ -83,7 +69,7 @@ pub struct ServeArgs {
 }
 
 /// The admin credentials `args` ask for; refuses half or unsafe configurations.
-fn admin_auth(args: &ServeArgs) -> Result<Option<dashboard::AdminAuth>, Failure> {
+fn admin_auth(args: &ServeArgs) -> Result<Option<AdminAuth>, Failure> {
     let loopback = args.listen.ip().is_loopback();
     match (&args.admin_token, &args.admin_operator) {
         (None, None) => Ok(None),
@@ -108,117 +94,23 @@ fn admin_auth(args: &ServeArgs) -> Result<Option<dashboard::AdminAuth>, Failure>
         (Some(token), Some(operator)) => {
             let operator = OperatorName::new(operator.clone())
                 .map_err(|e| Failure::usage(format!("invalid --admin-operator: {e}")))?;
-            Ok(Some(dashboard::AdminAuth::new(token.trim(), operator)))
+            Ok(Some(AdminAuth::new(token.trim(), operator)))
         }
     }
-}
-
-/// Installs the process's Prometheus recorder (once), with histogram buckets for the
-/// latency metric, and keeps its upkeep running.
-pub fn install_metrics() -> Result<PrometheusHandle, Failure> {
-    static HANDLE: std::sync::OnceLock<PrometheusHandle> = std::sync::OnceLock::new();
-    if let Some(handle) = HANDLE.get() {
-        return Ok(handle.clone());
-    }
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("outbox_commit_to_dispatch_seconds".into()),
-            &[
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0,
-            ],
-        )
-        .and_then(|b| b.install_recorder())
-        .map_err(|e| Failure::runtime(format!("cannot install the metrics recorder: {e}")))?;
-    outbox_consumer::describe_metrics();
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok(HANDLE.get_or_init(|| handle).clone())
-}
-
-/// `--metrics-addr` of `consume`, `relay nats` and `serve`: `/metrics` (and `/healthz`) on an
-/// address of its own, beside whatever else the command serves.
-pub struct MetricsEndpoint {
-    /// Stops the endpoint; a child of the command's shutdown token.
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl MetricsEndpoint {
-    /// Serves on `addr`, when given, until [`MetricsEndpoint::stop`] or `shutdown`. Binding
-    /// happens before this returns, so a used address fails the command.
-    pub async fn start(
-        addr: Option<SocketAddr>,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<Self>, Failure> {
-        let Some(addr) = addr else {
-            return Ok(None);
-        };
-        let stop = shutdown.child_token();
-        let task = metrics_only(addr, stop.clone()).await?;
-        Ok(Some(Self { stop, task }))
-    }
-
-    /// Stops serving and waits for open requests to finish.
-    pub async fn stop(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
-}
-
-/// Serves `/metrics` (and `/healthz`) on `addr` until `shutdown`.
-async fn metrics_only(
-    addr: SocketAddr,
-    shutdown: CancellationToken,
-) -> Result<tokio::task::JoinHandle<()>, Failure> {
-    let listener = http::bind(addr, "--metrics-addr").await?;
-    let handle = install_metrics()?;
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let handle = handle.clone();
-                async move { http::render_metrics(&handle) }
-            }),
-        )
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
-    tracing::info!(%addr, "serving /metrics");
-    Ok(tokio::spawn(http::serve(
-        listener,
-        app,
-        shutdown,
-        Duration::from_secs(1),
-    )))
 }
 
 /// Runs `outbox serve`.
 pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
-    let signals = Shutdown::install()?;
-    let database = global.database()?;
     let admin = admin_auth(&args)?;
     let consume = &args.consume;
-    let mut projects = args.project.clone();
-    projects.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    projects.dedup();
-    let mut configs = Vec::with_capacity(projects.len());
-    for project in &projects {
-        let consumer = ConsumerRef {
-            project: project.clone(),
+    let template = build_config(
+        global,
+        &ConsumerRef {
+            project: args.project[0].clone(),
             consumer_id: args.consumer_id.clone(),
-        };
-        let mut config = build_config(global, &consumer, consume)?;
-        config.gauge_interval = Some(config.poll_interval);
-        config
-            .validate()
-            .map_err(|e| Failure::usage(e.to_string()))?;
-        configs.push(config);
-    }
-    let live_query = configs[0].live_query.clone();
+        },
+        consume,
+    )?;
     if (args.client_queue as i64) < consume.batch_size {
         return Err(Failure::usage(format!(
             "--client-queue {} is smaller than --batch-size {}: every client would be dropped \
@@ -226,125 +118,66 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             args.client_queue, consume.batch_size
         )));
     }
-
     // Bind first: a used address is a usage error, reported before anything else happens.
-    let listener = http::bind(args.listen, "--listen").await?;
-    // Each served project runs its own consumer: at least MIN_POOL_SIZE connections each.
-    let needed = outbox_consumer::MIN_POOL_SIZE * projects.len() + 1;
-    let pool_size = u16::try_from(needed)
-        .unwrap_or(u16::MAX)
-        .max(consume.pool_size);
-    let connections = connections(&database, consume.no_listen, pool_size).await?;
-    let metrics = install_metrics()?;
-
-    // Cancelled by the first signal, or when any consumer stops.
-    let shutdown = signals.token().child_token();
-    let extra_metrics = MetricsEndpoint::start(consume.metrics_addr, &shutdown).await?;
-    let read_pool = database.pool(4)?;
-
-    let mut hubs = BTreeMap::new();
-    let mut probes = Vec::new();
-    let mut consumers = tokio::task::JoinSet::new();
-    let mut children = Vec::new();
-    for config in configs {
-        let project = config.project_id.clone();
-        let hub = Arc::new(hub::Hub::new(
-            project.clone(),
-            args.consumer_id.to_string(),
-            args.ring_size as usize,
-            args.client_queue as usize,
-            args.lagged_grace,
-        ));
-        let child = consume.child.clone().map(|command| {
-            ChildSink::new(
-                command,
-                args.consumer_id.to_string(),
-                consume.child_timeout,
-                consume.child_stop_grace,
-                shutdown.clone(),
-            )
-        });
-        if let Some(child) = &child {
-            let force = child.clone();
-            signals.on_force(move || force.kill_now());
-            children.push(child.clone());
-        }
-        let sink = Arc::new(hub::HubSink {
-            hub: hub.clone(),
-            child,
-        });
-        let consumer = Consumer::new(
-            connections.pool.clone(),
-            connections.listen.clone(),
-            config,
-            hub::SharedHubSink(sink.clone()),
-            hub::SharedHubSink(sink),
-        )
-        .listen_tls(connections.tls.clone());
-        probes.push((project.clone(), consumer.probe()));
-        hubs.insert(project.to_string(), hub);
-        let stop = shutdown.clone();
-        consumers.spawn(async move { (project, consumer.run(stop).await) });
-    }
-
-    let state = Arc::new(http::AppState {
-        hubs,
-        probes,
-        consumer_id: args.consumer_id.clone(),
-        schema: global.schema.clone(),
-        read_pool,
-        history: History::new(&global.schema),
-        live_query,
-        metrics,
-        clients: AtomicUsize::new(0),
+    let listener = outbox_service::http::bind(args.listen, "--listen")
+        .await
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let started = Started::open(global, consume).await?;
+    let read_pool = started.database.pool(4)?;
+    let settings = ServerSettings {
+        ring_size: args.ring_size as usize,
+        client_queue: args.client_queue as usize,
+        lagged_grace: args.lagged_grace,
         max_clients: args.max_clients as usize,
-        retry_after: Duration::from_secs(5),
         keep_alive: args.keep_alive,
         ready_max_poll_age: args.ready_max_poll_age,
         dashboard_refresh: args.dashboard_refresh,
+        drain_timeout: args.drain_timeout,
         admin,
-        shutdown: shutdown.clone(),
-    });
-    let addr = listener.local_addr().unwrap_or(args.listen);
-    tracing::info!(%addr, projects = projects.len(), "serving");
-    let server = tokio::spawn(http::serve(
-        listener,
-        http::router(state),
-        shutdown.clone(),
-        args.drain_timeout,
-    ));
-
-    // The first consumer to stop for a reason other than shutdown stops the whole server.
-    let mut failure = None;
-    while let Some(joined) = consumers.join_next().await {
-        match joined {
-            Ok((project, Ok(summary))) => tracing::info!(
-                %project, delivered = summary.delivered, cursor = ?summary.cursor,
-                generation = summary.generation, "consumer stopped"
-            ),
-            Ok((project, Err(e))) => {
-                tracing::error!(%project, error = %e, "consumer failed; stopping the server");
-                if failure.is_none() {
-                    failure = Some(classify(e, consume.live_query.is_some(), "outbox serve"));
-                }
+        ..ServerSettings::new(args.consumer_id.clone())
+    };
+    let server = Server::new(
+        started.connections.clone(),
+        read_pool,
+        template,
+        args.project.clone(),
+        settings,
+    );
+    let shutdown = started.shutdown.token();
+    let result = match &consume.child {
+        None => server.run(listener, shutdown).await,
+        Some(command) => {
+            // One child per project, each killed at once by a second signal.
+            let children: BTreeMap<ProjectId, ChildSink> = args
+                .project
+                .iter()
+                .map(|project| {
+                    let child = ChildSink::new(
+                        command.clone(),
+                        args.consumer_id.to_string(),
+                        consume.child_timeout,
+                        consume.child_stop_grace,
+                        shutdown.clone(),
+                    );
+                    let force = child.clone();
+                    started.shutdown.on_force(move || force.kill_now());
+                    (project.clone(), child)
+                })
+                .collect();
+            let first = children.clone();
+            let result = server
+                .before_fan_out(move |project| first[project].clone())
+                .run(listener, shutdown)
+                .await;
+            for child in children.values() {
+                child.close().await;
             }
-            Err(e) => {
-                if failure.is_none() {
-                    failure = Some(Failure::runtime(format!("a consumer task failed: {e}")));
-                }
-            }
+            result
         }
-        shutdown.cancel();
-    }
-    for child in &children {
-        child.close().await;
-    }
-    let _ = server.await;
-    if let Some(extra) = extra_metrics {
-        extra.stop().await;
-    }
-    match failure {
-        Some(failure) => Err(failure),
-        None => Ok(()),
-    }
+    };
+    started.close().await;
+    result.map_err(|e| match e {
+        ServeError::Consumer(e) => classify(e, consume.live_query.is_some(), "outbox serve"),
+        other => Failure::runtime(other.to_string()),
+    })
 }

@@ -10,6 +10,7 @@
 
 mod acks;
 mod hub;
+mod pairs;
 mod reads;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub(crate) use hub::Hub;
+pub use pairs::PairProbes;
 pub(crate) use reads::Batch;
 
 use crate::background::{self, TaskGuard};
@@ -96,6 +98,10 @@ pub struct ConsumerSet<F> {
     factory: Arc<F>,
     /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
     listen_tls: Option<outbox_core::Connector>,
+    /// Every started pair's probe.
+    probes: PairProbes,
+    /// Whether the first pair to end with an error stops every other pair.
+    stop_on_failure: bool,
 }
 
 impl<F: PairFactory> ConsumerSet<F> {
@@ -117,7 +123,21 @@ impl<F: PairFactory> ConsumerSet<F> {
             consumer_ids,
             factory: Arc::new(factory),
             listen_tls: None,
+            probes: PairProbes::default(),
+            stop_on_failure: false,
         }
+    }
+
+    /// Stops every pair (as a shutdown does) once one pair ends with an error, for a process
+    /// that serves all its pairs as one whole; by default the others go on.
+    pub fn stop_on_failure(mut self) -> Self {
+        self.stop_on_failure = true;
+        self
+    }
+
+    /// The pairs' probes (lease and liveness), for readiness checks; filled as pairs start.
+    pub fn probes(&self) -> PairProbes {
+        self.probes.clone()
     }
 
     /// Opens the LISTEN connection through `connector`, as [`Consumer::listen_tls`] does.
@@ -165,6 +185,8 @@ impl<F: PairFactory> ConsumerSet<F> {
             discovering,
         ));
         let mut pairs = JoinSet::new();
+        // Cancelled by `shutdown`, or by a failed pair under `stop_on_failure`.
+        let shutdown = shutdown.child_token();
         match &self.projects {
             Projects::Listed(list) => {
                 for project in list {
@@ -187,7 +209,13 @@ impl<F: PairFactory> ConsumerSet<F> {
                     Err(e) => tracing::warn!(project, error = %e, "not following a project with an invalid ID"),
                 },
                 Some(joined) = pairs.join_next() => {
-                    outcomes.push(ended(joined));
+                    let outcome = ended(joined);
+                    let failed = outcome.result.is_err();
+                    outcomes.push(outcome);
+                    if failed && self.stop_on_failure {
+                        shutdown.cancel();
+                        break;
+                    }
                     let more_may_come = matches!(self.projects, Projects::All)
                         && !self.template.exit_when_caught_up;
                     if pairs.is_empty() && !more_may_come {
@@ -222,12 +250,31 @@ impl<F: PairFactory> ConsumerSet<F> {
             let (handler, reconciler) = self.factory.make(project, consumer_id);
             let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
                 .in_set(hub.clone());
+            let probe = consumer.probe();
+            self.probes.insert(project, consumer_id, probe.clone());
+            let gauges = self.template.gauge_interval.map(|interval| {
+                pairs::gauges_while_held(
+                    self.pool.clone(),
+                    self.template.schema.clone(),
+                    project.clone(),
+                    consumer_id.clone(),
+                    interval,
+                    probe,
+                )
+            });
             // A child token per pair: every loop round of every pair checks its token, and a
             // thousand pairs checking one shared token contend for its one lock.
             let shutdown = shutdown.child_token();
             let (project_id, consumer_id) = (project.clone(), consumer_id.clone());
             pairs.spawn(async move {
-                let result = consumer.run(shutdown).await;
+                let run = consumer.run(shutdown);
+                let result = match gauges {
+                    None => run.await,
+                    Some(gauges) => tokio::select! {
+                        result = run => result,
+                        () = gauges => unreachable!("sampling gauges never ends on its own"),
+                    },
+                };
                 PairOutcome {
                     project_id,
                     consumer_id,

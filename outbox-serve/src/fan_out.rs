@@ -15,8 +15,7 @@ use outbox_core::ProjectId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::child::ChildSink;
-use crate::sink::{event_line, reconcile_line};
+use outbox_service::lines::{event_line, reconcile_line};
 
 /// One SSE message, rendered once and shared by every client.
 #[derive(Debug, Clone)]
@@ -83,15 +82,15 @@ impl Batch {
 
 /// A client's end of its queue.
 pub struct Subscription {
-    /// The hub, to unsubscribe on drop.
-    hub: Arc<Hub>,
-    /// The client's key in the hub.
+    /// The fan-out, to unsubscribe on drop.
+    fan_out: Arc<FanOut>,
+    /// The client's key in the fan-out.
     id: u64,
     /// Batches published since subscribing.
     pub queue: mpsc::UnboundedReceiver<Arc<Batch>>,
-    /// Events queued and not yet taken; the hub drops the client past the limit.
+    /// Events queued and not yet taken; the fan-out drops the client past the limit.
     pub queued: Arc<AtomicUsize>,
-    /// Set when the hub dropped the client for falling behind.
+    /// Set when the fan-out dropped the client for falling behind.
     pub lagged: Arc<AtomicBool>,
     /// Ring frames after the client's position, taken in the same critical section as the
     /// subscription, so nothing falls between them and the queue.
@@ -104,11 +103,11 @@ pub struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.unsubscribe(self.id);
+        self.fan_out.unsubscribe(self.id);
     }
 }
 
-/// A subscribed client as the hub sees it.
+/// A subscribed client as the fan-out sees it.
 struct Slot {
     /// Where its batches go.
     queue: mpsc::UnboundedSender<Arc<Batch>>,
@@ -120,7 +119,7 @@ struct Slot {
     connection: CancellationToken,
 }
 
-/// State behind the hub's lock.
+/// State behind the fan-out's lock.
 #[derive(Default)]
 struct Inner {
     /// The most recent published events, oldest first.
@@ -134,7 +133,7 @@ struct Inner {
 }
 
 /// The fan-out of one project's stream.
-pub struct Hub {
+pub struct FanOut {
     /// The project.
     pub project: ProjectId,
     /// The durable consumer feeding it, named in the lines it publishes.
@@ -152,8 +151,8 @@ pub struct Hub {
     inner: Mutex<Inner>,
 }
 
-impl Hub {
-    /// An empty hub.
+impl FanOut {
+    /// An empty fan-out.
     pub fn new(
         project: ProjectId,
         consumer: String,
@@ -216,7 +215,7 @@ impl Hub {
             None => Vec::new(),
         };
         let subscription = Subscription {
-            hub: self.clone(),
+            fan_out: self.clone(),
             id,
             queue: rx,
             queued,
@@ -295,26 +294,27 @@ impl Hub {
     }
 }
 
-/// The durable consumer's handler and reconciler in `outbox serve`: an optional `--child`
-/// first, then the hub. Events are published at `before_ack`, once the whole handled prefix
+/// A served project's handler and reconciler: an optional handler first (the command's
+/// `--child`, say), then the fan-out. Events are published at `before_ack`, once the whole handled prefix
 /// of a batch is known, so clients only ever see events the durable consumer has handled.
-pub struct HubSink {
-    /// The project's hub.
-    pub hub: Arc<Hub>,
-    /// `--child`, when given.
-    pub child: Option<ChildSink>,
+pub struct FanOutSink<C> {
+    /// The project's fan-out.
+    pub fan_out: Arc<FanOut>,
+    /// Handles each event (and reconciliation) before it is fanned out, when given; an event
+    /// it fails is not fanned out.
+    pub first: Option<C>,
 }
 
-impl Handler for HubSink {
+impl<C: Handler> Handler for FanOutSink<C> {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
-        if let Some(child) = &self.child {
-            child.handle(event).await?;
+        if let Some(first) = &self.first {
+            first.handle(event).await?;
         }
         if !event.replay {
             // A replayed dead letter arrives outside sequence order; clients, which resume
             // by sequence, are not sent it.
             let frame = Frame::event(event);
-            self.hub
+            self.fan_out
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -324,9 +324,9 @@ impl Handler for HubSink {
     }
 
     async fn before_ack(&self) -> Result<(), HandlerFailure> {
-        if let Some(child) = &self.child {
-            if let Err(failure) = child.before_ack().await {
-                self.hub
+        if let Some(first) = &self.first {
+            if let Err(failure) = first.before_ack().await {
+                self.fan_out
                     .pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -334,46 +334,32 @@ impl Handler for HubSink {
                 return Err(failure);
             }
         }
-        let frames =
-            std::mem::take(&mut *self.hub.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let frames = std::mem::take(
+            &mut *self
+                .fan_out
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
         if !frames.is_empty() {
-            self.hub.publish(Batch::new(frames, false));
+            self.fan_out.publish(Batch::new(frames, false));
         }
         Ok(())
     }
 }
 
-impl Reconciler for HubSink {
+impl<C: Reconciler> Reconciler for FanOutSink<C> {
     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
-        if let Some(child) = &self.child {
-            child.reconcile(live).await?;
+        if let Some(first) = &self.first {
+            first.reconcile(live).await?;
         }
-        self.hub
+        self.fan_out
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        let frame = Frame::reconcile(live, &self.hub.consumer);
-        self.hub.publish(Batch::new(vec![frame], true));
+        let frame = Frame::reconcile(live, &self.fan_out.consumer);
+        self.fan_out.publish(Batch::new(vec![frame], true));
         Ok(())
-    }
-}
-
-/// A shared [`HubSink`] as the consumer's handler and reconciler both.
-pub struct SharedHubSink(pub Arc<HubSink>);
-
-impl Handler for SharedHubSink {
-    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
-        self.0.handle(event).await
-    }
-
-    async fn before_ack(&self) -> Result<(), HandlerFailure> {
-        self.0.before_ack().await
-    }
-}
-
-impl Reconciler for SharedHubSink {
-    async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
-        self.0.reconcile(live).await
     }
 }

@@ -7,18 +7,19 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use outbox_consumer::ReconcileReason;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::http::{AppState, ConnectionToken, error};
-use super::hub::{Frame, Hub, Subscription};
+use crate::fan_out::{FanOut, Frame, Subscription};
+use outbox_service::http::ConnectionToken;
+
+use crate::state::{AppState, busy, error, event_stream, release, reserve};
 
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
@@ -47,11 +48,11 @@ pub async fn events(
     headers: HeaderMap,
     connection: Option<axum::Extension<ConnectionToken>>,
 ) -> Response {
-    let Some(hub) = state.hubs.get(&project).cloned() else {
+    let Some(fan_out) = state.fan_outs.get(&project).cloned() else {
         return error(
             StatusCode::NOT_FOUND,
             format!("project {project:?} is not served here"),
-            json!({ "projects": state.hubs.keys().collect::<Vec<_>>() }),
+            json!({ "projects": state.fan_outs.keys().collect::<Vec<_>>() }),
         );
     };
     let after = match (headers.get("last-event-id"), &query.after) {
@@ -89,21 +90,16 @@ pub async fn events(
         return refusal;
     }
     let connection = connection.map(|c| (*c.0.0).clone()).unwrap_or_default();
-    let subscription = hub.subscribe(after, connection);
-    let client = Client::new(state.clone(), hub, subscription, after);
+    let subscription = fan_out.subscribe(after, connection);
+    let client = Client::new(state.clone(), fan_out, subscription, after);
     let stream = futures_util::stream::unfold(client, |mut client| async move {
         client
             .next_chunk()
             .await
             .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), client))
     });
-    let mut response = Response::new(Body::from_stream(stream));
+    let mut response = event_stream(stream);
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     // An event stream is never followed by another request on its connection; closing it
     // when the stream ends (after `lagged`, say) frees the socket at once.
@@ -111,48 +107,12 @@ pub async fn events(
     response
 }
 
-pub(super) fn busy(state: &AppState, message: &str) -> Response {
-    let mut response = error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        message.to_owned(),
-        json!({ "retry_after_secs": state.retry_after.as_secs() }),
-    );
-    response.headers_mut().insert(
-        header::RETRY_AFTER,
-        HeaderValue::from(state.retry_after.as_secs().max(1)),
-    );
-    response.into_response()
-}
-
-/// Takes one of the `--max-clients` SSE slots (event streams and dashboard streams alike),
-/// or answers 503; the caller gives the slot back with [`release`].
-#[allow(clippy::result_large_err)]
-pub(super) fn reserve(state: &AppState) -> Result<(), Response> {
-    let taken = state.clients.fetch_add(1, Ordering::AcqRel);
-    if taken >= state.max_clients {
-        state.clients.fetch_sub(1, Ordering::AcqRel);
-        return Err(busy(
-            state,
-            &format!(
-                "this server already has {} SSE clients (--max-clients)",
-                state.max_clients
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Gives back a slot taken with [`reserve`].
-pub(super) fn release(state: &AppState) {
-    state.clients.fetch_sub(1, Ordering::AcqRel);
-}
-
 /// One client's stream.
 struct Client {
     /// Server-wide state: history reads, shutdown, keep-alive.
     state: Arc<AppState>,
-    /// The project's hub.
-    hub: Arc<Hub>,
+    /// The project's fan-out.
+    fan_out: Arc<FanOut>,
     /// The client's queue and its starting point.
     subscription: Subscription,
     /// The last sequence sent (an event's, or a reconciliation's head).
@@ -176,7 +136,7 @@ impl Drop for Client {
 impl Client {
     fn new(
         state: Arc<AppState>,
-        hub: Arc<Hub>,
+        fan_out: Arc<FanOut>,
         subscription: Subscription,
         after: Option<i64>,
     ) -> Self {
@@ -186,7 +146,7 @@ impl Client {
         let last_sent = after.or(subscription.handled_through);
         Self {
             state,
-            hub,
+            fan_out,
             subscription,
             last_sent,
             resume: after,
@@ -240,7 +200,7 @@ impl Client {
     }
 
     fn fail(&mut self, message: String) -> Option<Bytes> {
-        tracing::warn!(project = %self.hub.project, error = %message, "SSE client stream ended");
+        tracing::warn!(project = %self.fan_out.project, error = %message, "SSE client stream ended");
         self.done = true;
         Some(Bytes::from(format!(": {}\n\n", message.replace('\n', " "))))
     }
@@ -248,7 +208,7 @@ impl Client {
     fn lagged(&self) -> Bytes {
         let data = json!({
             "type": "lagged",
-            "project_id": self.hub.project,
+            "project_id": self.fan_out.project,
             "last_event_id": self.last_sent,
             "reason": "the client fell too far behind; reconnect with Last-Event-ID",
         });
@@ -295,7 +255,7 @@ impl Client {
             .map_err(|e| e.to_string())?;
         self.state
             .history
-            .cursor(&**client, &self.hub.project, &self.state.consumer_id)
+            .cursor(&**client, &self.fan_out.project, &self.state.consumer_id)
             .await
             .map_err(|e| format!("cannot read the cursor: {e}"))
     }
@@ -303,7 +263,7 @@ impl Client {
     /// Sends retained events `after < sequence <= through` from PostgreSQL, or, when some of
     /// them were pruned, a reconciliation first.
     async fn history(&mut self, after: i64, through: i64) -> Result<(), String> {
-        let project = &self.hub.project;
+        let project = &self.fan_out.project;
         let mut client = self
             .state
             .read_pool
@@ -330,7 +290,7 @@ impl Client {
                 .await
                 .map_err(|e| format!("cannot read the live task set: {e}"))?;
             let head = live.head_sequence;
-            let frame = Frame::reconcile(&live, &self.hub.consumer);
+            let frame = Frame::reconcile(&live, &self.fan_out.consumer);
             self.out.push_back(frame.bytes);
             self.last_sent = Some(head);
             from = head;
@@ -365,7 +325,7 @@ impl Client {
     }
 
     /// Takes `first` and every batch already waiting behind it.
-    async fn take_queued(&mut self, first: Arc<super::hub::Batch>) -> Result<(), String> {
+    async fn take_queued(&mut self, first: Arc<crate::fan_out::Batch>) -> Result<(), String> {
         let mut next = Some(first);
         while let Some(batch) = next {
             self.subscription
@@ -400,7 +360,7 @@ impl Client {
 
     /// Takes a published batch: whole when it follows on, filtered when the client already
     /// has part of it, after a history read when something lies between.
-    async fn take(&mut self, batch: &super::hub::Batch) -> Result<(), String> {
+    async fn take(&mut self, batch: &crate::fan_out::Batch) -> Result<(), String> {
         let (Some(first), Some(last)) = (batch.frames.first(), batch.frames.last()) else {
             return Ok(());
         };

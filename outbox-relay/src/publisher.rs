@@ -35,8 +35,8 @@ use outbox_consumer::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::settings::{NatsServer, event_subject, reconcile_subject};
-use crate::sink::{event_line, reconcile_line};
+use crate::settings::{NatsServer, event_subject, reconcile_subject};
+use outbox_service::lines::{event_line, reconcile_line};
 
 /// How the publisher reaches NATS.
 #[derive(Debug, Clone)]

@@ -1,0 +1,53 @@
+//! The lifecycle-outbox HTTP server: durable consumers whose handled events are fanned out
+//! over HTTP, Server-Sent Events for ephemeral clients, with Prometheus metrics, Kubernetes
+//! probes and an operator dashboard. `outbox serve` is this crate behind command-line
+//! options; an application can run it inside its own tokio service:
+//!
+//! ```no_run
+//! use outbox_consumer::ConsumerConfig;
+//! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
+//! use outbox_serve::{Server, ServerSettings};
+//! use outbox_service::Connections;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let settings = ConnectSettings::parse("postgresql://app@localhost/app")?;
+//! let connections = Connections::new(&settings, 4, true)?;
+//! let read_pool = settings.pool(4)?;
+//! let consumer = ConsumerId::new("dashboard")?;
+//! let projects = vec![ProjectId::new("p1")?, ProjectId::new("p2")?];
+//! // The template's own project is not used: every project is followed with it.
+//! let template = ConsumerConfig::new(projects[0].clone(), consumer.clone());
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! let shutdown = CancellationToken::new();
+//! Server::new(connections, read_pool, template, projects, ServerSettings::new(consumer))
+//!     .run(listener, shutdown)
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! All served projects run as one [`outbox_consumer::ConsumerSet`]: one pool, one LISTEN
+//! connection and one place in the sequencer election, however many projects it serves. Each
+//! project's consumer is the ordinary runtime, with lease, retries and all; its sink
+//! publishes to the project's [`FanOut`]. SSE clients own no cursor: they resume from the
+//! fan-out's ring, from retained history (read-only) or from a reconciliation.
+//!
+//! Modules, base first: [`fan_out`] and `auth` import nothing of the crate; `state` holds
+//! what handlers share; `stream` (the SSE endpoint) and `dashboard` use it; `routes` wires
+//! them with the probes; `server` runs it all.
+
+#![forbid(unsafe_code)]
+
+mod auth;
+mod dashboard;
+pub mod fan_out;
+mod routes;
+mod server;
+mod state;
+mod stream;
+
+pub use auth::AdminAuth;
+pub use fan_out::{FanOut, FanOutSink};
+pub use server::{Direct, ServeError, Server, ServerSettings};

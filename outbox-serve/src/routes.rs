@@ -1,0 +1,90 @@
+//! The routes of the server and its probes: `/healthz` (alive while the process answers),
+//! `/readyz` (every served project's consumer holds its lease and polled recently) and
+//! `/metrics`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::state::{AppState, error};
+use crate::{dashboard, stream};
+
+/// The routes of the server.
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/", get(dashboard::page))
+        .route("/v1/projects/{project}/events", get(stream::events))
+        .route("/v1/dashboard/stream", get(dashboard::stream))
+        .route("/v1/admin/replay", post(dashboard::replay))
+        .route("/v1/admin/resolve", post(dashboard::resolve))
+        .route("/v1/admin/retire", post(dashboard::retire))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        format!("no such path {}", uri.path()),
+        json!({}),
+    )
+}
+
+/// `/metrics` in the Prometheus text format.
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    outbox_service::metrics::render(&state.metrics)
+}
+
+/// Alive while the process answers.
+async fn healthz() -> Response {
+    axum::Json(json!({ "status": "ok" })).into_response()
+}
+
+/// Ready while every served project's consumer holds its lease and polled recently.
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let mut reasons = Vec::new();
+    if state.shutdown.is_cancelled() {
+        reasons.push("shutting down".to_owned());
+    }
+    for project in &state.projects {
+        let probe = state.probes.get(project, &state.consumer_id);
+        let Some(probe) = probe.filter(|p| p.lease_held()) else {
+            reasons.push(format!(
+                "project {project}: this process does not hold the lease of consumer {} \
+                 (another process holds it, or the claim is pending)",
+                state.consumer_id
+            ));
+            continue;
+        };
+        match probe.since_last_poll() {
+            Some(age) if age <= state.ready_max_poll_age => {}
+            Some(age) => reasons.push(format!(
+                "project {project}: no successful poll for {:.1}s (limit {:?})",
+                age.as_secs_f64(),
+                state.ready_max_poll_age
+            )),
+            None => reasons.push(format!("project {project}: no successful poll yet")),
+        }
+    }
+    if reasons.is_empty() {
+        axum::Json(json!({ "ready": true })).into_response()
+    } else {
+        let mut response = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            reasons.join("; "),
+            json!({ "ready": false, "reasons": reasons }),
+        );
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+}

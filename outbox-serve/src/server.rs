@@ -1,0 +1,250 @@
+//! The server as a whole: one [`ConsumerSet`] (one pool, one LISTEN connection, one place in
+//! the sequencer election, however many projects it serves) whose pairs publish to the
+//! projects' fan-outs, and the HTTP routes in front of them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use outbox_consumer::{
+    ConsumerConfig, ConsumerError, Handler, HandlerFailure, History, ObservedEvent, Projects,
+    Reconciler,
+};
+use outbox_core::{ConsumerId, ProjectId};
+use outbox_service::{Connections, MetricsError};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::AdminAuth;
+use crate::fan_out::{FanOut, FanOutSink};
+use crate::routes::router;
+use crate::state::AppState;
+
+/// How the server treats its clients; [`ServerSettings::new`] gives the defaults of
+/// `outbox serve`.
+pub struct ServerSettings {
+    /// The consumer ID every project is followed under.
+    pub consumer_id: ConsumerId,
+    /// Recent events kept in memory per project for clients that resume.
+    pub ring_size: usize,
+    /// Events a client may have queued; one that falls further behind receives
+    /// `event: lagged` and is disconnected.
+    pub client_queue: usize,
+    /// How long a dropped client may take to read its final `lagged` message.
+    pub lagged_grace: Duration,
+    /// Most SSE clients at once, over all projects; past it, 503 with Retry-After.
+    pub max_clients: usize,
+    /// What a 503 asks clients to wait.
+    pub retry_after: Duration,
+    /// Interval of SSE keep-alive comments.
+    pub keep_alive: Duration,
+    /// `/readyz` fails when a consumer has not polled successfully for this long.
+    pub ready_max_poll_age: Duration,
+    /// How often the dashboard's status, dead letters and audit trail refresh.
+    pub dashboard_refresh: Duration,
+    /// How long open connections may take to finish at shutdown.
+    pub drain_timeout: Duration,
+    /// Enables admin actions for requests that carry its token.
+    pub admin: Option<AdminAuth>,
+}
+
+impl ServerSettings {
+    /// The defaults of `outbox serve`, following every project under `consumer_id`.
+    pub fn new(consumer_id: ConsumerId) -> Self {
+        Self {
+            consumer_id,
+            ring_size: 4096,
+            client_queue: 4096,
+            lagged_grace: Duration::from_secs(2),
+            max_clients: 1000,
+            retry_after: Duration::from_secs(5),
+            keep_alive: Duration::from_secs(15),
+            ready_max_poll_age: Duration::from_secs(30),
+            dashboard_refresh: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(5),
+            admin: None,
+        }
+    }
+}
+
+/// Why the server stopped other than by `shutdown`.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The metrics recorder could not be installed.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    /// A consumer failed (the first of them, when several did); the server stops with it.
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+}
+
+/// No handler before the fan-out: the consumers only fan out.
+pub struct Direct;
+
+impl Handler for Direct {
+    async fn handle(&self, _: &ObservedEvent) -> Result<(), HandlerFailure> {
+        Ok(())
+    }
+}
+
+impl Reconciler for Direct {
+    async fn reconcile(&self, _: &outbox_consumer::LiveSet) -> Result<(), HandlerFailure> {
+        Ok(())
+    }
+}
+
+/// Makes the handler that runs before a project's fan-out.
+type MakeFirst<C> = Arc<dyn Fn(&ProjectId) -> C + Send + Sync>;
+
+/// Durable consumers of some projects, fanned out over HTTP. See the crate docs.
+pub struct Server<C = Direct> {
+    /// What the consumers run on.
+    connections: Connections,
+    /// For history reads, the dashboard and admin actions; apart from the consumers' pool so
+    /// that many resuming clients never starve a durable consumer.
+    read_pool: Pool,
+    /// Every consumer's configuration; its project and consumer ID are not used.
+    template: ConsumerConfig,
+    /// The projects served, sorted, each once.
+    projects: Vec<ProjectId>,
+    /// How clients are treated.
+    settings: ServerSettings,
+    /// The handler before each project's fan-out, when there is one.
+    first: Option<MakeFirst<C>>,
+}
+
+impl Server<Direct> {
+    /// A server following `projects`, each as consumer `settings.consumer_id` configured as
+    /// `template` (its own project and consumer ID are not used), on `connections`.
+    pub fn new(
+        connections: Connections,
+        read_pool: Pool,
+        template: ConsumerConfig,
+        projects: Vec<ProjectId>,
+        settings: ServerSettings,
+    ) -> Self {
+        let mut projects = projects;
+        projects.sort();
+        projects.dedup();
+        Self {
+            connections,
+            read_pool,
+            template,
+            projects,
+            settings,
+            first: None,
+        }
+    }
+}
+
+impl<C: Handler + Reconciler> Server<C> {
+    /// Runs a handler made by `make` for each project before its fan-out: clients then see
+    /// only what that handler acknowledged.
+    pub fn before_fan_out<D: Handler + Reconciler>(
+        self,
+        make: impl Fn(&ProjectId) -> D + Send + Sync + 'static,
+    ) -> Server<D> {
+        Server {
+            connections: self.connections,
+            read_pool: self.read_pool,
+            template: self.template,
+            projects: self.projects,
+            settings: self.settings,
+            first: Some(Arc::new(make)),
+        }
+    }
+
+    /// Serves HTTP on `listener` and runs the consumers until `shutdown`, or until a consumer
+    /// fails (which stops the others and the server, and is returned). Open connections then
+    /// have the drain timeout to finish.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), ServeError> {
+        let metrics = outbox_service::metrics::install()?;
+        let settings = self.settings;
+        let consumer = settings.consumer_id.to_string();
+        let mut sinks = BTreeMap::new();
+        let mut fan_outs = BTreeMap::new();
+        for project in &self.projects {
+            let fan_out = Arc::new(FanOut::new(
+                project.clone(),
+                consumer.clone(),
+                settings.ring_size,
+                settings.client_queue,
+                settings.lagged_grace,
+            ));
+            let first = self.first.as_ref().map(|make| make(project));
+            let sink = Arc::new(FanOutSink {
+                fan_out: fan_out.clone(),
+                first,
+            });
+            sinks.insert(project.clone(), sink);
+            fan_outs.insert(project.to_string(), fan_out);
+        }
+        let mut template = self.template;
+        // `/metrics` always shows the consumers' lag and dead letters.
+        template
+            .gauge_interval
+            .get_or_insert(template.poll_interval);
+        let live_query = template.live_query.clone();
+        let schema = template.schema.clone();
+        let factory = move |project: &ProjectId, _: &ConsumerId| {
+            let sink = sinks
+                .get(project)
+                .expect("the set runs only the listed projects")
+                .clone();
+            (sink.clone(), sink)
+        };
+        let set = self
+            .connections
+            .set(
+                template,
+                Projects::Listed(self.projects.clone()),
+                vec![settings.consumer_id.clone()],
+                factory,
+            )
+            .stop_on_failure();
+        // Cancelled by `shutdown`, or when the consumers stop on their own.
+        let stop = shutdown.child_token();
+        let state = Arc::new(AppState {
+            fan_outs,
+            projects: self.projects,
+            probes: set.probes(),
+            history: History::new(&schema),
+            schema,
+            consumer_id: settings.consumer_id,
+            read_pool: self.read_pool,
+            live_query,
+            metrics,
+            clients: AtomicUsize::new(0),
+            max_clients: settings.max_clients,
+            retry_after: settings.retry_after,
+            keep_alive: settings.keep_alive,
+            ready_max_poll_age: settings.ready_max_poll_age,
+            dashboard_refresh: settings.dashboard_refresh,
+            admin: settings.admin,
+            shutdown: stop.clone(),
+        });
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, projects = state.projects.len(), "serving");
+        }
+        let http = tokio::spawn(outbox_service::http::serve(
+            listener,
+            router(state),
+            stop.clone(),
+            settings.drain_timeout,
+        ));
+        let outcomes = set.run(stop.clone()).await;
+        stop.cancel();
+        let _ = http.await;
+        let first_failure = outcomes?.into_iter().find_map(|o| o.result.err());
+        match first_failure {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
