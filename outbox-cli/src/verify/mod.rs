@@ -141,7 +141,8 @@ pub async fn run(
     let received = Arc::new(Mutex::new(Vec::new()));
     let config = consumer_config(database, schema, options, &consumer_id, &topology);
     let connections =
-        crate::consume_cmd::connections(database, !topology.listen.works(), 4).await?;
+        outbox_service::Connections::new(&database.settings, 4, topology.listen.works())
+            .map_err(|e| database.failure(e))?;
     let consumer = Arc::new(
         Consumer::new(
             connections.pool,
