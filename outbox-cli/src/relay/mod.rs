@@ -2,9 +2,11 @@
 //! to a NATS JetStream stream, so that many downstream services fan out from JetStream instead
 //! of each polling the application's database.
 
+mod auth;
 mod publisher;
 mod settings;
 mod stream;
+mod tail;
 
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use crate::failure::Failure;
 use crate::serve::MetricsEndpoint;
 use crate::shutdown::Shutdown;
 
+pub use auth::{NatsAuthArgs, Security};
 pub use publisher::{Publisher, PublisherSettings};
 pub use settings::{parse_nats_urls, validate_stream_name, validate_subject_prefix};
 pub use stream::{Ensured, StreamError, StreamSpec};
@@ -59,9 +62,13 @@ pub struct NatsArgs {
     /// Every `outbox consume` option (--child does not apply).
     #[command(flatten)]
     pub consume: ConsumeArgs,
-    /// NATS server, nats://HOST:PORT; a comma-separated list for a cluster.
+    /// NATS server, nats://HOST:PORT (tls://HOST:PORT for TLS, with USER:PASSWORD@ or TOKEN@
+    /// before the host when the server wants them); a comma-separated list for a cluster.
     #[arg(long, value_name = "URL")]
     pub nats_url: String,
+    /// Authentication and TLS.
+    #[command(flatten)]
+    pub auth: NatsAuthArgs,
     /// JetStream stream the relay publishes into (created when missing, verified otherwise).
     #[arg(long, default_value = "LIFECYCLE")]
     pub stream: String,
@@ -83,7 +90,13 @@ pub struct NatsArgs {
     /// Replicas of the stream (3 on a 3-node cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
     pub stream_replicas: u8,
-    /// Most publishes awaiting JetStream's confirmation at once.
+    /// Publish without `Nats-Expected-Last-Subject-Sequence`, pipelined up to --max-in-flight:
+    /// several times the throughput, but JetStream no longer enforces the order, so a message
+    /// it refuses can be overtaken by the next one (counted in outbox_relay_out_of_order_total).
+    #[arg(long)]
+    pub no_expected_sequence: bool,
+    /// Most publishes awaiting JetStream's confirmation at once, with --no-expected-sequence
+    /// (with the expectation, each publish waits for the one before it).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_in_flight: u32,
     /// How long one publish may wait for JetStream's confirmation before it counts as failed.
@@ -114,7 +127,7 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 
 /// Everything checkable without a connection, in one place so that each refusal exits 2
 /// before anything is contacted.
-fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Failure> {
+fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, Security, StreamSpec), Failure> {
     if args.consume.options.child.is_some() {
         return Err(Failure::usage(
             "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
@@ -126,7 +139,8 @@ fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Fai
              once each (run one relay per project)",
         ));
     }
-    let servers = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
+    let urls = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
+    let security = Security::resolve(&urls, &args.auth).map_err(Failure::usage)?;
     validate_subject_prefix(&args.subject_prefix).map_err(Failure::usage)?;
     validate_stream_name(&args.stream).map_err(Failure::usage)?;
     if !args.stream_max_age.is_zero() && args.duplicate_window > args.stream_max_age {
@@ -145,11 +159,11 @@ fn check(args: &NatsArgs) -> Result<(Vec<settings::NatsServer>, StreamSpec), Fai
         max_age: args.stream_max_age,
         replicas: usize::from(args.stream_replicas),
     };
-    Ok((servers, spec))
+    Ok((urls.servers, security, spec))
 }
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
-    let (servers, spec) = check(&args)?;
+    let (servers, security, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
     let database = global.database()?;
     let (project, consumer) = args
@@ -168,7 +182,10 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
 
     let publisher = Publisher::new(PublisherSettings {
         servers,
+        security,
         prefix: args.subject_prefix.clone(),
+        stream: args.stream.clone(),
+        expect_sequence: !args.no_expected_sequence,
         project: project.to_string(),
         consumer: consumer.consumer_id.to_string(),
         window: args.max_in_flight as usize,
