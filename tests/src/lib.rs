@@ -10,6 +10,7 @@
 pub mod cluster_kit;
 pub mod consumer_kit;
 pub mod nats_kit;
+pub mod nats_secure_kit;
 pub mod pgbouncer;
 pub mod process_kit;
 pub mod serve_kit;

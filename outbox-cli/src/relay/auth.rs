@@ -5,12 +5,12 @@
 //!
 //! Everything is read and checked before anything connects, so a missing file, a seed that is
 //! not a seed or two conflicting ways to authenticate exit 2 naming the problem; a refusal by
-//! the server exits 1 naming the cause (`describe_connect_error`). Secrets never reach a
+//! the server exits 1 naming the cause (see `diagnose.rs`). Secrets never reach a
 //! message or a `Debug` print.
 
 use std::path::{Path, PathBuf};
 
-use async_nats::{ConnectError, ConnectErrorKind, ConnectOptions};
+use async_nats::ConnectOptions;
 use clap::Args;
 
 use super::settings::{NatsUrls, UserInfo};
@@ -23,7 +23,12 @@ pub struct NatsAuthArgs {
     pub nats_user: Option<String>,
     /// Password of --nats-user (or of the user in --nats-url); prefer the NATS_PASSWORD
     /// environment variable, which other processes cannot read from the command line.
-    #[arg(long, value_name = "PASSWORD", env = "NATS_PASSWORD", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "NATS_PASSWORD",
+        hide_env_values = true
+    )]
     pub nats_password: Option<String>,
     /// NATS authentication token.
     #[arg(long, value_name = "TOKEN")]
@@ -87,7 +92,7 @@ pub enum Credentials {
 
 impl Credentials {
     /// What kind of credentials these are, for messages.
-    fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> &'static str {
         match self {
             Self::None => "no credentials",
             Self::UserPassword { .. } => "user and password",
@@ -196,14 +201,15 @@ fn credentials(url: Option<&UserInfo>, args: &NatsAuthArgs) -> Result<Credential
     }
     let mut found = Vec::new();
     match (url, &args.nats_user, &args.nats_password) {
-        (Some(UserInfo { name, password }), None, flag) => match password.as_ref().or(flag.as_ref())
-        {
-            Some(password) => found.push(Credentials::UserPassword {
-                user: name.clone(),
-                password: password.clone(),
-            }),
-            None => found.push(Credentials::Token(name.clone())),
-        },
+        (Some(UserInfo { name, password }), None, flag) => {
+            match password.as_ref().or(flag.as_ref()) {
+                Some(password) => found.push(Credentials::UserPassword {
+                    user: name.clone(),
+                    password: password.clone(),
+                }),
+                None => found.push(Credentials::Token(name.clone())),
+            }
+        }
         (_, Some(user), Some(password)) => found.push(Credentials::UserPassword {
             user: user.clone(),
             password: password.clone(),
@@ -300,78 +306,6 @@ fn check_pem(flag: &str, file: &Path, label: &str) -> Result<(), String> {
     }
 }
 
-/// A connection failure in words naming its cause (exit 1).
-pub fn describe_connect_error(error: &ConnectError, server: &str, security: &Security) -> String {
-    let detail = error.to_string();
-    let cause = match error.kind() {
-        ConnectErrorKind::AuthorizationViolation => match &security.credentials {
-            Credentials::None => "authorization violation: the server requires credentials \
-                 (--nats-user/--nats-password, --nats-token, --nats-nkey or --nats-creds)"
-                .to_owned(),
-            credentials => format!(
-                "authorization violation: the server refused the relay's {} (wrong user, \
-                 password, token or key?)",
-                credentials.kind()
-            ),
-        },
-        ConnectErrorKind::Tls => tls_cause(&detail, server, security),
-        ConnectErrorKind::Authentication => {
-            "authentication failed: the NKey could not sign the server's challenge".to_owned()
-        }
-        _ if security.tls.required && mentions_tls(&detail) => tls_cause(&detail, server, security),
-        _ => return format!("cannot connect to {server}: {detail}"),
-    };
-    format!("cannot connect to {server}: {cause} ({detail})")
-}
-
-fn mentions_tls(detail: &str) -> bool {
-    let lower = detail.to_ascii_lowercase();
-    lower.contains("tls") || lower.contains("certificate") || lower.contains("handshake")
-}
-
-/// Names a TLS failure by what the TLS library reported.
-fn tls_cause(detail: &str, server: &str, security: &Security) -> String {
-    let lower = detail.to_ascii_lowercase();
-    let host = server
-        .split_once("://")
-        .map_or(server, |(_, rest)| rest)
-        .rsplit_once(':')
-        .map_or(server, |(host, _)| host);
-    let required_by_server = if security.tls.required {
-        ""
-    } else {
-        "the server requires TLS, and "
-    };
-    if lower.contains("unknownissuer") || lower.contains("unknown issuer") {
-        format!(
-            "{required_by_server}its certificate is not trusted: it is not signed by a CA in \
-             {}",
-            match &security.tls.ca {
-                Some(ca) => format!("--nats-tls-ca {}", ca.display()),
-                None => "the system's roots (give --nats-tls-ca)".to_owned(),
-            }
-        )
-    } else if lower.contains("notvalidforname") || lower.contains("not valid for name") {
-        format!(
-            "{required_by_server}host name mismatch: the server's certificate is not valid for \
-             {host}"
-        )
-    } else if lower.contains("certificaterequired")
-        || lower.contains("certificate required")
-        || lower.contains("handshakefailure")
-    {
-        "the server requires a client certificate (--nats-tls-cert and --nats-tls-key) or \
-         refused the one given"
-            .to_owned()
-    } else if security.tls.required {
-        "TLS failed: is TLS enabled on the server? (the relay requires it: tls://, \
-         --nats-tls-required or a --nats-tls-* file)"
-            .to_owned()
-    } else {
-        format!("{required_by_server}the TLS handshake failed")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,7 +393,10 @@ mod tests {
             err.contains("choose one way to authenticate to NATS; given: user and password, token"),
             "{err}"
         );
-        assert!(!format!("{both:?}").contains("\"p\""), "Debug hides the password");
+        assert!(
+            !format!("{both:?}").contains("\"p\""),
+            "Debug hides the password"
+        );
     }
 
     #[test]
@@ -483,7 +420,10 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("not an NKey user seed"), "{err}");
-        assert!(!err.contains("SUnot"), "the file's contents are not shown: {err}");
+        assert!(
+            !err.contains("SUnot"),
+            "the file's contents are not shown: {err}"
+        );
         let seed = dir.join("user.nk");
         let pair = nkeys::KeyPair::new_user();
         std::fs::write(&seed, format!("{}\n", pair.seed().unwrap())).unwrap();

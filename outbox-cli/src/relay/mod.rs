@@ -3,6 +3,7 @@
 //! of each polling the application's database.
 
 mod auth;
+mod diagnose;
 mod publisher;
 mod settings;
 mod stream;
@@ -195,13 +196,16 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     });
     // Fail fast when NATS cannot be reached or the stream is wrong; once running, the relay
     // rides out outages through the retry schedule instead.
-    let js = publisher.connect_now().await.map_err(Failure::runtime)?;
+    let (js, permissions) = publisher.connect_now().await.map_err(Failure::runtime)?;
     match stream::ensure(&js, &spec).await {
         Ok(Ensured::Created) => tracing::info!(stream = %spec.name, "created the stream"),
         Ok(Ensured::Verified) => tracing::info!(stream = %spec.name, "stream matches"),
         Err(e @ StreamError::Mismatch { .. }) => return Err(Failure::usage(e.to_string())),
         Err(e) => return Err(Failure::runtime(e.to_string())),
     }
+    diagnose::probe_publish(&js, publisher.subject(), &permissions, args.publish_timeout)
+        .await
+        .map_err(Failure::runtime)?;
     drop(js);
 
     let connections = connections(

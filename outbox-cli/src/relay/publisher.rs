@@ -46,7 +46,8 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio::time::error::Elapsed;
 
-use super::auth::{Security, describe_connect_error};
+use super::auth::Security;
+use super::diagnose::{PermissionWatch, describe_connect_error};
 use super::settings::{NatsServer, event_subject, reconcile_subject};
 use super::tail::{self, Tail};
 use crate::sink::{event_line, reconcile_line};
@@ -98,6 +99,8 @@ struct InFlight {
 struct Link {
     client: Client,
     js: Context,
+    /// Permissions violations the server reported on this client.
+    permissions: PermissionWatch,
 }
 
 /// Mutable state; the runtime calls the handler for one event at a time.
@@ -163,13 +166,14 @@ impl Publisher {
     }
 
     /// Connects once, to any server, for the start-up checks; the error names each server.
-    pub async fn connect_now(&self) -> Result<Context, String> {
+    pub async fn connect_now(&self) -> Result<(Context, PermissionWatch), String> {
         let mut errors = Vec::new();
         let mut state = self.state.lock().await;
         for _ in 0..self.settings.servers.len() {
             match self.open(&mut state).await {
                 Ok(()) => {
-                    return Ok(state.link.as_ref().expect("just opened").js.clone());
+                    let link = state.link.as_ref().expect("just opened");
+                    return Ok((link.js.clone(), link.permissions.clone()));
                 }
                 Err(e) => errors.push(e),
             }
@@ -181,7 +185,13 @@ impl Publisher {
     async fn open(&self, state: &mut Pipeline) -> Result<(), String> {
         let server = &self.settings.servers[state.next_server % self.settings.servers.len()];
         state.next_server = state.next_server.wrapping_add(1);
-        let options = self.settings.security.apply(async_nats::ConnectOptions::new())
+        let permissions = PermissionWatch::default();
+        let options = permissions
+            .watch(
+                self.settings
+                    .security
+                    .apply(async_nats::ConnectOptions::new()),
+            )
             .name(format!(
                 "outbox-relay {}/{}",
                 self.settings.project, self.settings.consumer
@@ -200,7 +210,11 @@ impl Publisher {
             .backpressure_on_inflight(true)
             .build(client.clone());
         tracing::info!(server = %server.address, "connected to NATS");
-        state.link = Some(Link { client, js });
+        state.link = Some(Link {
+            client,
+            js,
+            permissions,
+        });
         state.tails.clear();
         Ok(())
     }
@@ -316,11 +330,27 @@ impl Publisher {
                 Err(publish_failure(&e))
             }
             Err(_) => {
-                tracing::warn!(sequence, "JetStream did not confirm a publish in time");
                 state.tails.clear();
+                let violation = state.link.as_ref().and_then(|l| l.permissions.take());
+                if let Some(violation) = violation {
+                    tracing::error!(
+                        sequence,
+                        subject,
+                        error = %violation,
+                        "authorization violation on publish: the NATS user may not publish to \
+                         the subject"
+                    );
+                    return Err(class("nats_not_authorized"));
+                }
+                tracing::warn!(sequence, "JetStream did not confirm a publish in time");
                 Err(class("nats_ack_timeout"))
             }
         }
+    }
+
+    /// The subject events are published to.
+    pub fn subject(&self) -> &str {
+        &self.subject
     }
 
     /// The subject's tail, learned from the stream when the relay does not know it.

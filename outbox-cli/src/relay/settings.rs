@@ -121,16 +121,12 @@ fn parse_nats_url(text: &str, whole: &str) -> Result<(NatsServer, Option<UserInf
     }
     let port = match port {
         None => 4222,
-        Some(p) => p
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| {
-                format!(
-                    "invalid --nats-url {shown:?}: port{} is not 1-65535",
-                    piece(p)
-                )
-            })?,
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+            format!(
+                "invalid --nats-url {shown:?}: port{} is not 1-65535",
+                piece(p)
+            )
+        })?,
     };
     let scheme = if tls { "tls" } else { "nats" };
     let server = NatsServer {
@@ -148,7 +144,9 @@ fn parse_user_info(info: &str, shown: &str) -> Result<UserInfo, String> {
     };
     let decode = |part: &str| {
         percent_decode(part).ok_or_else(|| {
-            format!("invalid --nats-url {shown:?}: the credentials are not valid percent-encoded UTF-8")
+            format!(
+                "invalid --nats-url {shown:?}: the credentials are not valid percent-encoded UTF-8"
+            )
         })
     };
     let name = decode(name)?;
