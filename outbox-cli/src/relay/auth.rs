@@ -467,4 +467,35 @@ mod tests {
         assert!(err.contains("no PEM CERTIFICATE"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    proptest::proptest! {
+        /// A password or token given as a flag, in the URL, or both, appears neither in a
+        /// refusal nor in the `Debug` of the flags or of the settings they resolve to.
+        #[test]
+        fn no_secret_of_the_flags_is_ever_printed(
+            core in "[!-~]{1,24}",
+            form in 0..5u8,
+        ) {
+            // The "#9" tail keeps the secret from being a piece of the fixed words around it.
+            let secret = format!("{core}#9");
+            proptest::prop_assume!(!secret.contains(['@', ',', ':', '/']));
+            let (url, args) = match form {
+                0 => ("nats://h:1".to_owned(), NatsAuthArgs { nats_user: Some("u".into()), nats_password: Some(secret.clone()), ..none() }),
+                1 => ("nats://h:1".to_owned(), NatsAuthArgs { nats_token: Some(secret.clone()), ..none() }),
+                2 => (format!("nats://u:{secret}@h:1"), NatsAuthArgs { nats_password: Some(secret.clone()), ..none() }),
+                3 => (format!("nats://{secret}@h:1"), NatsAuthArgs { nats_token: Some(secret.clone()), ..none() }),
+                _ => ("nats://h:1".to_owned(), NatsAuthArgs { nats_password: Some(secret.clone()), ..none() }),
+            };
+            let Ok(urls) = parse_nats_urls(&url) else {
+                return Ok(());
+            };
+            let shown = format!("{args:?}");
+            proptest::prop_assert!(!shown.contains(&secret), "{shown}");
+            let outcome = match Security::resolve(&urls, &args) {
+                Ok(security) => format!("{security:?}"),
+                Err(message) => message,
+            };
+            proptest::prop_assert!(!outcome.contains(&secret), "{outcome}");
+        }
+    }
 }

@@ -324,13 +324,9 @@ impl Publisher {
                 );
                 Err(publish_failure(&e))
             }
-            Ok(Err(e)) => {
-                tracing::warn!(sequence, error = %e, "JetStream did not confirm a publish");
+            unknown => {
                 state.tails.clear();
-                Err(publish_failure(&e))
-            }
-            Err(_) => {
-                state.tails.clear();
+                // NATS drops a publish the user may not make and says so only asynchronously.
                 let violation = state.link.as_ref().and_then(|l| l.permissions.take());
                 if let Some(violation) = violation {
                     tracing::error!(
@@ -342,8 +338,16 @@ impl Publisher {
                     );
                     return Err(class("nats_not_authorized"));
                 }
-                tracing::warn!(sequence, "JetStream did not confirm a publish in time");
-                Err(class("nats_ack_timeout"))
+                match unknown {
+                    Ok(Err(e)) => {
+                        tracing::warn!(sequence, error = %e, "JetStream did not confirm a publish");
+                        Err(publish_failure(&e))
+                    }
+                    _ => {
+                        tracing::warn!(sequence, "JetStream did not confirm a publish in time");
+                        Err(class("nats_ack_timeout"))
+                    }
+                }
             }
         }
     }
@@ -398,9 +402,10 @@ impl Publisher {
         body: String,
     ) -> Result<AckFuture, HandlerFailure> {
         self.ensure_link(state).await?;
-        let expected = match self.settings.expect_sequence {
-            true => Some(self.tail(state, &subject).await?.stream_sequence),
-            false => None,
+        let expected = if self.settings.expect_sequence {
+            Some(self.tail(state, &subject).await?.stream_sequence)
+        } else {
+            None
         };
         let link = state.link.as_ref().expect("ensured");
         let max_payload = link.client.server_info().max_payload;
