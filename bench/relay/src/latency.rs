@@ -67,7 +67,7 @@ pub async fn run(
             "--no-prune",
         ],
     )?;
-    let client = async_nats::connect(target.urls.as_str()).await?;
+    let client = crate::connect(&target.urls).await?;
     let js = async_nats::jetstream::new(client);
     let started = Instant::now();
     let stream_handle = loop {

@@ -84,6 +84,15 @@ pub struct Target {
     pub replicas: u8,
 }
 
+/// A client of any of `urls` (comma-separated).
+pub async fn connect(urls: &str) -> BoxResult<async_nats::Client> {
+    let servers = urls
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<async_nats::ServerAddr>, _>>()?;
+    Ok(async_nats::connect(servers).await?)
+}
+
 /// A running relay process; stderr goes to a file shown when it fails.
 pub struct RelayProcess {
     child: tokio::process::Child,
@@ -201,7 +210,7 @@ async fn run(settings: Settings) -> BoxResult<()> {
             replicas: 3,
         });
     }
-    let client = async_nats::connect(settings.nats_url.as_str()).await?;
+    let client = connect(&settings.nats_url).await?;
     let nats_version = client.server_info().version.clone();
     drop(client);
 
@@ -214,7 +223,7 @@ async fn run(settings: Settings) -> BoxResult<()> {
     let mut runs = Vec::new();
     let mut latencies = Vec::new();
     for (t, target) in targets.iter().enumerate() {
-        let js = jetstream::new(async_nats::connect(target.urls.as_str()).await?);
+        let js = jetstream::new(connect(&target.urls).await?);
         progress!(
             "{}: floor: {events} direct publishes, 256 in flight",
             target.name
