@@ -10,7 +10,8 @@
 //! use async_nats::jetstream::stream::RetentionPolicy;
 //! use outbox_consumer::ConsumerConfig;
 //! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
-//! use outbox_relay::{PublisherSettings, Relay, StreamSpec, parse_nats_urls};
+//! use outbox_relay::{Credentials, PublisherSettings, Relay, Security, StreamSpec, Tls};
+//! use outbox_relay::parse_nats_urls;
 //! use outbox_service::Connections;
 //! use tokio_util::sync::CancellationToken;
 //!
@@ -19,7 +20,13 @@
 //! let connections = Connections::new(&settings, 4, true)?;
 //! let config = ConsumerConfig::new(ProjectId::new("p1")?, ConsumerId::new("relay")?);
 //! let publisher = PublisherSettings {
-//!     servers: parse_nats_urls("nats://localhost:4222")?,
+//!     servers: parse_nats_urls("tls://nats-1:4222,tls://nats-2:4222")?.servers,
+//!     security: Security {
+//!         credentials: Credentials::Token(std::env::var("NATS_TOKEN")?),
+//!         tls: Tls { required: true, ..Tls::default() },
+//!     },
+//!     stream: "LIFECYCLE".into(),
+//!     expect_sequence: true,
 //!     prefix: "lifecycle".into(),
 //!     project: "p1".into(),
 //!     consumer: "relay".into(),
@@ -46,18 +53,25 @@
 //! # }
 //! ```
 //!
-//! Modules, base first: `settings` (URLs, names, subjects) imports nothing of the crate;
-//! `stream` (creating or verifying the stream) and `publisher` (the pipelined handler) use
-//! it; `relay` runs them.
+//! Modules, base first: `settings` (URLs, names, subjects) and `security` (credentials and
+//! TLS) import nothing of the crate; `tail` (each subject's last stored message), `diagnose`
+//! (failures named by cause, the start-up publish probe) and `stream` (creating or verifying
+//! the stream) use them; `publisher` (the handler) uses those; `relay` runs it all.
 
 #![forbid(unsafe_code)]
 
+mod diagnose;
 mod publisher;
 mod relay;
+mod security;
 mod settings;
 mod stream;
+mod tail;
 
 pub use publisher::{Publisher, PublisherSettings};
 pub use relay::{Relay, RelayError};
-pub use settings::{NatsServer, parse_nats_urls, validate_stream_name, validate_subject_prefix};
+pub use security::{Credentials, Security, Tls};
+pub use settings::{
+    NatsServer, NatsUrls, UserInfo, parse_nats_urls, validate_stream_name, validate_subject_prefix,
+};
 pub use stream::{Ensured, StreamError, StreamSpec, ensure};

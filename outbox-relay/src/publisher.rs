@@ -1,7 +1,17 @@
-//! The relay's handler: each observed event becomes one JetStream publish, pipelined.
+//! The relay's handler: each observed event becomes one JetStream publish.
 //!
-//! `handle` sends the publish and keeps its PubAck future; at most `window` are outstanding,
-//! and when the window is full `handle` first waits for the oldest. `before_ack_prefix` waits
+//! **Order enforced by the stream.** Every publish carries `Nats-Expected-Last-Subject-Sequence`,
+//! naming the stream sequence of the subject's last message (see `tail.rs`), so JetStream
+//! stores it only right after the message the relay published before it. That needs the
+//! previous PubAck before the next publish, so a project's publishes go one at a time. With
+//! `--no-expected-sequence` the header is left out and publishes are pipelined instead (up to
+//! `window` outstanding), trading the stream's guarantee for throughput; the connection rule
+//! below is then what keeps the order, except when JetStream refuses one message and accepts
+//! the next (counted in `outbox_relay_out_of_order_total`).
+//!
+//! `handle` sends the publish and keeps its PubAck future; at most `window` are outstanding
+//! (one with the expectation), and when the window is full `handle` first waits for the
+//! oldest. `before_ack_prefix` waits
 //! for the rest, so the runtime acknowledges exactly the prefix JetStream confirmed, in
 //! sequence order; the first unconfirmed event is a failure of that event (held cursor,
 //! persisted attempt, retry schedule, dead letter).
@@ -16,7 +26,7 @@
 //! A retried event whose first publish did reach the stream is dropped by JetStream's
 //! duplicate window (`Nats-Msg-Id` = event ID), so it is stored once.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::time::Duration;
@@ -34,8 +44,12 @@ use outbox_consumer::{
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+use tokio::time::error::Elapsed;
 
+use crate::diagnose::{PermissionWatch, describe_connect_error};
+use crate::security::Security;
 use crate::settings::{NatsServer, event_subject, reconcile_subject};
+use crate::tail::{self, Tail};
 use outbox_service::lines::{event_line, reconcile_line};
 
 /// How the publisher reaches NATS.
@@ -43,8 +57,15 @@ use outbox_service::lines::{event_line, reconcile_line};
 pub struct PublisherSettings {
     /// Servers, tried in turn.
     pub servers: Vec<NatsServer>,
+    /// Credentials and TLS.
+    pub security: Security,
     /// Subject prefix.
     pub prefix: String,
+    /// The stream, read for the subjects' tails.
+    pub stream: String,
+    /// Whether every publish carries `Nats-Expected-Last-Subject-Sequence` (one publish at a
+    /// time) or none does (pipelined up to `window`).
+    pub expect_sequence: bool,
     /// The project relayed.
     pub project: String,
     /// The consumer ID, named in reconciliation notices.
@@ -66,6 +87,8 @@ type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> +
 struct InFlight {
     /// The event's sequence.
     sequence: i64,
+    /// The subject published to.
+    subject: String,
     /// The PubAck.
     ack: AckFuture,
     /// When the relay stops waiting (sent + publish timeout).
@@ -76,6 +99,8 @@ struct InFlight {
 struct Link {
     client: Client,
     js: Context,
+    /// Permissions violations the server reported on this client.
+    permissions: PermissionWatch,
 }
 
 /// Mutable state; the runtime calls the handler for one event at a time.
@@ -84,6 +109,10 @@ struct Pipeline {
     link: Option<Link>,
     /// Publishes awaiting their PubAck, in sequence order.
     in_flight: VecDeque<InFlight>,
+    /// Each subject's last message as far as the relay knows, for the expectation header;
+    /// emptied with every new client and every publish of unknown outcome, so it is learned
+    /// again from the stream.
+    tails: HashMap<String, Tail>,
     /// The first event whose publish failed since the last acknowledgement.
     failed: Option<(i64, HandlerFailure)>,
     /// Index of the next server to try.
@@ -112,9 +141,8 @@ fn publish_failure(error: &PublishError) -> HandlerFailure {
         PublishErrorKind::StreamNotFound => "nats_no_stream",
         PublishErrorKind::BrokenPipe => "nats_disconnected",
         PublishErrorKind::MaxAckPending => "nats_backpressure",
-        PublishErrorKind::WrongLastMessageId
-        | PublishErrorKind::WrongLastSequence
-        | PublishErrorKind::Other => "nats_refused",
+        PublishErrorKind::WrongLastSequence => "nats_sequence_conflict",
+        PublishErrorKind::WrongLastMessageId | PublishErrorKind::Other => "nats_refused",
     })
 }
 
@@ -128,6 +156,7 @@ impl Publisher {
             state: Mutex::new(Pipeline {
                 link: None,
                 in_flight: VecDeque::new(),
+                tails: HashMap::new(),
                 failed: None,
                 next_server: 0,
                 connect_failures: 0,
@@ -137,13 +166,14 @@ impl Publisher {
     }
 
     /// Connects once, to any server, for the start-up checks; the error names each server.
-    pub async fn connect_now(&self) -> Result<Context, String> {
+    pub async fn connect_now(&self) -> Result<(Context, PermissionWatch), String> {
         let mut errors = Vec::new();
         let mut state = self.state.lock().await;
         for _ in 0..self.settings.servers.len() {
             match self.open(&mut state).await {
                 Ok(()) => {
-                    return Ok(state.link.as_ref().expect("just opened").js.clone());
+                    let link = state.link.as_ref().expect("just opened");
+                    return Ok((link.js.clone(), link.permissions.clone()));
                 }
                 Err(e) => errors.push(e),
             }
@@ -155,7 +185,13 @@ impl Publisher {
     async fn open(&self, state: &mut Pipeline) -> Result<(), String> {
         let server = &self.settings.servers[state.next_server % self.settings.servers.len()];
         state.next_server = state.next_server.wrapping_add(1);
-        let options = async_nats::ConnectOptions::new()
+        let permissions = PermissionWatch::default();
+        let options = permissions
+            .watch(
+                self.settings
+                    .security
+                    .apply(async_nats::ConnectOptions::new()),
+            )
             .name(format!(
                 "outbox-relay {}/{}",
                 self.settings.project, self.settings.consumer
@@ -167,14 +203,19 @@ impl Publisher {
         let client = options
             .connect(server.address.as_str())
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", server.shown))?;
+            .map_err(|e| describe_connect_error(&e, &server.address, &self.settings.security))?;
         let js = async_nats::jetstream::ContextBuilder::new()
             .timeout(self.settings.publish_timeout)
             .max_ack_inflight(self.settings.window.max(1) + 1)
             .backpressure_on_inflight(true)
             .build(client.clone());
-        tracing::info!(server = %server.shown, "connected to NATS");
-        state.link = Some(Link { client, js });
+        tracing::info!(server = %server.address, "connected to NATS");
+        state.link = Some(Link {
+            client,
+            js,
+            permissions,
+        });
+        state.tails.clear();
         Ok(())
     }
 
@@ -235,17 +276,8 @@ impl Publisher {
         };
         let (sequence, deadline) = (oldest.sequence, oldest.deadline);
         let outcome = tokio::time::timeout_at(deadline, &mut oldest.ack).await;
-        state.in_flight.pop_front();
-        let result = match outcome {
-            Ok(result) => result.map_err(|e| {
-                tracing::warn!(sequence, error = %e, "JetStream did not confirm a publish");
-                publish_failure(&e)
-            }),
-            Err(_) => {
-                tracing::warn!(sequence, "JetStream did not confirm a publish in time");
-                Err(class("nats_ack_timeout"))
-            }
-        };
+        let settled = state.in_flight.pop_front().expect("the oldest is there");
+        let result = Self::outcome(state, &settled.subject, sequence, outcome);
         match (result, &state.failed) {
             (Err(failure), None) => state.failed = Some((sequence, failure)),
             (Ok(ack), Some((failed_at, _))) if !ack.duplicate => {
@@ -263,6 +295,103 @@ impl Publisher {
         }
     }
 
+    /// The event's result from its PubAck (or the lack of one), keeping the subject's tail: a
+    /// confirmed publish moves it; a refused expectation is a definite answer and leaves it (so
+    /// a foreign message keeps being refused until it is gone or the relay reconnects); any
+    /// other failure leaves the stream's state unknown, so the tails are learned again.
+    fn outcome(
+        state: &mut Pipeline,
+        subject: &str,
+        sequence: i64,
+        outcome: Result<Result<PublishAck, PublishError>, Elapsed>,
+    ) -> Result<PublishAck, HandlerFailure> {
+        match outcome {
+            Ok(Ok(ack)) => {
+                if let Some(tail) = state.tails.get_mut(subject) {
+                    *tail = tail.after_ack(ack.sequence, ack.duplicate, sequence);
+                }
+                Ok(ack)
+            }
+            Ok(Err(e)) if matches!(e.kind(), PublishErrorKind::WrongLastSequence) => {
+                tracing::error!(
+                    sequence,
+                    subject,
+                    error = %e,
+                    "JetStream refused the publish: the subject's last message is not the one \
+                     this relay stored last (another writer published to the subject, or a \
+                     message was lost); the event fails and is retried on the retry schedule, \
+                     never skipped"
+                );
+                Err(publish_failure(&e))
+            }
+            unknown => {
+                state.tails.clear();
+                // NATS drops a publish the user may not make and says so only asynchronously.
+                let violation = state.link.as_ref().and_then(|l| l.permissions.take());
+                if let Some(violation) = violation {
+                    tracing::error!(
+                        sequence,
+                        subject,
+                        error = %violation,
+                        "authorization violation on publish: the NATS user may not publish to \
+                         the subject"
+                    );
+                    return Err(class("nats_not_authorized"));
+                }
+                match unknown {
+                    Ok(Err(e)) => {
+                        tracing::warn!(sequence, error = %e, "JetStream did not confirm a publish");
+                        Err(publish_failure(&e))
+                    }
+                    _ => {
+                        tracing::warn!(sequence, "JetStream did not confirm a publish in time");
+                        Err(class("nats_ack_timeout"))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The subject events are published to.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// The subject's tail, learned from the stream when the relay does not know it.
+    async fn tail(&self, state: &mut Pipeline, subject: &str) -> Result<Tail, HandlerFailure> {
+        if let Some(tail) = state.tails.get(subject) {
+            return Ok(*tail);
+        }
+        let js = state.link.as_ref().expect("ensured").js.clone();
+        match tail::learn(&js, &self.settings.stream, subject).await {
+            Ok(tail) => {
+                tracing::info!(
+                    subject,
+                    stream_sequence = tail.stream_sequence,
+                    outbox_sequence = tail
+                        .outbox_sequence
+                        .map_or_else(|| "none".to_owned(), |s| s.to_string()),
+                    "read the subject's last message in the stream"
+                );
+                state.tails.insert(subject.to_owned(), tail);
+                Ok(tail)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stream's last message");
+                Err(class("nats_unavailable"))
+            }
+        }
+    }
+
+    /// The most publishes outstanding at once: one when each names the one before it.
+    fn window(&self) -> usize {
+        if self.settings.expect_sequence {
+            1
+        } else {
+            self.settings.window.max(1)
+        }
+    }
+
     /// Sends one message and returns its PubAck future.
     async fn send(
         &self,
@@ -273,6 +402,11 @@ impl Publisher {
         body: String,
     ) -> Result<AckFuture, HandlerFailure> {
         self.ensure_link(state).await?;
+        let expected = if self.settings.expect_sequence {
+            Some(self.tail(state, &subject).await?.stream_sequence)
+        } else {
+            None
+        };
         let link = state.link.as_ref().expect("ensured");
         let max_payload = link.client.server_info().max_payload;
         if max_payload > 0 && body.len() + 256 > max_payload {
@@ -281,10 +415,13 @@ impl Publisher {
         let mut headers = HeaderMap::new();
         headers.insert("Outbox-Sequence", sequence.to_string().as_str());
         headers.insert("Outbox-Project", self.settings.project.as_str());
-        let message = PublishMessage::build()
+        let mut message = PublishMessage::build()
             .payload(Bytes::from(body))
             .headers(headers)
             .message_id(msg_id);
+        if let Some(expected) = expected {
+            message = message.expected_last_subject_sequence(expected);
+        }
         match link.js.send_publish(subject, message).await {
             Ok(ack) => Ok(Box::pin(ack.into_future())),
             Err(e) => {
@@ -309,7 +446,7 @@ impl Handler for Publisher {
             // An earlier event failed: stop here; before_ack_prefix charges that event.
             return Err(failure.clone());
         }
-        while state.in_flight.len() >= self.settings.window.max(1) {
+        while state.in_flight.len() >= self.window() {
             self.settle_oldest(&mut state).await;
             if let Some((_, failure)) = &state.failed {
                 return Err(failure.clone());
@@ -326,6 +463,7 @@ impl Handler for Publisher {
             .await?;
         state.in_flight.push_back(InFlight {
             sequence: event.sequence,
+            subject: self.subject.clone(),
             ack,
             deadline: Instant::now() + self.settings.publish_timeout,
         });
@@ -366,17 +504,14 @@ impl Reconciler for Publisher {
         let ack = self
             .send(
                 &mut state,
-                subject,
+                subject.clone(),
                 &msg_id,
                 live.head_sequence,
                 reconcile_line(live, &self.settings.consumer),
             )
             .await?;
-        match tokio::time::timeout(self.settings.publish_timeout, ack).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(publish_failure(&e)),
-            Err(_) => Err(class("nats_ack_timeout")),
-        }
+        let outcome = tokio::time::timeout(self.settings.publish_timeout, ack).await;
+        Self::outcome(&mut state, &subject, live.head_sequence, outcome).map(drop)
     }
 }
 

@@ -5,6 +5,7 @@ use outbox_consumer::{ConsumerConfig, ConsumerError, RunSummary};
 use outbox_service::Connections;
 use tokio_util::sync::CancellationToken;
 
+use crate::diagnose::probe_publish;
 use crate::publisher::{Publisher, PublisherSettings};
 use crate::stream::{Ensured, StreamError, StreamSpec, ensure};
 
@@ -14,6 +15,9 @@ pub enum RelayError {
     /// NATS could not be reached at start.
     #[error("{0}")]
     Unreachable(String),
+    /// NATS refused the relay's publish to its subject (an authorization violation).
+    #[error("{0}")]
+    Refused(String),
     /// The stream could not be created, or does not match what the relay needs.
     #[error(transparent)]
     Stream(#[from] StreamError),
@@ -35,8 +39,9 @@ impl Relay {
         publisher: PublisherSettings,
         stream: &StreamSpec,
     ) -> Result<Self, RelayError> {
+        let publish_timeout = publisher.publish_timeout;
         let publisher = Publisher::new(publisher);
-        let js = publisher
+        let (js, permissions) = publisher
             .connect_now()
             .await
             .map_err(RelayError::Unreachable)?;
@@ -44,6 +49,9 @@ impl Relay {
             Ensured::Created => tracing::info!(stream = %stream.name, "created the stream"),
             Ensured::Verified => tracing::info!(stream = %stream.name, "stream matches"),
         }
+        probe_publish(&js, publisher.subject(), &permissions, publish_timeout)
+            .await
+            .map_err(RelayError::Refused)?;
         Ok(Self { publisher })
     }
 

@@ -9,7 +9,9 @@
 
 pub mod cluster_kit;
 pub mod consumer_kit;
+pub mod nats_cluster_kit;
 pub mod nats_kit;
+pub mod nats_secure_kit;
 pub mod pgbouncer;
 pub mod process_kit;
 pub mod serve_kit;

@@ -50,11 +50,31 @@ pub struct NatsServer {
     pub port: u16,
     /// JetStream store directory, kept across restarts.
     store: PathBuf,
+    /// Extra command-line arguments (a configuration file, cluster options).
+    extra: Vec<String>,
 }
 
 impl NatsServer {
     /// Starts a server and waits until it accepts connections.
     pub async fn start() -> Self {
+        let mut server = Self::prepare(Vec::new());
+        server.launch().await;
+        server
+    }
+
+    /// Starts a server with `config` as its configuration file (authorization, TLS...); the
+    /// address, port and JetStream store still come from the command line.
+    pub async fn start_with_config(config: &str) -> Self {
+        let mut server = Self::prepare(Vec::new());
+        let file = server.store.join("server.conf");
+        std::fs::write(&file, config).expect("write server.conf");
+        server.extra = vec!["-c".into(), file.display().to_string()];
+        server.launch().await;
+        server
+    }
+
+    /// A server not started yet, on a free port, with `extra` command-line arguments.
+    pub fn prepare(extra: Vec<String>) -> Self {
         let n = SERVERS.fetch_add(1, Ordering::Relaxed);
         let store = std::env::temp_dir().join(format!(
             "outbox-nats-{}-{n}-{}",
@@ -62,16 +82,26 @@ impl NatsServer {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(&store).expect("create store dir");
-        let mut server = Self {
+        Self {
             child: None,
             port: free_port(),
             store,
-        };
-        server.launch().await;
-        server
+            extra,
+        }
     }
 
-    async fn launch(&mut self) {
+    /// The store directory (configuration files written beside the data go here).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.store
+    }
+
+    /// Replaces the extra command-line arguments (before `launch`).
+    pub fn set_extra(&mut self, extra: Vec<String>) {
+        self.extra = extra;
+    }
+
+    /// Starts the process and waits until it accepts connections.
+    pub async fn launch(&mut self) {
         let log = std::fs::File::create(self.store.join("server.log")).expect("log file");
         let child = std::process::Command::new(nats_server_binary())
             .args([
@@ -83,6 +113,7 @@ impl NatsServer {
                 "-sd",
             ])
             .arg(self.store.join("js"))
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
@@ -111,6 +142,19 @@ impl NatsServer {
         std::fs::read_to_string(self.store.join("server.log")).unwrap_or_default()
     }
 
+    /// Kills the server with SIGKILL (no flush, no goodbye to its peers) and reaps it.
+    pub fn kill_9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether the process is running.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
     /// Stops the server (SIGTERM: JetStream flushes its store) and waits for it to exit.
     pub async fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -134,6 +178,19 @@ impl NatsServer {
         self.stop().await;
         tokio::time::sleep(down_for).await;
         self.launch().await;
+    }
+
+    /// A JetStream context on a new client made with `options`, to `SCHEME://127.0.0.1:PORT`.
+    pub async fn jetstream_with(
+        &self,
+        options: async_nats::ConnectOptions,
+        scheme: &str,
+    ) -> Context {
+        let client = options
+            .connect(format!("{scheme}://127.0.0.1:{}", self.port))
+            .await
+            .expect("connect to nats-server");
+        jetstream::new(client)
     }
 
     /// A JetStream context on a new client.

@@ -445,9 +445,75 @@ async fn bad_input_exits_2_with_a_clear_message() {
             vec!["--nats-url", "nats://127.0.0.1:4222", "--child", "cat"],
             "--child does not apply",
         ),
+        (
+            vec![
+                "--nats-url",
+                "nats://relayer:s3cret@127.0.0.1:4222",
+                "--nats-password",
+                "other",
+            ],
+            "--nats-url has a password and --nats-password (or NATS_PASSWORD) gives another",
+        ),
+        (
+            vec!["--nats-url", "nats://relayer:s3cret@127.0.0.1:abc"],
+            "invalid --nats-url \"nats://relayer:***@127.0.0.1:abc\"",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:4222",
+                "--nats-nkey",
+                "/nonexistent/relayer.nk",
+            ],
+            "cannot read --nats-nkey /nonexistent/relayer.nk",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:4222",
+                "--nats-nkey",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            ],
+            "not an NKey user seed",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:4222",
+                "--nats-tls-ca",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"),
+            ],
+            "no PEM CERTIFICATE",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:4222",
+                "--nats-token",
+                "s3cret",
+                "--nats-user",
+                "u",
+                "--nats-password",
+                "p",
+            ],
+            "choose one way to authenticate to NATS; given: user and password, token",
+        ),
+        (
+            vec![
+                "--nats-url",
+                "nats://127.0.0.1:4222",
+                "--nats-tls-cert",
+                "c.pem",
+            ],
+            "--nats-tls-key",
+        ),
     ] {
         let (code, stderr) = relay_refuses(&args).await;
         assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("s3cret"),
+            "{args:?} printed a secret: {stderr}"
+        );
         assert!(
             stderr.contains(says),
             "{args:?}: expected {says:?} in {stderr}"

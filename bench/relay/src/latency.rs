@@ -16,7 +16,7 @@ use chrono::Utc;
 use futures_util::StreamExt;
 use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
 
-use crate::{BoxResult, Percentiles, RelayProcess, Settings, db, percentiles, progress};
+use crate::{BoxResult, Percentiles, RelayProcess, Settings, Target, db, percentiles, progress};
 
 /// Writer tasks, each with its own connection, sharing one schedule.
 const WRITERS: usize = 8;
@@ -40,11 +40,18 @@ pub struct Outcome {
     pub out_of_order: usize,
 }
 
-/// Runs the scenario against `url` (a fresh database) and the NATS server of `settings`.
-pub async fn run(settings: &Settings, url: &str, rate: u32, seconds: f64) -> BoxResult<Outcome> {
+/// Runs the scenario against `url` (a fresh database) and `target`.
+pub async fn run(
+    settings: &Settings,
+    target: &Target,
+    url: &str,
+    rate: u32,
+    seconds: f64,
+) -> BoxResult<Outcome> {
     let (project, consumer_id, stream, prefix) = ("lat", "relay-lat", "BENCH_LATENCY", "latency");
     let mut relay = RelayProcess::spawn(
         settings,
+        target,
         url,
         &[
             "--project",
@@ -60,7 +67,7 @@ pub async fn run(settings: &Settings, url: &str, rate: u32, seconds: f64) -> Box
             "--no-prune",
         ],
     )?;
-    let client = async_nats::connect(settings.nats_address()).await?;
+    let client = crate::connect(&target.urls).await?;
     let js = async_nats::jetstream::new(client);
     let started = Instant::now();
     let stream_handle = loop {

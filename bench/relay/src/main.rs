@@ -1,15 +1,20 @@
 //! `outbox-relay-bench`: benchmarks of `outbox relay nats`.
 //!
 //! ```text
-//! outbox-relay-bench --database-url URL --nats-url nats://127.0.0.1:PORT --outbox PATH
+//! outbox-relay-bench --database-url URL --nats-url nats://127.0.0.1:PORT \
+//!     [--cluster-url nats://127.0.0.1:P1,nats://127.0.0.1:P2,nats://127.0.0.1:P3] --outbox PATH
 //! ```
+//!
+//! For one node, and for the three-node cluster with streams of three replicas (R3):
 //!
 //! 1. Floor: this process publishes N messages of the relay's size and headers straight to
 //!    JetStream, 256 in flight: what NATS itself takes on this machine.
 //! 2. Throughput: the real `outbox relay nats` process drains a backlog of N sequenced events
-//!    into a fresh stream, for several `--max-in-flight` windows (1 = unpipelined). Timed
-//!    from the process's start to the cursor reaching N (so start-up counts); the stream is
-//!    then checked to hold exactly N messages.
+//!    into a fresh stream, with its defaults (every publish carries
+//!    `Nats-Expected-Last-Subject-Sequence`, so they go one at a time) and with
+//!    `--no-expected-sequence` (pipelined, 256 in flight), the cost of the header. Timed from
+//!    the process's start to the cursor reaching N (so start-up counts); the stream is then
+//!    checked to hold exactly N messages.
 //! 3. Latency: writers commit at a fixed rate; a JetStream pull consumer in this process
 //!    receives the relayed messages; commit-to-receipt percentiles.
 //!
@@ -48,6 +53,9 @@ struct Settings {
     /// A NATS server with JetStream, used only by this benchmark.
     #[arg(long)]
     nats_url: String,
+    /// The three nodes of a NATS cluster, comma-separated, used only by this benchmark.
+    #[arg(long)]
+    cluster_url: Option<String>,
     /// The `outbox` binary to benchmark (a release build).
     #[arg(long)]
     outbox: PathBuf,
@@ -65,11 +73,24 @@ struct Settings {
     results: PathBuf,
 }
 
-impl Settings {
-    /// `host:port` for the client.
-    fn nats_address(&self) -> String {
-        self.nats_url.trim_start_matches("nats://").to_owned()
-    }
+/// Where the relay publishes: one node, or the cluster with replicated streams.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// For the report.
+    pub name: &'static str,
+    /// `--nats-url`.
+    pub urls: String,
+    /// `--stream-replicas`.
+    pub replicas: u8,
+}
+
+/// A client of any of `urls` (comma-separated).
+pub async fn connect(urls: &str) -> BoxResult<async_nats::Client> {
+    let servers = urls
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<async_nats::ServerAddr>, _>>()?;
+    Ok(async_nats::connect(servers).await?)
 }
 
 /// A running relay process; stderr goes to a file shown when it fails.
@@ -79,8 +100,8 @@ pub struct RelayProcess {
 }
 
 impl RelayProcess {
-    /// Starts `outbox relay nats` with `args` after the connection options.
-    fn spawn(settings: &Settings, url: &str, args: &[&str]) -> BoxResult<Self> {
+    /// Starts `outbox relay nats` on `target` with `args` after the connection options.
+    fn spawn(settings: &Settings, target: &Target, url: &str, args: &[&str]) -> BoxResult<Self> {
         let log = std::env::temp_dir().join(format!(
             "outbox-relay-bench-{}-{}.log",
             std::process::id(),
@@ -88,7 +109,9 @@ impl RelayProcess {
         ));
         let child = tokio::process::Command::new(&settings.outbox)
             .args(["--database-url", url, "relay", "nats", "--nats-url"])
-            .arg(&settings.nats_url)
+            .arg(&target.urls)
+            .arg("--stream-replicas")
+            .arg(target.replicas.to_string())
             .args(args)
             .env("OUTBOX_LOG", "warn")
             .stdin(Stdio::null())
@@ -130,10 +153,10 @@ impl RelayProcess {
 /// One throughput run.
 #[derive(Debug, Clone)]
 struct Throughput {
-    /// `--max-in-flight`.
-    window: u32,
-    /// `--batch-size`.
-    batch: u32,
+    /// Which target.
+    target: &'static str,
+    /// Whether publishes carried the expectation header (the default).
+    expected: bool,
     /// Events relayed.
     events: i64,
     /// From process start to the cursor at `events`.
@@ -175,68 +198,96 @@ async fn run(settings: Settings) -> BoxResult<()> {
         .unwrap_or(if quick { 3.0 } else { 10.0 });
     let load_before = load_average();
 
-    let client = async_nats::connect(settings.nats_address()).await?;
+    let mut targets = vec![Target {
+        name: "one node",
+        urls: settings.nats_url.clone(),
+        replicas: 1,
+    }];
+    if let Some(urls) = &settings.cluster_url {
+        targets.push(Target {
+            name: "3 nodes, R3",
+            urls: urls.clone(),
+            replicas: 3,
+        });
+    }
+    let client = connect(&settings.nats_url).await?;
     let nats_version = client.server_info().version.clone();
-    let js = jetstream::new(client);
-
-    progress!("floor: {events} direct publishes, 256 in flight");
-    let floor = publish_floor(&js, events).await?;
-    progress!("  {:.0} messages/s", events as f64 / floor);
+    drop(client);
 
     let url = db::fresh_database(&settings.database_url, "outbox_bench_relay").await?;
     progress!("writing a backlog of {events} sequenced events");
     let backlog_seconds = db::write_backlog(&url, "bench", events).await?;
     progress!("backlog written in {backlog_seconds:.1} s");
 
+    let mut floors = Vec::new();
     let mut runs = Vec::new();
-    // (window, batch size, events): the defaults, repeated; then one run each of other
-    // windows and a larger batch. The unpipelined and small windows run over a tenth of the
-    // backlog: enough to be steady, and unpipelined the whole backlog would take minutes.
-    let mut plan: Vec<(u32, u32, i64)> = (0..reps).map(|_| (256, 500, events)).collect();
-    plan.push((1, 500, (events / 10).max(1)));
-    plan.push((16, 500, (events / 10).max(1)));
-    plan.push((1024, 500, events));
-    plan.push((256, 2000, events));
-    for (i, (window, batch, target)) in plan.into_iter().enumerate() {
-        progress!("throughput: --max-in-flight {window} --batch-size {batch}, {target} events");
-        let run = relay_throughput(&settings, &url, &js, i, (window, batch), target).await?;
+    let mut latencies = Vec::new();
+    for (t, target) in targets.iter().enumerate() {
+        let js = jetstream::new(connect(&target.urls).await?);
         progress!(
-            "  {:.1} s, {:.0} events/s, {} stored",
-            run.seconds,
-            run.events as f64 / run.seconds,
-            run.stored
+            "{}: floor: {events} direct publishes, 256 in flight",
+            target.name
         );
-        if run.stored != run.events as u64 {
-            return Err(format!(
-                "the stream holds {} messages for {} relayed events",
-                run.stored, run.events
-            )
-            .into());
+        let floor = publish_floor(&js, target.replicas, events).await?;
+        progress!("  {:.0} messages/s", events as f64 / floor);
+        floors.push((target.name, floor));
+        // The defaults, repeated; then the same without the expectation header.
+        let plan = (0..reps).map(|_| true).chain([false]);
+        for (i, expected) in plan.enumerate() {
+            progress!(
+                "{}: throughput, {}, {events} events",
+                target.name,
+                if expected {
+                    "defaults"
+                } else {
+                    "--no-expected-sequence"
+                }
+            );
+            let run = relay_throughput(&settings, target, &url, &js, t * 100 + i, expected, events)
+                .await?;
+            progress!(
+                "  {:.1} s, {:.0} events/s, {} stored",
+                run.seconds,
+                run.events as f64 / run.seconds,
+                run.stored
+            );
+            if run.stored != run.events as u64 {
+                return Err(format!(
+                    "the stream holds {} messages for {} relayed events",
+                    run.stored, run.events
+                )
+                .into());
+            }
+            runs.push(run);
         }
-        runs.push(run);
+        let latency_url = db::fresh_database(
+            &settings.database_url,
+            &format!("outbox_bench_relay_lat{t}"),
+        )
+        .await?;
+        let latency = latency::run(&settings, target, &latency_url, 2000, latency_seconds).await?;
+        progress!(
+            "{}: latency: p50 {:?} p99 {:?} max {:?} ({} events, {} missing, {} duplicates, {} out of order)",
+            target.name,
+            latency.latency.p50,
+            latency.latency.p99,
+            latency.latency.max,
+            latency.latency.count,
+            latency.missing,
+            latency.duplicates,
+            latency.out_of_order
+        );
+        latencies.push((target.name, latency));
     }
-
-    let latency_url = db::fresh_database(&settings.database_url, "outbox_bench_relay_lat").await?;
-    let latency = latency::run(&settings, &latency_url, 2000, latency_seconds).await?;
-    progress!(
-        "latency: p50 {:?} p99 {:?} max {:?} ({} events, {} missing, {} duplicates, {} out of order)",
-        latency.latency.p50,
-        latency.latency.p99,
-        latency.latency.max,
-        latency.latency.count,
-        latency.missing,
-        latency.duplicates,
-        latency.out_of_order
-    );
 
     let report = render(&Report {
         quick,
         events,
         reps,
         backlog_seconds,
-        floor_seconds: floor,
+        floors,
         runs,
-        latency,
+        latencies,
         server: db::server_description(&settings.database_url).await?,
         nats_version,
         load_before,
@@ -266,12 +317,13 @@ fn sample_body(n: i64) -> Bytes {
 
 /// Publishes `events` messages straight to a fresh stream, 256 awaiting their PubAck, and
 /// returns the seconds taken.
-async fn publish_floor(js: &jetstream::Context, events: i64) -> BoxResult<f64> {
+async fn publish_floor(js: &jetstream::Context, replicas: u8, events: i64) -> BoxResult<f64> {
     let _ = js.delete_stream("BENCH_FLOOR").await;
     js.create_stream(jetstream::stream::Config {
         name: "BENCH_FLOOR".into(),
         subjects: vec!["floor.>".into()],
         duplicate_window: Duration::from_secs(600),
+        num_replicas: usize::from(replicas),
         ..Default::default()
     })
     .await?;
@@ -303,20 +355,25 @@ async fn publish_floor(js: &jetstream::Context, events: i64) -> BoxResult<f64> {
 /// Runs the relay over the backlog into a fresh stream until its cursor reaches `target`.
 async fn relay_throughput(
     settings: &Settings,
+    on: &Target,
     url: &str,
     js: &jetstream::Context,
     run: usize,
-    (window, batch): (u32, u32),
+    expected: bool,
     target: i64,
 ) -> BoxResult<Throughput> {
     let stream = format!("BENCH_T{run}");
     let consumer = format!("relay-t{run}");
-    let window_text = window.to_string();
-    let batch_text = batch.to_string();
     let probe = db::connect(&db::parse(url)?).await?;
     let started = Instant::now();
+    let knob: &[&str] = if expected {
+        &[]
+    } else {
+        &["--no-expected-sequence"]
+    };
     let mut relay = RelayProcess::spawn(
         settings,
+        on,
         url,
         &[
             "--project",
@@ -330,11 +387,11 @@ async fn relay_throughput(
             "--start-from",
             "earliest",
             "--no-prune",
-            "--max-in-flight",
-            &window_text,
-            "--batch-size",
-            &batch_text,
-        ],
+        ]
+        .iter()
+        .chain(knob)
+        .copied()
+        .collect::<Vec<_>>(),
     )?;
     loop {
         if db::cursor(&probe, "bench", &consumer).await? >= target {
@@ -353,8 +410,8 @@ async fn relay_throughput(
     let stored = handle.info().await?.state.messages;
     js.delete_stream(&stream).await?;
     Ok(Throughput {
-        window,
-        batch,
+        target: on.name,
+        expected,
         // Everything acknowledged by the time the relay stopped.
         events: acked,
         seconds: seconds * acked as f64 / target as f64,
@@ -375,9 +432,9 @@ struct Report {
     events: i64,
     reps: usize,
     backlog_seconds: f64,
-    floor_seconds: f64,
+    floors: Vec<(&'static str, f64)>,
     runs: Vec<Throughput>,
-    latency: latency::Outcome,
+    latencies: Vec<(&'static str, latency::Outcome)>,
     server: String,
     nats_version: String,
     load_before: String,
@@ -398,8 +455,9 @@ fn render(r: &Report) -> String {
     }
     let _ = writeln!(
         out,
-        "Revision `{revision}`; {cpus} CPUs shared by PostgreSQL, nats-server, the relay and \
-         this driver; {}; nats-server {} (JetStream, file storage, one node). Load average \
+        "Revision `{revision}`; {cpus} CPUs shared by PostgreSQL, the nats-servers, the relay \
+         and this driver; {}; nats-server {} (JetStream, file storage): one node, and a \
+         three-node cluster on the same host with streams of three replicas (R3). Load average \
          before {}, after {}.\n",
         r.server, r.nats_version, r.load_before, r.load_after
     );
@@ -410,88 +468,109 @@ fn render(r: &Report) -> String {
          `outbox relay nats` process as a new consumer (`--start-from earliest`) into a fresh \
          stream and is timed from the process's start (connect, stream creation, lease) until \
          its cursor reaches the target; the stream is then checked to hold exactly as many \
-         messages as were acknowledged. The floor is this \
-         driver publishing messages of the same size and headers straight to JetStream, 256 \
-         awaiting their PubAck: no database, no relay.\n",
+         messages as were acknowledged. \"defaults\": every publish carries \
+         `Nats-Expected-Last-Subject-Sequence`, so a project's publishes go one at a time; \
+         \"no header\": `--no-expected-sequence`, 256 pipelined. The floor is this driver \
+         publishing messages of the same size and headers straight to JetStream, 256 awaiting \
+         their PubAck: no database, no relay.\n",
         r.events, r.backlog_seconds
     );
-    let _ = writeln!(
-        out,
-        "| run | --max-in-flight | --batch-size | events | seconds | events/s |"
-    );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
-    let _ = writeln!(
-        out,
-        "| floor: direct publish | 256 | - | {} | {:.1} | {:.0} |",
-        r.events,
-        r.floor_seconds,
-        r.events as f64 / r.floor_seconds
-    );
-    for (i, run) in r.runs.iter().enumerate() {
+    let _ = writeln!(out, "| target | run | events | seconds | events/s |");
+    let _ = writeln!(out, "|---|---|---:|---:|---:|");
+    for (name, floor) in &r.floors {
         let _ = writeln!(
             out,
-            "| relay {} | {} | {} | {} | {:.1} | {:.0} |",
-            i + 1,
-            run.window,
-            run.batch,
-            run.events,
-            run.seconds,
-            run.events as f64 / run.seconds
+            "| {name} | floor: direct publish, 256 in flight | {} | {floor:.1} | {:.0} |",
+            r.events,
+            r.events as f64 / floor
+        );
+        for run in r.runs.iter().filter(|run| run.target == *name) {
+            let _ = writeln!(
+                out,
+                "| {name} | relay, {} | {} | {:.1} | {:.0} |",
+                if run.expected {
+                    "defaults"
+                } else {
+                    "no header"
+                },
+                run.events,
+                run.seconds,
+                run.events as f64 / run.seconds
+            );
+        }
+    }
+    let _ = writeln!(out);
+    for (name, _) in &r.floors {
+        let rate = |expected: bool| {
+            let rates: Vec<f64> = r
+                .runs
+                .iter()
+                .filter(|run| run.target == *name && run.expected == expected)
+                .map(|run| run.events as f64 / run.seconds)
+                .collect();
+            outbox_bench::stats::median(&rates).unwrap_or(f64::NAN)
+        };
+        let (with, without) = (rate(true), rate(false));
+        let goal = if *name == "3 nodes, R3" {
+            format!(
+                " (goal ≥ 50,000 on R3: {})",
+                if with >= 50_000.0 { "met" } else { "not met" }
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "- **{name}: {with:.0} events/s with the defaults** (median of {} run(s)){goal}; \
+             {without:.0} events/s without the header: the header costs {:.0}% of the \
+             throughput.",
+            r.reps,
+            (1.0 - with / without) * 100.0
         );
     }
-    let default_rates: Vec<f64> = r
-        .runs
-        .iter()
-        .filter(|run| run.window == 256 && run.batch == 500 && run.events == r.events)
-        .map(|run| run.events as f64 / run.seconds)
-        .collect();
-    let med = outbox_bench::stats::median(&default_rates).unwrap_or(f64::NAN);
+    let _ = writeln!(out, "\n## Commit to JetStream consumer\n");
+    if let Some((_, l)) = r.latencies.first() {
+        let _ = writeln!(
+            out,
+            "8 writer connections commit one event per transaction on an open-loop schedule at \
+             {} events/s for {} s; the relay runs with its defaults (LISTEN, sequencer every \
+             10 ms, the expectation header); a JetStream pull consumer in the driver \
+             (`messages()`, no acks) receives them. Latency is from `COMMIT` returning to the \
+             message's arrival, on one monotonic clock.\n",
+            l.rate, l.seconds
+        );
+    }
     let _ = writeln!(
         out,
-        "\n**Median of {} run(s) with the defaults (window 256, batches of 500): {:.0} events/s** (goal ≥ 50,000: \
-         {}); {:.2} of the direct-publish floor.\n",
-        default_rates.len(),
-        med,
-        if med >= 50_000.0 { "met" } else { "not met" },
-        med / (r.events as f64 / r.floor_seconds)
+        "| target | achieved/s | events | p50 | p99 | max | missing | duplicates | out of order |"
     );
-    let l = &r.latency;
-    let _ = writeln!(out, "## Commit to JetStream consumer\n");
-    let _ = writeln!(
-        out,
-        "8 writer connections commit one event per transaction on an open-loop schedule at \
-         {} events/s for {} s (achieved {:.0}/s); the relay runs with its defaults (LISTEN, \
-         sequencer every 10 ms); a JetStream pull consumer in the driver (`messages()`, no \
-         acks) receives them. Latency is from `COMMIT` returning to the message's arrival, on \
-         one monotonic clock.\n",
-        l.rate, l.seconds, l.achieved_rate
-    );
-    let _ = writeln!(
-        out,
-        "| events | p50 | p99 | max | missing | duplicates | out of order |"
-    );
-    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
-    let _ = writeln!(
-        out,
-        "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} |",
-        l.latency.count,
-        l.latency.p50.as_secs_f64() * 1000.0,
-        l.latency.p99.as_secs_f64() * 1000.0,
-        l.latency.max.as_secs_f64() * 1000.0,
-        l.missing,
-        l.duplicates,
-        l.out_of_order
-    );
-    let _ = writeln!(
-        out,
-        "\n**p99 {:.1} ms** (goal ≤ 25 ms at 2,000 events/s: {}).",
-        l.latency.p99.as_secs_f64() * 1000.0,
-        if l.latency.p99 <= Duration::from_millis(25) {
-            "met"
-        } else {
-            "not met"
-        }
-    );
-    let _ = r.reps;
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, l) in &r.latencies {
+        let _ = writeln!(
+            out,
+            "| {name} | {:.0} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {} |",
+            l.achieved_rate,
+            l.latency.count,
+            l.latency.p50.as_secs_f64() * 1000.0,
+            l.latency.p99.as_secs_f64() * 1000.0,
+            l.latency.max.as_secs_f64() * 1000.0,
+            l.missing,
+            l.duplicates,
+            l.out_of_order
+        );
+    }
+    let _ = writeln!(out);
+    for (name, l) in &r.latencies {
+        let _ = writeln!(
+            out,
+            "- **{name}: p99 {:.1} ms** (goal ≤ 25 ms at 2,000 events/s: {}).",
+            l.latency.p99.as_secs_f64() * 1000.0,
+            if l.latency.p99 <= Duration::from_millis(25) {
+                "met"
+            } else {
+                "not met"
+            }
+        );
+    }
     out
 }

@@ -2,6 +2,8 @@
 //! to a NATS JetStream stream, so that many downstream services fan out from JetStream instead
 //! of each polling the application's database.
 
+mod auth;
+
 use std::time::Duration;
 
 use async_nats::jetstream::stream::RetentionPolicy;
@@ -15,9 +17,12 @@ use crate::shutdown::Shutdown;
 use crate::start::Started;
 
 use outbox_relay::{
-    NatsServer, PublisherSettings, Relay, RelayError, StreamError, StreamSpec, parse_nats_urls,
-    validate_stream_name, validate_subject_prefix,
+    NatsServer, PublisherSettings, Relay, RelayError, Security, StreamError, StreamSpec,
+    parse_nats_urls, validate_stream_name, validate_subject_prefix,
 };
+
+pub use auth::NatsAuthArgs;
+use auth::resolve_security;
 
 /// `outbox relay`.
 #[derive(Debug, Subcommand)]
@@ -56,9 +61,13 @@ pub struct NatsArgs {
     /// Every `outbox consume` option (--child does not apply).
     #[command(flatten)]
     pub consume: ConsumeArgs,
-    /// NATS server, nats://HOST:PORT; a comma-separated list for a cluster.
+    /// NATS server, nats://HOST:PORT (tls://HOST:PORT for TLS, with USER:PASSWORD@ or TOKEN@
+    /// before the host when the server wants them); a comma-separated list for a cluster.
     #[arg(long, value_name = "URL")]
     pub nats_url: String,
+    /// Authentication and TLS.
+    #[command(flatten)]
+    pub auth: NatsAuthArgs,
     /// JetStream stream the relay publishes into (created when missing, verified otherwise).
     #[arg(long, default_value = "LIFECYCLE")]
     pub stream: String,
@@ -80,7 +89,13 @@ pub struct NatsArgs {
     /// Replicas of the stream (3 on a 3-node cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
     pub stream_replicas: u8,
-    /// Most publishes awaiting JetStream's confirmation at once.
+    /// Publish without `Nats-Expected-Last-Subject-Sequence`, pipelined up to --max-in-flight:
+    /// several times the throughput, but JetStream no longer enforces the order, so a message
+    /// it refuses can be overtaken by the next one (counted in outbox_relay_out_of_order_total).
+    #[arg(long)]
+    pub no_expected_sequence: bool,
+    /// Most publishes awaiting JetStream's confirmation at once, with --no-expected-sequence
+    /// (with the expectation, each publish waits for the one before it).
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_in_flight: u32,
     /// How long one publish may wait for JetStream's confirmation before it counts as failed.
@@ -111,7 +126,7 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 
 /// Everything checkable without a connection, in one place so that each refusal exits 2
 /// before anything is contacted.
-fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
+fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Failure> {
     if args.consume.options.child.is_some() {
         return Err(Failure::usage(
             "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
@@ -123,7 +138,8 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
              once each (run one relay per project)",
         ));
     }
-    let servers = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
+    let urls = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
+    let security = resolve_security(&urls, &args.auth).map_err(Failure::usage)?;
     validate_subject_prefix(&args.subject_prefix).map_err(Failure::usage)?;
     validate_stream_name(&args.stream).map_err(Failure::usage)?;
     if !args.stream_max_age.is_zero() && args.duplicate_window > args.stream_max_age {
@@ -142,11 +158,11 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, StreamSpec), Failure> {
         max_age: args.stream_max_age,
         replicas: usize::from(args.stream_replicas),
     };
-    Ok((servers, spec))
+    Ok((urls.servers, security, spec))
 }
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
-    let (servers, spec) = check(&args)?;
+    let (servers, security, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
     let (project, consumer) = args
         .consume
@@ -161,7 +177,10 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
 
     let publisher = PublisherSettings {
         servers,
+        security,
         prefix: args.subject_prefix.clone(),
+        stream: args.stream.clone(),
+        expect_sequence: !args.no_expected_sequence,
         project: project.to_string(),
         consumer: consumer.consumer_id.to_string(),
         window: args.max_in_flight as usize,

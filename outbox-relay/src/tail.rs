@@ -1,0 +1,97 @@
+//! What the stream already holds at the end of one subject: the stream sequence of its last
+//! message, which the relay's next publish to that subject names in
+//! `Nats-Expected-Last-Subject-Sequence`, and that message's `Outbox-Sequence`.
+//!
+//! JetStream stores a publish carrying the header only when the subject's last message has
+//! exactly that stream sequence; otherwise it refuses it and stores nothing. Since every
+//! publish names the message before it, a message refused (or lost) can never be overtaken
+//! by the next one: per-project order is enforced by the stream, not inferred from the
+//! connection. The relay learns the tail from the stream on every new connection and after
+//! every publish whose outcome it does not know, and otherwise follows it from its own
+//! PubAcks.
+
+use async_nats::jetstream::Context;
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
+
+/// The end of one subject in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// Stream sequence of the subject's last message; 0 when the subject holds none.
+    pub stream_sequence: u64,
+    /// That message's `Outbox-Sequence` header, when it has a numeric one (a message the
+    /// relay did not write may have none).
+    pub outbox_sequence: Option<i64>,
+}
+
+impl Tail {
+    /// The tail after a PubAck: a new message is the subject's last; a duplicate (a repeat
+    /// JetStream dropped) points at the copy stored earlier, which is the last only if
+    /// nothing followed it, so the tail never moves back.
+    pub fn after_ack(self, stream_sequence: u64, duplicate: bool, outbox_sequence: i64) -> Self {
+        if duplicate && stream_sequence < self.stream_sequence {
+            return self;
+        }
+        Self {
+            stream_sequence,
+            outbox_sequence: Some(outbox_sequence),
+        }
+    }
+}
+
+/// Reads the last message of `subject` in `stream`.
+pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<Tail, String> {
+    let handle = js
+        .get_stream_no_info(stream)
+        .await
+        .map_err(|e| format!("cannot look up stream {stream}: {e}"))?;
+    match handle.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => Ok(Tail {
+            stream_sequence: message.sequence,
+            outbox_sequence: message
+                .headers
+                .get("Outbox-Sequence")
+                .and_then(|v| v.as_str().parse().ok()),
+        }),
+        Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(Tail {
+            stream_sequence: 0,
+            outbox_sequence: None,
+        }),
+        Err(e) => Err(format!(
+            "cannot read the last message of {subject} in stream {stream}: {e}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_message_moves_the_tail() {
+        let tail = Tail {
+            stream_sequence: 10,
+            outbox_sequence: Some(4),
+        };
+        assert_eq!(
+            tail.after_ack(12, false, 5),
+            Tail {
+                stream_sequence: 12,
+                outbox_sequence: Some(5)
+            }
+        );
+    }
+
+    #[test]
+    fn a_duplicate_of_an_older_message_leaves_it() {
+        let tail = Tail {
+            stream_sequence: 10,
+            outbox_sequence: Some(4),
+        };
+        assert_eq!(tail.after_ack(7, true, 3), tail);
+        assert_eq!(
+            tail.after_ack(10, true, 4),
+            tail,
+            "the duplicate of the last message"
+        );
+    }
+}

@@ -1,0 +1,197 @@
+//! `outbox relay nats` into a three-node NATS cluster with a stream of three replicas, under
+//! live writers on two projects: kill -9 of the stream's leader in the middle of the stream,
+//! its restart, later kill -9 of a follower. Every committed event is in the stream exactly
+//! once and in per-project order, read back through every node with the Rust client and
+//! through a durable pull consumer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use outbox_tests::cluster_kit::try_write;
+use outbox_tests::consumer_kit::eventually;
+use outbox_tests::nats_cluster_kit::NatsCluster;
+use outbox_tests::nats_kit::{self, assert_exactly_once_in_order, consume_durable, read_stream};
+use outbox_tests::process_kit::OutboxProcess;
+use outbox_tests::{TestDb, fresh_db, sequenced};
+
+const PROJECTS: [&str; 2] = ["p1", "p2"];
+const STREAM: &str = "CLUSTERED";
+
+fn spawn_relay(db: &TestDb, urls: &str, project: &str) -> OutboxProcess {
+    let consumer = format!("relay-{project}");
+    nats_kit::spawn_relay(
+        &db.url,
+        &[
+            "--project",
+            project,
+            "--consumer-id",
+            &consumer,
+            "--nats-url",
+            urls,
+            "--stream",
+            STREAM,
+            "--stream-replicas",
+            "3",
+            "--start-from",
+            "earliest",
+            "--poll-interval",
+            "100ms",
+            "--retry-delays",
+            "100ms,200ms,400ms",
+            "--max-attempts",
+            "1000",
+            "--publish-timeout",
+            "1s",
+            "--nats-connect-timeout",
+            "1s",
+            "--nats-ping-interval",
+            "1s",
+            "--shutdown-grace",
+            "2s",
+            "--no-prune",
+        ],
+    )
+}
+
+/// Writers committing events to both projects until `stop`.
+fn start_writers(db: &TestDb, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<()>> {
+    PROJECTS
+        .iter()
+        .map(|project| {
+            let (config, stop) = (db.config.clone(), stop.clone());
+            let project = project.to_string();
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = try_write(&config, &project, &format!("{project}-{i}")).await;
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Messages in the stream, through any node.
+async fn stored(cluster: &NatsCluster) -> u64 {
+    let js = cluster.jetstream().await;
+    match js.get_stream(STREAM).await {
+        Ok(mut handle) => match handle.info().await {
+            Ok(info) => info.state.messages,
+            Err(_) => 0,
+        },
+        Err(_) => 0,
+    }
+}
+
+/// Waits until the stream holds at least `n` messages.
+async fn grows_past(cluster: &NatsCluster, n: u64) {
+    eventually(
+        Duration::from_secs(60),
+        &format!("{n} messages in the stream"),
+        || async { stored(cluster).await >= n },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_once_in_order() {
+    let db = fresh_db().await;
+    let mut cluster = NatsCluster::start().await;
+    let urls = cluster.urls();
+    let mut relays: Vec<OutboxProcess> = PROJECTS
+        .iter()
+        .map(|p| spawn_relay(&db, &urls, p))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = start_writers(&db, &stop);
+
+    grows_past(&cluster, 100).await;
+    let leader = cluster.stream_leader(STREAM).await;
+    let info = cluster
+        .jetstream()
+        .await
+        .get_stream(STREAM)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(info.config.num_replicas, 3, "the relay made an R3 stream");
+
+    // The leader dies in the middle of the stream; the others elect a new one.
+    cluster.nodes[leader].kill_9();
+    let before = stored(&cluster).await;
+    grows_past(&cluster, before + 100).await;
+    cluster.nodes[leader].launch().await;
+    cluster.wait_replicas_current(STREAM).await;
+
+    // Later a follower dies.
+    let before = stored(&cluster).await;
+    grows_past(&cluster, before + 100).await;
+    let leader = cluster.stream_leader(STREAM).await;
+    let follower = (leader + 1) % 3;
+    cluster.nodes[follower].kill_9();
+    let before = stored(&cluster).await;
+    grows_past(&cluster, before + 100).await;
+    cluster.nodes[follower].launch().await;
+
+    stop.store(true, Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let client = db.connect().await;
+    eventually(
+        Duration::from_secs(60),
+        "every committed event sequenced and acknowledged",
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL), \
+                            (SELECT count(*) FROM outbox.lifecycle_project_heads h \
+                             LEFT JOIN outbox.lifecycle_consumer_cursors c \
+                               ON c.project_id = h.project_id \
+                             WHERE c.last_acked_sequence IS DISTINCT FROM h.head_sequence)",
+                    &[],
+                )
+                .await;
+            matches!(row, Ok(row) if row.get::<_, i64>(0) == 0 && row.get::<_, i64>(1) == 0)
+        },
+    )
+    .await;
+    cluster.wait_replicas_current(STREAM).await;
+
+    let mut expected = Vec::new();
+    for project in PROJECTS {
+        expected.push(sequenced(&client, project).await);
+    }
+    let total: usize = expected.iter().map(Vec::len).sum();
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let messages = read_stream(&node.jetstream().await, STREAM).await;
+        for (project, expected) in PROJECTS.iter().zip(&expected) {
+            assert!(expected.len() > 100, "{project}: only {}", expected.len());
+            assert_exactly_once_in_order(&messages, "lifecycle", project, expected);
+        }
+        assert_eq!(messages.len(), total, "through n{i}: nothing else");
+    }
+
+    let js = cluster.jetstream().await;
+    let delivered =
+        consume_durable(&js, STREAM, "downstream", "lifecycle.*.task_deleted", total).await;
+    for project in PROJECTS {
+        let subject = format!("lifecycle.{project}.task_deleted");
+        let got: Vec<i64> = delivered
+            .iter()
+            .filter(|(s, _, _)| *s == subject)
+            .map(|(_, _, seq)| *seq)
+            .collect();
+        let want: Vec<i64> = (1..=got.len() as i64).collect();
+        assert_eq!(got, want, "{project} through a durable consumer");
+    }
+    for relay in &mut relays {
+        relay.signal("TERM");
+        assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+    }
+}

@@ -1,0 +1,223 @@
+//! Order enforced by JetStream: a foreign message on a project's subject makes the relay's
+//! next publish fail its `Nats-Expected-Last-Subject-Sequence`, on the retry schedule into a
+//! dead letter, never skipped and never stored silently after the stranger. Once the foreign
+//! writer is gone, a restarted relay takes the subject's end from the stream and
+//! `dead-letters replay` publishes the event. And a project ID with a dot is one subject token.
+
+use std::time::Duration;
+
+use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::nats_kit::{self, NatsServer, assert_exactly_once_in_order, read_stream};
+use outbox_tests::process_kit::{OutboxProcess, run_outbox};
+use outbox_tests::{TestDb, fresh_db, sequenced};
+
+fn spawn_relay(db: &TestDb, nats: &NatsServer, project: &str, stream: &str) -> OutboxProcess {
+    let consumer = format!("relay-{project}");
+    nats_kit::spawn_relay(
+        &db.url,
+        &[
+            "--project",
+            project,
+            "--consumer-id",
+            &consumer,
+            "--nats-url",
+            &nats.url(),
+            "--stream",
+            stream,
+            "--start-from",
+            "earliest",
+            "--poll-interval",
+            "100ms",
+            "--retry-delays",
+            "300ms",
+            "--max-attempts",
+            "3",
+            "--publish-timeout",
+            "2s",
+            "--shutdown-grace",
+            "2s",
+            "--no-prune",
+        ],
+    )
+}
+
+/// The delivery state of one event of p1's relay: (state, attempts, last failure class).
+async fn delivery(db: &TestDb, event_id: &str) -> Option<(String, i32, Option<String>)> {
+    db.connect()
+        .await
+        .query_opt(
+            "SELECT state, attempts, last_failure_class FROM outbox.lifecycle_deliveries \
+             WHERE project_id = 'p1' AND consumer_id = 'relay-p1' AND event_id = $1",
+            &[&event_id],
+        )
+        .await
+        .unwrap()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_foreign_write_is_refused_retried_parked_and_replayed_once_it_is_gone() {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    let mut relay = spawn_relay(&db, &nats, "p1", "ORDER");
+    let first = write_event(&db, "p1", "T-1").await;
+    eventually(
+        Duration::from_secs(20),
+        "the first event relayed",
+        || async { cursor(&db, "p1", "relay-p1").await == Some(1) },
+    )
+    .await;
+
+    // Someone else publishes to the project's subject (a second, misconfigured relay, say).
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "intruder");
+    headers.insert("Outbox-Sequence", "99");
+    headers.insert("Outbox-Project", "p1");
+    let foreign = js
+        .publish_with_headers(
+            "lifecycle.p1.task_deleted",
+            headers,
+            r#"{"type":"event","event_id":"intruder","sequence":99}"#.into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(foreign.sequence, 2);
+
+    let second = write_event(&db, "p1", "T-2").await;
+    eventually(
+        Duration::from_secs(30),
+        "the refused event parked",
+        || async { matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "dead") },
+    )
+    .await;
+    let (_, attempts, class) = delivery(&db, &second).await.unwrap();
+    assert_eq!(attempts, 3, "parked after the last of 3 attempts");
+    assert_eq!(class.as_deref(), Some("nats_sequence_conflict"));
+    let stderr = relay.stderr();
+    assert_eq!(
+        stderr
+            .matches("JetStream refused the publish: the subject's last message is not the one")
+            .count(),
+        3,
+        "one clear line per refused attempt:\n{stderr}"
+    );
+    let state = js
+        .get_stream("ORDER")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .clone();
+    assert_eq!(
+        (state.messages, state.last_sequence),
+        (2, 2),
+        "nothing stored after the foreign message"
+    );
+
+    // The operator stops the foreign writer and restarts the relay, which takes the subject's
+    // new end from the stream, then replays the dead letter.
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+    let mut relay = spawn_relay(&db, &nats, "p1", "ORDER");
+    let (code, _, stderr) = run_outbox(&[
+        "--database-url",
+        &db.url,
+        "dead-letters",
+        "replay",
+        "--project",
+        "p1",
+        "--consumer-id",
+        "relay-p1",
+        "--event-id",
+        &second,
+        "--by",
+        "operator",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    eventually(Duration::from_secs(20), "the replay published", || async {
+        matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "replayed")
+    })
+    .await;
+    let third = write_event(&db, "p1", "T-3").await;
+    eventually(
+        Duration::from_secs(20),
+        "the next event relayed",
+        || async { cursor(&db, "p1", "relay-p1").await == Some(3) },
+    )
+    .await;
+    let mut messages = read_stream(&js, "ORDER").await;
+    assert_eq!(messages[1].msg_id, "intruder", "stored before T-2's replay");
+    messages.retain(|m| m.msg_id != "intruder");
+    let expected = sequenced(&db.connect().await, "p1").await;
+    let ids: Vec<String> = expected.iter().map(|(_, id)| id.clone()).collect();
+    assert_eq!(ids, vec![first, second, third]);
+    assert_exactly_once_in_order(&messages, "lifecycle", "p1", &expected);
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dotted_project_id_is_one_subject_token() {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    let mut relay = spawn_relay(&db, &nats, "acme.eu", "DOTTED");
+    let mut other = spawn_relay(&db, &nats, "acme", "DOTTED");
+    write_event(&db, "acme.eu", "T-1").await;
+    write_event(&db, "acme", "T-1").await;
+    eventually(Duration::from_secs(20), "both relayed", || async {
+        cursor(&db, "acme.eu", "relay-acme.eu").await == Some(1)
+            && cursor(&db, "acme", "relay-acme").await == Some(1)
+    })
+    .await;
+    let messages = read_stream(&js, "DOTTED").await;
+    let mut subjects: Vec<(&str, &str)> = messages
+        .iter()
+        .map(|m| (m.subject.as_str(), m.project.as_str()))
+        .collect();
+    subjects.sort();
+    assert_eq!(
+        subjects,
+        vec![
+            ("lifecycle.acme%2Eeu.task_deleted", "acme.eu"),
+            ("lifecycle.acme.task_deleted", "acme"),
+        ]
+    );
+    // The README's filters: one token per project, so `*` catches both and `acme.>` only
+    // acme's own subjects.
+    let one_token = nats_kit::consume_durable(
+        &js,
+        "DOTTED",
+        "every-project",
+        "lifecycle.*.task_deleted",
+        2,
+    )
+    .await;
+    assert_eq!(one_token.len(), 2);
+    let mut acme = js
+        .get_stream("DOTTED")
+        .await
+        .unwrap()
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("acme".into()),
+            filter_subject: "lifecycle.acme.>".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        acme.info().await.unwrap().num_pending,
+        1,
+        "lifecycle.acme.> holds acme's event only"
+    );
+    for relay in [&mut relay, &mut other] {
+        relay.signal("TERM");
+        assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+    }
+}
