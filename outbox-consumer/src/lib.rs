@@ -57,6 +57,7 @@
 #![warn(missing_docs)]
 
 mod background;
+mod base;
 mod config;
 mod dispatch;
 mod error;
@@ -74,6 +75,7 @@ mod set;
 mod sql;
 mod store;
 
+pub use base::backoff;
 pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
