@@ -44,14 +44,7 @@ pub(crate) async fn join_all(tasks: Vec<Task>) {
 }
 
 /// The loop "step, wait, back off after a failure, until stopped", shared by every
-/// reconnecting task:
-///
-/// ```ignore
-/// let mut repeat = Repeat::new(&stop, "poll", interval);
-/// while repeat.next().await {
-///     repeat.done(poll_once().await);
-/// }
-/// ```
+/// reconnecting task: `while repeat.next().await { repeat.done(step().await) }`.
 ///
 /// The first step runs at once; each later one after the delay the previous step returned,
 /// or after a failure after [`backoff`] (at least `floor`). A failing step is logged once,

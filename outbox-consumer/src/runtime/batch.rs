@@ -138,3 +138,97 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEN: usize = 3;
+    const DELAY: Duration = Duration::from_millis(10);
+
+    fn outcome(handled: usize, failure: Option<&str>) -> BatchOutcome {
+        BatchOutcome {
+            handled,
+            acked: false,
+            failure: failure.map(|class| FailureClass::new(class).unwrap()),
+        }
+    }
+
+    fn class() -> FailureClass {
+        FailureClass::new("timeout").unwrap()
+    }
+
+    #[test]
+    fn a_whole_batch_goes_on_as_the_read_said() {
+        let whole = outcome(LEN, None);
+        assert_eq!(
+            decide(&whole, LEN, None, Some(4), true),
+            AfterBatch::Go(Step::More)
+        );
+        assert_eq!(
+            decide(&whole, LEN, None, Some(4), false),
+            AfterBatch::Go(Step::Idle)
+        );
+    }
+
+    #[test]
+    fn a_batch_stopped_short_without_a_failure_waits() {
+        // Shutdown or an invalid lease stopped dispatch: the loop decides what follows.
+        assert_eq!(
+            decide(&outcome(1, None), LEN, None, Some(4), true),
+            AfterBatch::Go(Step::Idle)
+        );
+    }
+
+    #[test]
+    fn a_failure_with_a_retry_left_is_retried_with_the_rest_kept() {
+        assert_eq!(
+            decide(
+                &outcome(1, Some("timeout")),
+                LEN,
+                Some(DELAY),
+                Some(4),
+                false
+            ),
+            AfterBatch::RetryLater {
+                cursor: 4,
+                delay: DELAY,
+                class: class(),
+            }
+        );
+    }
+
+    #[test]
+    fn a_failure_without_a_retry_left_is_recorded_on_its_own() {
+        assert_eq!(
+            decide(&outcome(0, Some("timeout")), LEN, None, Some(4), true),
+            AfterBatch::Record(class())
+        );
+        // Without a cursor there is nothing to write the retry after.
+        assert_eq!(
+            decide(&outcome(0, Some("timeout")), LEN, Some(DELAY), None, true),
+            AfterBatch::Record(class())
+        );
+    }
+
+    #[test]
+    fn a_failure_with_no_event_to_charge_goes_round_again() {
+        assert_eq!(
+            decide(&outcome(LEN, Some("timeout")), LEN, None, Some(4), false),
+            AfterBatch::Go(Step::More)
+        );
+    }
+
+    #[test]
+    fn only_a_retry_defers_the_acknowledgement_to_its_write() {
+        let retry = AfterBatch::RetryLater {
+            cursor: 4,
+            delay: DELAY,
+            class: class(),
+        };
+        assert!(!retry.acks_now());
+        assert!(AfterBatch::Record(class()).acks_now());
+        assert!(AfterBatch::Go(Step::More).acks_now());
+        assert!(AfterBatch::Go(Step::Idle).acks_now());
+    }
+}

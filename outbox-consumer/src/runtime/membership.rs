@@ -11,14 +11,14 @@ use futures_util::future::BoxFuture;
 use outbox_core::ProjectId;
 use tokio_util::sync::CancellationToken;
 
-use super::read::{self, Prefetch};
+use super::fetch::{self, Fetched, Prefetch, ReadAfter};
 use crate::background;
 use crate::base::{self, Signals, Task};
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::lease::{Fence, Lease};
 use crate::listener;
-use crate::store::{Batch, Statements};
+use crate::store::Statements;
 
 /// What a run lends its membership when it joins.
 pub(crate) struct RunContext<'a> {
@@ -42,22 +42,6 @@ pub(crate) struct Joined {
     pub tasks: Vec<Task>,
     /// Whether the loop polls on its own timer; in a set the shared poll wakes every member.
     pub polls_itself: bool,
-}
-
-/// A read of the batch after a cursor.
-pub(crate) struct ReadAfter<'a> {
-    pub pool: &'a Pool,
-    pub statements: &'a Statements,
-    pub config: &'a ConsumerConfig,
-    pub cursor: i64,
-}
-
-/// What a read returned.
-pub(crate) struct Fetched {
-    /// The batch.
-    pub batch: Batch,
-    /// Whether it was read ahead, and so may predate events numbered since.
-    pub read_ahead: bool,
 }
 
 /// How a grouped acknowledgement went.
@@ -147,7 +131,7 @@ impl Membership for Lone {
         read: ReadAfter<'a>,
         ahead: &'a mut Option<Prefetch>,
     ) -> BoxFuture<'a, Result<Fetched, ConsumerError>> {
-        read::alone(read, ahead).boxed()
+        fetch::alone(read, ahead).boxed()
     }
 
     fn ack<'a>(&'a self, _: &'a Fence, _: i64) -> BoxFuture<'a, GroupedAck> {

@@ -3,7 +3,7 @@
 //!
 //! A run goes through phases, one file each: [`run`] sets up and tears down, [`deliver`] is
 //! the loop and the one place that decides between waiting and exiting, [`read`] reads the
-//! next batch (and the one after, ahead), [`batch`] dispatches it and decides what follows,
+//! next batch (a lone consumer [`fetch`]es it, and the one after ahead), [`batch`] dispatches it and decides what follows,
 //! [`ack`] acknowledges, [`failures`] records failed attempts, retry waits and parking,
 //! [`reconcile`] settles a missing or out-of-bounds cursor and [`replay`] serves replay
 //! requests. Where the run stands in the stream is its [`position`]; whether it runs alone or
@@ -14,6 +14,7 @@ mod ack;
 mod batch;
 mod deliver;
 mod failures;
+mod fetch;
 mod membership;
 mod position;
 mod progress;
@@ -27,8 +28,8 @@ use std::sync::Arc;
 use deadpool_postgres::Pool;
 use tokio_postgres::Config;
 
-pub(crate) use membership::{Fetched, GroupedAck, Joined, Membership, ReadAfter, RunContext};
-pub(crate) use read::Prefetch;
+pub(crate) use fetch::{Fetched, Prefetch, ReadAfter};
+pub(crate) use membership::{GroupedAck, Joined, Membership, RunContext};
 
 use crate::config::ConsumerConfig;
 use crate::dispatch::{InTransaction, Plain};

@@ -188,3 +188,192 @@ impl Position {
         Read::Events { events, cut_short }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::Utc;
+    use outbox_core::{ConsumerId, Prior, ProjectId};
+
+    use super::*;
+
+    /// An event of project `p` for consumer `c` at `sequence`, on its first attempt.
+    fn event(sequence: i64) -> ObservedEvent {
+        ObservedEvent {
+            observed: true,
+            event_type: "task.deleted".into(),
+            project_id: ProjectId::new("p").unwrap(),
+            consumer_id: ConsumerId::new("c").unwrap(),
+            sequence,
+            event_id: format!("e{sequence}"),
+            task_id: format!("t{sequence}"),
+            deleted_at: Utc::now(),
+            writer_process_id: "w".into(),
+            occurred_at: Utc::now(),
+            payload_version: 1,
+            prior: Prior::default(),
+            replay: false,
+            attempt: 1,
+        }
+    }
+
+    fn decoded(sequences: &[i64]) -> Vec<Decoded> {
+        sequences.iter().map(|&s| (event(s), None)).collect()
+    }
+
+    fn held(sequence: i64, attempts: u32) -> Held {
+        Held {
+            sequence,
+            attempts,
+            ready_at: tokio::time::Instant::now() + Duration::from_secs(1),
+        }
+    }
+
+    fn sequences(read: &Read) -> Vec<i64> {
+        match read {
+            Read::Events { events, .. } => events.iter().map(|e| e.sequence).collect(),
+            other => panic!("expected events, got {other:?}"),
+        }
+    }
+
+    fn undecodable() -> FailureClass {
+        FailureClass::new("undecodable_payload").unwrap()
+    }
+
+    #[test]
+    fn an_empty_read_is_empty() {
+        let position = Position::at(Some(4));
+        assert!(matches!(position.contiguous(4, Vec::new()), Read::Empty));
+    }
+
+    #[test]
+    fn a_contiguous_read_is_delivered_whole() {
+        let read = Position::at(Some(4)).contiguous(4, decoded(&[5, 6, 7]));
+        assert_eq!(sequences(&read), [5, 6, 7]);
+        assert!(matches!(
+            read,
+            Read::Events {
+                cut_short: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_hole_right_after_the_cursor_is_a_gap() {
+        let read = Position::at(Some(4)).contiguous(4, decoded(&[6, 7]));
+        assert!(matches!(read, Read::Gap));
+    }
+
+    #[test]
+    fn a_later_hole_cuts_the_batch_short() {
+        let read = Position::at(Some(4)).contiguous(4, decoded(&[5, 6, 8, 9]));
+        assert_eq!(sequences(&read), [5, 6]);
+        assert!(matches!(
+            read,
+            Read::Events {
+                cut_short: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn an_undecodable_first_event_fails_alone() {
+        let mut batch = decoded(&[5, 6]);
+        batch[0].1 = Some(undecodable());
+        let read = Position::at(Some(4)).contiguous(4, batch);
+        match read {
+            Read::Undecodable(event, class) => {
+                assert_eq!(event.sequence, 5);
+                assert_eq!(class, undecodable());
+            }
+            other => panic!("expected the undecodable event, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_undecodable_later_event_cuts_the_batch_before_it() {
+        let mut batch = decoded(&[5, 6, 7]);
+        batch[1].1 = Some(undecodable());
+        let read = Position::at(Some(4)).contiguous(4, batch);
+        assert_eq!(sequences(&read), [5]);
+        assert!(matches!(
+            read,
+            Read::Events {
+                cut_short: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_held_event_is_read_as_its_next_attempt() {
+        let mut position = Position::at(Some(4));
+        position.hold(Some(held(5, 2)));
+        let Read::Events { events, .. } = position.contiguous(4, decoded(&[5, 6])) else {
+            panic!("expected events");
+        };
+        let attempts: Vec<u32> = events.iter().map(|e| e.attempt).collect();
+        assert_eq!(attempts, [3, 1]);
+    }
+
+    #[test]
+    fn kept_events_are_taken_while_they_follow_the_cursor() {
+        let mut position = Position::at(Some(4));
+        position.hold(Some(held(5, 1)));
+        position.keep(vec![event(5), event(6)]);
+        let events = position
+            .take_pending()
+            .expect("the kept rest follows the cursor");
+        assert_eq!(
+            events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [5, 6]
+        );
+        assert_eq!(events[0].attempt, 2, "the held event's next attempt");
+        assert!(!position.has_pending(), "taken, not copied");
+    }
+
+    #[test]
+    fn kept_events_that_no_longer_follow_the_cursor_are_dropped() {
+        let mut position = Position::at(Some(4));
+        position.keep(vec![event(5), event(6)]);
+        // The event was parked meanwhile: the cursor moved past the kept rest's start.
+        position.moved_to(5);
+        assert!(position.take_pending().is_none());
+        assert!(!position.has_pending(), "dropped");
+    }
+
+    #[test]
+    fn nothing_is_taken_without_a_cursor_or_kept_events() {
+        let mut position = Position::at(None);
+        position.keep(vec![event(1)]);
+        assert!(position.take_pending().is_none());
+        assert!(Position::at(Some(0)).take_pending().is_none());
+    }
+
+    #[test]
+    fn an_acknowledgement_through_the_held_event_releases_it() {
+        let mut position = Position::at(Some(4));
+        position.hold(Some(held(6, 1)));
+        position.acknowledged(5);
+        assert_eq!(position.held_sequence(), Some(6), "not yet handled");
+        position.acknowledged(6);
+        assert_eq!(position.held_sequence(), None);
+        assert_eq!(position.cursor(), Some(6));
+    }
+
+    #[test]
+    fn a_position_is_settled_with_nothing_held_or_handled() {
+        let mut position = Position::at(Some(4));
+        assert!(position.is_settled());
+        position.handled_through(Handled { last: 5, count: 1 });
+        assert!(!position.is_settled());
+        assert_eq!(position.take_handled(), Some(Handled { last: 5, count: 1 }));
+        position.hold(Some(held(5, 1)));
+        assert!(!position.is_settled());
+        position.moved_to(5);
+        assert!(position.is_settled());
+    }
+}

@@ -3,8 +3,8 @@
 
 use tokio::time::Instant;
 
+use super::fetch::Prefetch;
 use super::position::{Handled, Position};
-use super::read::Prefetch;
 use crate::config::ConsumerConfig;
 use crate::event::FailureClass;
 
