@@ -76,7 +76,7 @@ mod sql;
 mod store;
 
 pub use base::backoff;
-pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
+pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, LiveQuery, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};

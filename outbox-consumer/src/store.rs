@@ -436,8 +436,8 @@ pub(crate) async fn audit(
 ) -> Result<(), ConsumerError> {
     let record = AuditRecord {
         kind,
-        project_id: &lease.fence.project,
-        consumer_id: Some(&lease.fence.consumer),
+        project_id: lease.fence.project.as_str(),
+        consumer_id: Some(lease.fence.consumer.as_str()),
         event_id,
         actor,
         count,

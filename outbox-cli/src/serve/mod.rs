@@ -217,7 +217,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::usage(e.to_string()))?;
         configs.push(config);
     }
-    let live_query = configs[0].live_query.clone();
+    let live_query = configs[0].live_query.sql().to_owned();
     if (args.client_queue as i64) < consume.batch_size {
         return Err(Failure::usage(format!(
             "--client-queue {} is smaller than --batch-size {}: every client would be dropped \

@@ -79,7 +79,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
         tracing::info!(reason = reason.as_str(), ?cursor, "reconciling");
         let mut client = self.pool.get().await?;
         // The run then ends with the error, releasing its lease.
-        crate::live_query::check(&mut client, &self.config.live_query).await?;
+        crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
         if self.config.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
             Sequencer::new(&self.config.schema)
@@ -93,11 +93,12 @@ impl<D, R: Reconciler> Consumer<D, R> {
             .start()
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let task_ids = crate::live_query::task_ids(&*tx, &self.config.live_query, project).await?;
+        let live_query = self.config.live_query.sql();
+        let task_ids = crate::live_query::task_ids(&*tx, live_query, project).await?;
         tx.commit().await?;
         drop(client);
         let live = LiveSet {
-            project_id: project.to_owned(),
+            project_id: self.config.project_id.clone(),
             task_ids,
             head_sequence: head,
             reason,

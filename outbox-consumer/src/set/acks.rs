@@ -102,8 +102,8 @@ impl GroupAcks {
             }
             for request in group {
                 let key = (
-                    request.fence.project.clone(),
-                    request.fence.consumer.clone(),
+                    request.fence.project.to_string(),
+                    request.fence.consumer.to_string(),
                 );
                 let answer = match &outcome {
                     Ok(acked) if acked.contains(&key) => GroupedAck::Acknowledged,

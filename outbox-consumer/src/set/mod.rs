@@ -147,9 +147,9 @@ impl<F: PairFactory> ConsumerSet<F> {
             ))
             .into());
         }
-        if self.template.live_query != crate::config::DEFAULT_LIVE_QUERY {
+        if self.template.live_query.is_custom() {
             let mut client = self.pool.get().await?;
-            crate::live_query::check(&mut client, &self.template.live_query).await?;
+            crate::live_query::check(&mut client, self.template.live_query.sql()).await?;
         }
         let (discovered_tx, mut discovered) = mpsc::unbounded_channel();
         let (listed, discovering) = match &self.projects {

@@ -128,7 +128,7 @@ impl Shared {
         self.members
             .lock()
             .expect("set lock")
-            .entry(lease.fence.project.clone())
+            .entry(lease.fence.project.to_string())
             .or_default()
             .push(Member {
                 lease: lease.clone(),
@@ -141,7 +141,7 @@ impl Shared {
     /// neither renews nor mourns it).
     pub fn unregister(&self, lease: &Arc<Lease>) {
         let mut members = self.members.lock().expect("set lock");
-        if let Some(list) = members.get_mut(&lease.fence.project) {
+        if let Some(list) = members.get_mut(lease.fence.project.as_str()) {
             list.retain(|m| !Arc::ptr_eq(&m.lease, lease));
         }
     }
@@ -151,7 +151,7 @@ impl Shared {
         self.members
             .lock()
             .expect("set lock")
-            .get(&lease.fence.project)
+            .get(lease.fence.project.as_str())
             .is_some_and(|list| list.iter().any(|m| Arc::ptr_eq(&m.lease, lease)))
     }
 
@@ -246,7 +246,10 @@ impl Shared {
             renewed.insert((project, consumer));
         }
         for lease in leases {
-            let key = (lease.fence.project.clone(), lease.fence.consumer.clone());
+            let key = (
+                lease.fence.project.to_string(),
+                lease.fence.consumer.to_string(),
+            );
             if renewed.contains(&key) {
                 lease.renewed(sent_at);
             } else if self.is_member(&lease) {
@@ -290,7 +293,10 @@ impl Shared {
             }
             let members = self.members.lock().expect("set lock");
             for member in members.get(&project).into_iter().flatten() {
-                if replay.contains(&member.lease.fence.consumer) {
+                if replay
+                    .iter()
+                    .any(|c| c == member.lease.fence.consumer.as_str())
+                {
                     member.signals.replay_due.store(true, Ordering::Relaxed);
                     member.signals.wake.notify_one();
                 } else if moved {
