@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
-use super::deliver::Step;
 use super::position::Handled;
 use super::progress::Progress;
 use crate::dispatch::{BatchOutcome, DispatchContext, DispatchMode};
@@ -16,6 +15,13 @@ use crate::event::{FailureClass, ObservedEvent};
 use crate::handler::Reconciler;
 use crate::lease::Lease;
 use crate::store::Statements;
+
+/// Whether to go round again at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    More,
+    Idle,
+}
 
 /// What follows a dispatched batch.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,7 @@ use outbox_core::{Sequencer, Unnamed as _};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::batch::Step;
 use super::failures::{self, PRECISE_WAIT};
 use super::membership::Joined;
 use super::position::Read;
@@ -28,13 +29,6 @@ use crate::store::Statements;
 /// How long an idle member of a set waits with no wake-up at all: in effect forever, since
 /// the set's shared poll reads every project's head on the set's behalf and wakes whoever needs it.
 const NO_POLL: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Whether to go round again at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Step {
-    More,
-    Idle,
-}
 
 /// What the loop does after a failed round.
 enum AfterFailure {
