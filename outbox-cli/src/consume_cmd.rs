@@ -199,8 +199,8 @@ pub fn build_config(
     config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
     config.sequencer_lease_ttl = args.sequencer_lease_ttl;
     config.pooler = global.pooler.into();
-    // `--pooler transaction` implies polling only.
-    config.listen = !args.no_listen && config.pooler == outbox_core::Pooler::None;
+    // The runtime polls only behind `--pooler transaction`, whatever this says.
+    config.listen = !args.no_listen;
     config.wait_for_lease = !args.no_wait;
     config.reactivate = args.reactivate;
     config.exit_when_caught_up = args.exit_when_caught_up;
@@ -217,7 +217,7 @@ pub fn build_config(
                 "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
             ));
         }
-        config.live_query = query.clone();
+        config.live_query = outbox_consumer::LiveQuery::Custom(query.clone());
     }
     config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
         .map_err(|e| Failure::usage(e.to_string()))?;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::failure::Failure;
 
@@ -17,8 +18,8 @@ use crate::failure::Failure;
 pub struct Shutdown {
     /// Cancelled on the first signal.
     token: CancellationToken,
-    /// The task that waits for the signals.
-    task: tokio::task::JoinHandle<()>,
+    /// The task that waits for the signals, aborted when this is dropped.
+    _task: AbortOnDropHandle<()>,
     /// Run on a second signal, just before the process exits.
     hooks: Arc<Mutex<Vec<ForceHook>>>,
 }
@@ -42,7 +43,7 @@ impl Shutdown {
         let cancel = token.clone();
         let hooks: Arc<Mutex<Vec<ForceHook>>> = Arc::default();
         let forced = hooks.clone();
-        let task = tokio::spawn(async move {
+        let task = AbortOnDropHandle::new(tokio::spawn(async move {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
@@ -60,8 +61,12 @@ impl Shutdown {
                 }
             }
             std::process::exit(FORCED_EXIT);
-        });
-        Ok(Self { token, task, hooks })
+        }));
+        Ok(Self {
+            token,
+            _task: task,
+            hooks,
+        })
     }
 
     /// Registers `hook` to run on a second signal, just before the process exits.
@@ -79,11 +84,5 @@ impl Shutdown {
     /// Resolves on the first signal.
     pub async fn requested(&self) {
         self.token.cancelled().await
-    }
-}
-
-impl Drop for Shutdown {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }

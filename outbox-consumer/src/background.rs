@@ -1,63 +1,22 @@
 //! The consumer's background work, beside the delivery loop: the lease heartbeat, the
 //! embedded sequencer, the retention sweep of its project, the sampled gauges and the wake-up
-//! listener. Each runs as a task guarded by a [`TaskGuard`], so none outlives the run that
-//! started it, and every reconnecting loop here and in the delivery loop waits by the one
-//! [`backoff`] schedule.
+//! listener. Each runs as a [`Task`] owned by the run that started it, so none outlives it,
+//! and every loop that backs off after a failure waits by [`base::backoff`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer, owner_token};
+use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer};
 use tokio_util::sync::CancellationToken;
 
+use crate::base::{self, Signals, Task};
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::gauges;
 use crate::lease::{self, Lease};
 use crate::listener;
-use crate::runtime::Signals;
 use crate::store::Statements;
-
-/// First and largest reconnect delay.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
-
-/// The delay after `failures` consecutive failures: doubling from 100 ms, capped at 10 s, with
-/// "equal jitter" (half fixed, half random) so restarted fleets do not reconnect in lock-step.
-pub(crate) fn backoff(failures: u32, random_unit: f64) -> Duration {
-    let exp = BACKOFF_MIN.saturating_mul(1u32 << failures.min(16));
-    let capped = exp.min(BACKOFF_MAX);
-    capped / 2 + capped.mul_f64(random_unit.clamp(0.0, 1.0) / 2.0)
-}
-
-/// A spawned task that is aborted when dropped, so no task outlives its owner; [`join`]
-/// waits for it instead.
-///
-/// [`join`]: TaskGuard::join
-pub(crate) struct TaskGuard(Option<tokio::task::JoinHandle<()>>);
-
-impl TaskGuard {
-    /// Spawns `task` under a guard.
-    pub(crate) fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Self {
-        Self(Some(tokio::spawn(task)))
-    }
-
-    /// Waits for the task to end (its own stop signal having been given).
-    pub(crate) async fn join(mut self) {
-        if let Some(handle) = self.0.take() {
-            let _ = handle.await;
-        }
-    }
-}
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        if let Some(handle) = self.0.take() {
-            handle.abort();
-        }
-    }
-}
 
 /// Starts the background tasks of one run; all stop on `stop`.
 pub(crate) fn spawn(
@@ -68,13 +27,13 @@ pub(crate) fn spawn(
     statements: &Arc<Statements>,
     signals: &Arc<Signals>,
     stop: &CancellationToken,
-) -> Vec<TaskGuard> {
+) -> Vec<Task> {
     let mut tasks = Vec::new();
     {
         let (pool, lease, stop) = (pool.clone(), lease.clone(), stop.clone());
         let statement = statements.heartbeat.clone();
         let interval = config.heartbeat_interval;
-        tasks.push(TaskGuard::spawn(async move {
+        tasks.push(base::spawn(async move {
             lease::heartbeat(pool, &lease, statement, interval, stop).await
         }));
     }
@@ -100,13 +59,11 @@ pub(crate) fn spawn(
         let (pool, stop) = (pool.clone(), stop.clone());
         let schema = config.schema.clone();
         let (project, consumer) = (config.project_id.clone(), config.consumer_id.clone());
-        tasks.push(TaskGuard::spawn(async move {
+        tasks.push(base::spawn(async move {
             gauges::sample(pool, schema, project, consumer, interval, stop).await
         }));
     }
-    // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
-    let listens = config.listen && config.pooler == outbox_core::Pooler::None;
-    if let (true, Some(listen)) = (listens, listen) {
+    if let (true, Some(listen)) = (base::may_listen(config.listen, config.pooler), listen) {
         let listen = listen.clone();
         let channel = config.schema.channel();
         let wake = Arc::new(listener::ProjectWake {
@@ -114,7 +71,7 @@ pub(crate) fn spawn(
             signals: signals.clone(),
         });
         let stop = stop.clone();
-        tasks.push(TaskGuard::spawn(async move {
+        tasks.push(base::spawn(async move {
             listener::listen(listen, channel, wake, stop).await
         }));
     }
@@ -127,7 +84,7 @@ pub(crate) fn spawn_sequencer(
     config: &ConsumerConfig,
     interval: Duration,
     stop: &CancellationToken,
-) -> TaskGuard {
+) -> Task {
     let (pool, stop) = (pool.clone(), stop.clone());
     let ttl = config.sequencer_lease_ttl;
     // A paused leader inside its tick is cut off by the server within the lease TTL, so
@@ -135,8 +92,14 @@ pub(crate) fn spawn_sequencer(
     let sequencer = Sequencer::new(&config.schema)
         .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT))
         .with_session_plan(config.pooler == outbox_core::Pooler::None);
-    let elected = ElectedSequencer::new(sequencer, &config.schema, owner_token(), ttl, interval);
-    TaskGuard::spawn(async move { run_sequencer(pool, elected, interval, stop).await })
+    let elected = ElectedSequencer::new(
+        sequencer,
+        &config.schema,
+        base::owner_token(),
+        ttl,
+        interval,
+    );
+    base::spawn(async move { run_sequencer(pool, elected, interval, stop).await })
 }
 
 /// Starts the retention sweep of `sweeps` (one per project, or one for every project), one
@@ -147,7 +110,7 @@ pub(crate) fn spawn_pruner(
     sweeps: Vec<PruneOptions>,
     interval: Duration,
     stop: &CancellationToken,
-) -> Option<TaskGuard> {
+) -> Option<Task> {
     let pruners = sweeps
         .into_iter()
         .map(|options| Pruner::new(schema, options))
@@ -155,7 +118,7 @@ pub(crate) fn spawn_pruner(
     match pruners {
         Ok(pruners) => {
             let (pool, stop) = (pool.clone(), stop.clone());
-            Some(TaskGuard::spawn(async move {
+            Some(base::spawn(async move {
                 run_pruner(pool, pruners, interval, stop).await
             }))
         }
@@ -175,31 +138,13 @@ async fn run_sequencer(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    let mut failures: u32 = 0;
-    let mut delay = Duration::ZERO;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        let result = async {
+    let mut repeat = base::Repeat::new(&stop, "sequencer step", interval);
+    while repeat.next().await {
+        let step = async {
             let mut client = pool.get().await?;
             Ok::<_, ConsumerError>(elected.step(&mut client).await?)
-        }
-        .await;
-        match result {
-            Ok(next) => {
-                failures = 0;
-                delay = next;
-            }
-            Err(e) => {
-                if failures == 0 {
-                    tracing::warn!(error = %e, "sequencer step failed; backing off");
-                }
-                failures = failures.saturating_add(1);
-                delay = backoff(failures, rand::random()).max(interval);
-            }
-        }
+        };
+        repeat.done(step.await);
     }
     if elected.generation().is_some() {
         if let Ok(client) = pool.get().await {
@@ -273,22 +218,4 @@ async fn sweep_once(
         }
     }
     Ok(sweep.into_report())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        assert_eq!(backoff(0, 0.0), Duration::from_millis(50));
-        assert_eq!(backoff(0, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(1, 0.0), Duration::from_millis(100));
-        assert_eq!(backoff(3, 1.0), Duration::from_millis(800));
-        assert_eq!(backoff(30, 0.0), Duration::from_secs(5));
-        assert_eq!(backoff(30, 1.0), Duration::from_secs(10));
-        for f in 0..40 {
-            assert!(backoff(f, 0.5) <= BACKOFF_MAX);
-        }
-    }
 }

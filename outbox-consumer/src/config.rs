@@ -10,6 +10,34 @@ use crate::retry::RetrySchedule;
 pub const DEFAULT_LIVE_QUERY: &str =
     "SELECT id::text FROM tasks WHERE project_id = $1 AND deleted_at IS NULL";
 
+/// The query that reads a project's live task set for reconciliation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum LiveQuery {
+    /// [`DEFAULT_LIVE_QUERY`]: checked when it is first needed (a consumer that replays
+    /// history from the earliest event may never reconcile, and its database need not have a
+    /// `tasks` table).
+    #[default]
+    Default,
+    /// The application's own query: `$1` is the project ID; one text column. Checked before
+    /// the lease is claimed, so a wrong one holds nothing.
+    Custom(String),
+}
+
+impl LiveQuery {
+    /// The query's SQL.
+    pub fn sql(&self) -> &str {
+        match self {
+            LiveQuery::Default => DEFAULT_LIVE_QUERY,
+            LiveQuery::Custom(sql) => sql,
+        }
+    }
+
+    /// Whether the application gave its own query.
+    pub fn is_custom(&self) -> bool {
+        matches!(self, LiveQuery::Custom(_))
+    }
+}
+
 /// Where a consumer without a cursor starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartFrom {
@@ -60,8 +88,8 @@ pub struct ConsumerConfig {
     pub listen: bool,
     /// Where a consumer without a cursor starts.
     pub start_from: StartFrom,
-    /// The live-set query for reconciliation; `$1` is the project ID; one text column.
-    pub live_query: String,
+    /// The live-set query for reconciliation.
+    pub live_query: LiveQuery,
     /// Wait for a held lease to expire (true) or fail at once (false).
     pub wait_for_lease: bool,
     /// Reactivate a retired consumer (it then reconciles) instead of refusing to start.
@@ -109,7 +137,7 @@ impl ConsumerConfig {
             retry: RetrySchedule::default(),
             listen: true,
             start_from: StartFrom::Reconcile,
-            live_query: DEFAULT_LIVE_QUERY.to_owned(),
+            live_query: LiveQuery::Default,
             wait_for_lease: true,
             reactivate: false,
             exit_when_caught_up: false,
@@ -159,7 +187,7 @@ impl ConsumerConfig {
                 self.retention
             )));
         }
-        if !self.live_query.contains("$1") {
+        if !self.live_query.sql().contains("$1") {
             return Err(ConfigError(
                 "the live-set query must filter by project with $1".into(),
             ));
@@ -193,7 +221,7 @@ mod tests {
         c.batch_size = 0;
         assert!(c.validate().is_err());
         let mut c = config();
-        c.live_query = "SELECT id FROM tasks".into();
+        c.live_query = LiveQuery::Custom("SELECT id FROM tasks".into());
         assert!(c.validate().is_err());
         let mut c = config();
         c.prune_interval = Some(Duration::ZERO);

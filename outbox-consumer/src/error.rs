@@ -1,5 +1,7 @@
 //! The one error type of `outbox-consumer`.
 
+use outbox_core::{ConsumerId, ProjectId};
+
 /// Why a consumer stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -23,9 +25,9 @@ pub enum ConsumerError {
     )]
     LeaseHeld {
         /// Project.
-        project: String,
+        project: ProjectId,
         /// Consumer.
-        consumer: String,
+        consumer: ConsumerId,
         /// The current holder.
         owner: String,
         /// The holder's generation.
@@ -37,7 +39,7 @@ pub enum ConsumerError {
     #[error("lease of consumer {consumer} (generation {generation}) lost: {reason}")]
     LeaseLost {
         /// Consumer.
-        consumer: String,
+        consumer: ConsumerId,
         /// The generation this process held.
         generation: i64,
         /// What the consumer row says now.
@@ -70,9 +72,9 @@ pub enum ConsumerError {
     )]
     Retired {
         /// Project.
-        project: String,
+        project: ProjectId,
         /// Consumer.
-        consumer: String,
+        consumer: ConsumerId,
         /// Who retired it.
         by: String,
         /// Why.

@@ -75,7 +75,7 @@ pub trait TransactionalHandler: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveSet {
     /// The project.
-    pub project_id: String,
+    pub project_id: outbox_core::ProjectId,
     /// IDs of tasks that are not deleted, in the snapshot.
     pub task_ids: Vec<String>,
     /// The head sequence in the same snapshot; the cursor is recorded here afterwards.

@@ -117,7 +117,7 @@ impl History {
         }
         tx.commit().await?;
         Ok(LiveSet {
-            project_id: project.to_string(),
+            project_id: project.clone(),
             task_ids,
             head_sequence: head,
             reason,

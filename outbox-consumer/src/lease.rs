@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use outbox_core::admin::{AuditLog, AuditRecord};
-use outbox_core::{AuditKind, ConsumerState, Unnamed as _};
+use outbox_core::{AuditKind, ConsumerId, ConsumerState, ProjectId, Unnamed as _};
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
@@ -23,9 +23,9 @@ use crate::sql;
 #[derive(Debug, Clone)]
 pub(crate) struct Fence {
     /// Project of the consumer row.
-    pub project: String,
+    pub project: ProjectId,
     /// Consumer of the consumer row.
-    pub consumer: String,
+    pub consumer: ConsumerId,
     /// This process's lease owner token (not the consumer ID: it names one process run).
     pub owner: String,
     /// The generation this process claimed.
@@ -271,8 +271,8 @@ pub(crate) async fn claim(
             let created: bool = row.try_get("created")?;
             tracing::info!(project, consumer, generation, ?cursor, "lease claimed");
             let fence = Fence {
-                project: project.to_owned(),
-                consumer: consumer.to_owned(),
+                project: config.project_id.clone(),
+                consumer: config.consumer_id.clone(),
                 owner: owner.to_owned(),
                 generation,
             };
@@ -298,8 +298,8 @@ pub(crate) async fn claim(
                 continue;
             }
             return Err(ConsumerError::Retired {
-                project: project.to_owned(),
-                consumer: consumer.to_owned(),
+                project: config.project_id.clone(),
+                consumer: config.consumer_id.clone(),
                 by: row.retired_by.unwrap_or_default(),
                 reason: row.retired_reason.unwrap_or_default(),
             });
@@ -309,8 +309,8 @@ pub(crate) async fn claim(
         let expires_in = row.expires_in;
         if !config.wait_for_lease {
             return Err(ConsumerError::LeaseHeld {
-                project: project.to_owned(),
-                consumer: consumer.to_owned(),
+                project: config.project_id.clone(),
+                consumer: config.consumer_id.clone(),
                 owner: holder,
                 generation,
                 expires_in,
@@ -476,8 +476,8 @@ mod tests {
     #[test]
     fn renewal_never_shortens_and_loss_is_final() {
         let fence = Fence {
-            project: "p".into(),
-            consumer: "c".into(),
+            project: ProjectId::new("p").unwrap(),
+            consumer: ConsumerId::new("c").unwrap(),
             owner: "o".into(),
             generation: 3,
         };
@@ -497,8 +497,8 @@ mod tests {
     #[test]
     fn an_expired_local_deadline_stops_dispatch() {
         let fence = Fence {
-            project: "p".into(),
-            consumer: "c".into(),
+            project: ProjectId::new("p").unwrap(),
+            consumer: ConsumerId::new("c").unwrap(),
             owner: "o".into(),
             generation: 1,
         };

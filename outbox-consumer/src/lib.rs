@@ -57,6 +57,7 @@
 #![warn(missing_docs)]
 
 mod background;
+mod base;
 mod config;
 mod dispatch;
 mod error;
@@ -75,7 +76,8 @@ mod set;
 mod sql;
 mod store;
 
-pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, StartFrom};
+pub use base::backoff;
+pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, LiveQuery, StartFrom};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};

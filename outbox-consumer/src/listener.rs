@@ -12,13 +12,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use crate::background::{TaskGuard, backoff};
-use crate::runtime::Signals;
+use crate::base::{self, Repeat, Signals, Task};
 
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
@@ -84,25 +82,15 @@ pub(crate) async fn listen(
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
-    let mut failures: u32 = 0;
-    loop {
+    let mut repeat = Repeat::new(&stop, "listener connection", Duration::ZERO);
+    while repeat.next().await {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
             outcome = session(&config, tls.as_ref(), &channel, &*wake) => outcome,
         };
         wake.disconnected();
-        match outcome {
-            Ok(()) => failures = 0,
-            Err(reason) => {
-                tracing::warn!(%reason, failures, "listener connection unavailable");
-                failures = failures.saturating_add(1);
-            }
-        }
-        let delay = backoff(failures, rand::rng().random());
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
+        // A session that worked reconnects after the shortest backoff.
+        repeat.done(outcome.map(|()| base::backoff(0, rand::random())));
     }
 }
 
@@ -158,12 +146,12 @@ async fn session(
 fn drive<S, T>(
     mut connection: tokio_postgres::Connection<S, T>,
     tx: mpsc::UnboundedSender<String>,
-) -> TaskGuard
+) -> Task
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    TaskGuard::spawn(async move {
+    base::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {

@@ -183,6 +183,18 @@ pub(crate) async fn bounds(
     ))
 }
 
+/// A decoded event and, if its payload is undecodable, the failure class it fails with.
+pub(crate) type Decoded = (ObservedEvent, Option<FailureClass>);
+
+/// What a read found after the cursor.
+pub(crate) struct Batch {
+    /// Events after the cursor in sequence order (contiguity is the caller's check).
+    pub events: Vec<Decoded>,
+    /// Whether more may follow at once (a full batch), so the caller reads again without
+    /// waiting for a wake-up.
+    pub full: bool,
+}
+
 /// An event with saved retry state, holding the cursor.
 #[derive(Debug, Clone)]
 pub(crate) struct Held {
@@ -424,8 +436,8 @@ pub(crate) async fn audit(
 ) -> Result<(), ConsumerError> {
     let record = AuditRecord {
         kind,
-        project_id: &lease.fence.project,
-        consumer_id: Some(&lease.fence.consumer),
+        project_id: lease.fence.project.as_str(),
+        consumer_id: Some(lease.fence.consumer.as_str()),
         event_id,
         actor,
         count,

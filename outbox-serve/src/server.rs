@@ -190,7 +190,7 @@ impl<C: Handler + Reconciler> Server<C> {
         template
             .gauge_interval
             .get_or_insert(template.poll_interval);
-        let live_query = template.live_query.clone();
+        let live_query = template.live_query.sql().to_owned();
         let schema = template.schema.clone();
         let factory = move |project: &ProjectId, _: &ConsumerId| {
             let sink = sinks

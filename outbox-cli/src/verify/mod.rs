@@ -226,7 +226,8 @@ fn consumer_config(
     // A new consumer reconciles at the head first; the probe project keeps no tasks table,
     // so the live set is empty.
     config.start_from = StartFrom::Reconcile;
-    config.live_query = "SELECT $1::text WHERE false".to_owned();
+    config.live_query =
+        outbox_consumer::LiveQuery::Custom("SELECT $1::text WHERE false".to_owned());
     config.prune_interval = None;
     config.wait_for_lease = false;
     config

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ConsumerError;
 use crate::lease::Fence;
+use crate::runtime::GroupedAck;
 
 /// Most acknowledgements in one statement.
 const MAX_GROUP: usize = 1000;
@@ -32,8 +33,8 @@ struct Request {
     fence: Fence,
     /// The new cursor.
     through: i64,
-    /// `Ok(true)` acknowledged, `Ok(false)` the lease is gone, `Err(())` the statement failed.
-    reply: oneshot::Sender<Result<bool, ()>>,
+    /// How it went.
+    reply: oneshot::Sender<GroupedAck>,
 }
 
 /// The consumers' side: hands acknowledgements to the task.
@@ -50,18 +51,20 @@ impl GroupAcks {
         (Self { requests }, AckQueue(queue))
     }
 
-    /// Acknowledges through `through` for the lease `fence` in the next group. `Some(true)`
-    /// done, `Some(false)` the lease is gone; `None` the group's statement failed (or the set
-    /// is stopping): the caller acknowledges on its own, which reports the error properly.
-    pub async fn ack(&self, fence: &Fence, through: i64) -> Option<bool> {
+    /// Acknowledges through `through` for the lease `fence` in the next group; not grouped
+    /// when the group's statement failed (or the set is stopping): the caller then
+    /// acknowledges on its own, which reports the error properly.
+    pub async fn ack(&self, fence: &Fence, through: i64) -> GroupedAck {
         let (reply, answer) = oneshot::channel();
         let request = Request {
             fence: fence.clone(),
             through,
             reply,
         };
-        self.requests.send(request).ok()?;
-        answer.await.ok()?.ok()
+        if self.requests.send(request).is_err() {
+            return GroupedAck::NotGrouped;
+        }
+        answer.await.unwrap_or(GroupedAck::NotGrouped)
     }
 
     /// Sends the gathered acknowledgements, one statement per group, until `stop`.
@@ -90,7 +93,7 @@ impl GroupAcks {
                 }
             }
             let outcome = {
-                // Never beside the set's heartbeat (see `Hub::row_writes`).
+                // Never beside the set's heartbeat (see `Shared::row_writes`).
                 let _writing = row_writes.lock().await;
                 send(&pool, &statement, &owner, cached, &group).await
             };
@@ -99,12 +102,13 @@ impl GroupAcks {
             }
             for request in group {
                 let key = (
-                    request.fence.project.clone(),
-                    request.fence.consumer.clone(),
+                    request.fence.project.to_string(),
+                    request.fence.consumer.to_string(),
                 );
                 let answer = match &outcome {
-                    Ok(acked) => Ok(acked.contains(&key)),
-                    Err(_) => Err(()),
+                    Ok(acked) if acked.contains(&key) => GroupedAck::Acknowledged,
+                    Ok(_) => GroupedAck::Refused,
+                    Err(_) => GroupedAck::NotGrouped,
                 };
                 let _ = request.reply.send(answer);
             }

@@ -4,14 +4,14 @@
 //!
 //! Each pair is an ordinary [`Consumer`] run with its own lease, cursor, fencing, retries and
 //! dead letters, so a poison event or a lost lease stops or delays only its pair. What the
-//! pairs share lives in the [`Hub`]: the lease heartbeat and the fallback poll are one
+//! pairs share lives in their [`Shared`] side: the lease heartbeat and the fallback poll are one
 //! statement each for the whole set, which keeps an idle set of a thousand consumers at a few
 //! statements a second.
 
 mod acks;
-mod hub;
 mod pairs;
 mod reads;
+mod shared;
 
 use std::sync::Arc;
 
@@ -23,11 +23,11 @@ use tokio_postgres::Config;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub(crate) use hub::Hub;
 pub use pairs::PairProbes;
-pub(crate) use reads::Batch;
+use shared::Shared;
 
-use crate::background::{self, TaskGuard};
+use crate::background;
+use crate::base::{self, Task};
 use crate::config::{ConfigError, ConsumerConfig};
 use crate::error::ConsumerError;
 use crate::handler::{Handler, Reconciler};
@@ -83,7 +83,7 @@ where
 
 /// Runs every pair of `projects` × `consumer_ids` in this process. See the module docs.
 pub struct ConsumerSet<F> {
-    /// Shared by every pair and by the hub's tasks; the listener is the one connection more.
+    /// Shared by every pair and by the set's shared tasks; the listener is the one connection more.
     pool: Pool,
     /// The one LISTEN connection's configuration; `None` polls only.
     listen_config: Option<Config>,
@@ -167,9 +167,9 @@ impl<F: PairFactory> ConsumerSet<F> {
             ))
             .into());
         }
-        if self.template.live_query != crate::config::DEFAULT_LIVE_QUERY {
+        if self.template.live_query.is_custom() {
             let mut client = self.pool.get().await?;
-            crate::live_query::check(&mut client, &self.template.live_query).await?;
+            crate::live_query::check(&mut client, self.template.live_query.sql()).await?;
         }
         let (discovered_tx, mut discovered) = mpsc::unbounded_channel();
         let (listed, discovering) = match &self.projects {
@@ -177,7 +177,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             Projects::All => (None, Some(discovered_tx)),
         };
         let consumer_ids = self.consumer_ids.iter().map(|c| c.to_string()).collect();
-        let hub = Arc::new(Hub::new(
+        let shared = Arc::new(Shared::new(
             &self.template.schema,
             self.template.pooler,
             listed,
@@ -190,21 +190,21 @@ impl<F: PairFactory> ConsumerSet<F> {
         match &self.projects {
             Projects::Listed(list) => {
                 for project in list {
-                    self.start_project(&mut pairs, &hub, project, &shutdown);
+                    self.start_project(&mut pairs, &shared, project, &shutdown);
                 }
             }
             // The projects there are now, before anything else; later ones arrive below.
-            Projects::All => hub.poll_once(&self.pool).await?,
+            Projects::All => shared.poll_once(&self.pool).await?,
         }
         let stop = CancellationToken::new();
-        let tasks = self.spawn_shared(&hub, &stop);
+        let tasks = self.spawn_shared(&shared, &stop);
         let mut outcomes = Vec::new();
         loop {
             tokio::select! {
                 Some(project) = discovered.recv() => match ProjectId::new(&project) {
                     Ok(project) => {
                         tracing::info!(project = %project, "following a new project");
-                        self.start_project(&mut pairs, &hub, &project, &shutdown);
+                        self.start_project(&mut pairs, &shared, &project, &shutdown);
                     }
                     Err(e) => tracing::warn!(project, error = %e, "not following a project with an invalid ID"),
                 },
@@ -229,9 +229,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             outcomes.push(ended(joined));
         }
         stop.cancel();
-        for task in tasks {
-            task.join().await;
-        }
+        base::join_all(tasks).await;
         Ok(outcomes)
     }
 
@@ -239,7 +237,7 @@ impl<F: PairFactory> ConsumerSet<F> {
     fn start_project(
         &self,
         pairs: &mut JoinSet<PairOutcome>,
-        hub: &Arc<Hub>,
+        shared: &Arc<Shared>,
         project: &ProjectId,
         shutdown: &CancellationToken,
     ) {
@@ -249,7 +247,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             config.consumer_id = consumer_id.clone();
             let (handler, reconciler) = self.factory.make(project, consumer_id);
             let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
-                .in_set(hub.clone());
+                .in_set(shared.clone());
             let probe = consumer.probe();
             self.probes.insert(project, consumer_id, probe.clone());
             let gauges = self.template.gauge_interval.map(|interval| {
@@ -285,37 +283,36 @@ impl<F: PairFactory> ConsumerSet<F> {
     }
 
     /// The set's shared tasks: heartbeat, poll, listener, sequencer and retention sweep.
-    fn spawn_shared(&self, hub: &Arc<Hub>, stop: &CancellationToken) -> Vec<TaskGuard> {
+    fn spawn_shared(&self, shared: &Arc<Shared>, stop: &CancellationToken) -> Vec<Task> {
         let config = &self.template;
         let mut tasks = Vec::new();
         {
-            let (hub, pool, stop) = (hub.clone(), self.pool.clone(), stop.clone());
+            let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
             let (ttl, interval) = (config.lease_ttl, config.heartbeat_interval);
-            tasks.push(TaskGuard::spawn(
-                async move { hub.heartbeat(pool, ttl, interval, stop).await }
+            tasks.push(base::spawn(
+                async move { shared.heartbeat(pool, ttl, interval, stop).await }
                     .instrument(tracing::info_span!("set-heartbeat")),
             ));
         }
-        if let Some(task) = hub.ack_task(self.pool.clone(), stop.clone()) {
-            tasks.push(TaskGuard::spawn(task));
+        if let Some(task) = shared.ack_task(self.pool.clone(), stop.clone()) {
+            tasks.push(base::spawn(task));
         }
         {
-            let (hub, pool, stop) = (hub.clone(), self.pool.clone(), stop.clone());
+            let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
             let interval = config.poll_interval;
-            tasks.push(TaskGuard::spawn(async move {
-                hub.poll(pool, interval, stop).await
+            tasks.push(base::spawn(async move {
+                shared.poll(pool, interval, stop).await
             }));
         }
-        // Behind a transaction pooler a LISTEN would be lost with its server session: poll only.
-        let listens = config.listen && config.pooler == outbox_core::Pooler::None;
+        let listens = base::may_listen(config.listen, config.pooler);
         if let (true, Some(config_of_listener)) = (listens, &self.listen_config) {
             let listen = listener::Target {
                 config: config_of_listener.clone(),
                 tls: self.listen_tls.clone(),
             };
             let channel = config.schema.channel();
-            let (wake, stop) = (hub.clone() as Arc<dyn listener::Wake>, stop.clone());
-            tasks.push(TaskGuard::spawn(async move {
+            let (wake, stop) = (shared.clone() as Arc<dyn listener::Wake>, stop.clone());
+            tasks.push(base::spawn(async move {
                 listener::listen(listen, channel, wake, stop).await
             }));
         }

@@ -16,20 +16,7 @@ use deadpool_postgres::Pool;
 use outbox_core::{ConsumerId, ProjectId};
 
 use crate::error::ConsumerError;
-use crate::event::{FailureClass, ObservedEvent};
-use crate::store::{self, Statements};
-
-/// A decoded event and, if its payload is undecodable, the failure class it fails with.
-pub(crate) type Decoded = (ObservedEvent, Option<FailureClass>);
-
-/// What a read found after the cursor.
-pub(crate) struct Batch {
-    /// Events after the cursor in sequence order (contiguity is the caller's check).
-    pub events: Vec<Decoded>,
-    /// Whether more may follow at once (a full batch), so the caller reads again without
-    /// waiting for a wake-up.
-    pub full: bool,
-}
+use crate::store::{self, Batch, Decoded, Statements};
 
 /// One project's shared state.
 #[derive(Default)]

@@ -1,8 +1,9 @@
 //! What the consumers of a set share: one lease heartbeat, one fallback poll, one listener
 //! routing notifications by project, project discovery, reads of each project's events
-//! ([`SharedReads`]) and grouped acknowledgements ([`GroupAcks`]).
+//! ([`SharedReads`]) and grouped acknowledgements ([`GroupAcks`]). It is each member's
+//! [`Membership`].
 //!
-//! The hub is what keeps a thousand idle consumers cheap. On its own a consumer renews its
+//! This shared side is what keeps a thousand idle consumers cheap. On its own a consumer renews its
 //! lease every heartbeat interval and polls its project every poll interval; in a set, one
 //! statement renews every lease the set holds ([`sql::HEARTBEAT_SET`]) and one statement
 //! reads the heads of all its projects and the consumers with a replay request
@@ -14,17 +15,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use outbox_core::{Schema, Unnamed as _};
+use futures_util::FutureExt as _;
+use futures_util::future::BoxFuture;
+use outbox_core::{ProjectId, Schema, Unnamed as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckQueue, GroupAcks};
 use super::reads::SharedReads;
-use crate::background::backoff;
+use crate::base::{self, Repeat, Signals};
+use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
-use crate::lease::Lease;
+use crate::lease::{Fence, Lease};
 use crate::listener::Wake;
-use crate::runtime::Signals;
+use crate::runtime::{Fetched, GroupedAck, Joined, Membership, ReadAfter, RunContext};
 use crate::sql;
 use crate::store::Statements;
 
@@ -35,7 +39,7 @@ struct Member {
 }
 
 /// The shared side of a consumer set.
-pub(crate) struct Hub {
+pub(crate) struct Shared {
     /// The lease owner of every member: one token per set, so one statement renews them all
     /// (each lease is still fenced by its own generation).
     pub owner: String,
@@ -61,7 +65,7 @@ pub(crate) struct Hub {
     pub reads: SharedReads,
     /// Acknowledgements gathered into one statement.
     pub acks: GroupAcks,
-    /// The acknowledging task's queue, until [`Hub::ack_task`] takes it.
+    /// The acknowledging task's queue, until [`Shared::ack_task`] takes it.
     ack_queue: Mutex<Option<AckQueue>>,
     /// [`sql::ACK_SET`], rendered.
     ack_set: String,
@@ -71,8 +75,8 @@ pub(crate) struct Hub {
     row_writes: Arc<tokio::sync::Mutex<()>>,
 }
 
-impl Hub {
-    /// A hub for `consumer_ids` over `listed` projects, or, with `discovered`, over every
+impl Shared {
+    /// The shared side for `consumer_ids` over `listed` projects, or, with `discovered`, over every
     /// project (new ones are sent there).
     pub fn new(
         schema: &Schema,
@@ -84,7 +88,7 @@ impl Hub {
         let followed = listed.iter().flatten().cloned().collect();
         let (acks, ack_queue) = GroupAcks::new();
         Self {
-            owner: crate::runtime::owner_token(),
+            owner: base::owner_token(),
             statements: Arc::new(Statements::new(schema, pooler)),
             heartbeat_set: schema.render(sql::HEARTBEAT_SET),
             poll_set: schema.render(sql::POLL_SET),
@@ -108,7 +112,7 @@ impl Hub {
         pool: Pool,
         stop: CancellationToken,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let queue = self.ack_queue.lock().expect("hub lock").take()?;
+        let queue = self.ack_queue.lock().expect("set lock").take()?;
         let (statement, owner) = (self.ack_set.clone(), self.owner.clone());
         let cached = self.statements.cached;
         let row_writes = self.row_writes.clone();
@@ -123,8 +127,8 @@ impl Hub {
         signals.replay_due.store(true, Ordering::Relaxed);
         self.members
             .lock()
-            .expect("hub lock")
-            .entry(lease.fence.project.clone())
+            .expect("set lock")
+            .entry(lease.fence.project.to_string())
             .or_default()
             .push(Member {
                 lease: lease.clone(),
@@ -136,8 +140,8 @@ impl Hub {
     /// Removes the member holding `lease` (before it releases the lease, so the heartbeat
     /// neither renews nor mourns it).
     pub fn unregister(&self, lease: &Arc<Lease>) {
-        let mut members = self.members.lock().expect("hub lock");
-        if let Some(list) = members.get_mut(&lease.fence.project) {
+        let mut members = self.members.lock().expect("set lock");
+        if let Some(list) = members.get_mut(lease.fence.project.as_str()) {
             list.retain(|m| !Arc::ptr_eq(&m.lease, lease));
         }
     }
@@ -146,15 +150,15 @@ impl Hub {
     fn is_member(&self, lease: &Arc<Lease>) -> bool {
         self.members
             .lock()
-            .expect("hub lock")
-            .get(&lease.fence.project)
+            .expect("set lock")
+            .get(lease.fence.project.as_str())
             .is_some_and(|list| list.iter().any(|m| Arc::ptr_eq(&m.lease, lease)))
     }
 
     /// Wakes every member of `project`, after marking its shared read stale.
     fn wake_project(&self, project: &str) {
         self.reads.signal(project);
-        if let Some(list) = self.members.lock().expect("hub lock").get(project) {
+        if let Some(list) = self.members.lock().expect("set lock").get(project) {
             for member in list {
                 member.signals.wake.notify_one();
             }
@@ -167,7 +171,7 @@ impl Hub {
             if self
                 .followed
                 .lock()
-                .expect("hub lock")
+                .expect("set lock")
                 .insert(project.to_owned())
             {
                 let _ = discovered.send(project.to_owned());
@@ -205,7 +209,7 @@ impl Hub {
     /// One renewal of every live lease.
     async fn renew_all(&self, pool: &Pool, ttl: Duration) -> Result<(), ConsumerError> {
         let leases: Vec<Arc<Lease>> = {
-            let members = self.members.lock().expect("hub lock");
+            let members = self.members.lock().expect("set lock");
             members
                 .values()
                 .flatten()
@@ -242,7 +246,10 @@ impl Hub {
             renewed.insert((project, consumer));
         }
         for lease in leases {
-            let key = (lease.fence.project.clone(), lease.fence.consumer.clone());
+            let key = (
+                lease.fence.project.to_string(),
+                lease.fence.consumer.to_string(),
+            );
             if renewed.contains(&key) {
                 lease.renewed(sent_at);
             } else if self.is_member(&lease) {
@@ -255,25 +262,9 @@ impl Hub {
     /// Polls every `interval` until `stop` (the set's fallback for lost notifications, and its
     /// discovery of new projects), backing off while the database is unreachable.
     pub async fn poll(&self, pool: Pool, interval: Duration, stop: CancellationToken) {
-        let mut failures: u32 = 0;
-        loop {
-            let delay = match self.poll_once(&pool).await {
-                Ok(()) => {
-                    failures = 0;
-                    interval
-                }
-                Err(e) => {
-                    if failures == 0 {
-                        tracing::warn!(error = %e, "set poll failed; backing off");
-                    }
-                    failures = failures.saturating_add(1);
-                    backoff(failures, rand::random()).max(interval)
-                }
-            };
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
+        let mut repeat = Repeat::new(&stop, "set poll", interval);
+        while repeat.next().await {
+            repeat.done(self.poll_once(&pool).await.map(|()| interval));
         }
     }
 
@@ -294,15 +285,18 @@ impl Hub {
             let moved = self
                 .heads
                 .lock()
-                .expect("hub lock")
+                .expect("set lock")
                 .insert(project.clone(), head)
                 != Some(head);
             if moved {
                 self.reads.signal(&project);
             }
-            let members = self.members.lock().expect("hub lock");
+            let members = self.members.lock().expect("set lock");
             for member in members.get(&project).into_iter().flatten() {
-                if replay.contains(&member.lease.fence.consumer) {
+                if replay
+                    .iter()
+                    .any(|c| c == member.lease.fence.consumer.as_str())
+                {
                     member.signals.replay_due.store(true, Ordering::Relaxed);
                     member.signals.wake.notify_one();
                 } else if moved {
@@ -314,7 +308,7 @@ impl Hub {
     }
 }
 
-impl Wake for Hub {
+impl Wake for Shared {
     /// Routes a notification to the members of its project; a project nobody follows yet is
     /// discovered this way as soon as its first event is numbered (the poll would find it at
     /// its next round).
@@ -325,10 +319,75 @@ impl Wake for Hub {
 
     fn connected(&self) {
         self.reads.signal_all();
-        for list in self.members.lock().expect("hub lock").values() {
+        for list in self.members.lock().expect("set lock").values() {
             for member in list {
                 member.signals.wake.notify_one();
             }
         }
+    }
+}
+
+impl Membership for Shared {
+    fn owner(&self) -> String {
+        self.owner.clone()
+    }
+
+    fn statements(&self, _: &ConsumerConfig) -> Arc<Statements> {
+        self.statements.clone()
+    }
+
+    fn checks_live_query(&self) -> bool {
+        false
+    }
+
+    fn join(&self, _: &RunContext<'_>, lease: &Arc<Lease>) -> Joined {
+        Joined {
+            signals: self.register(lease),
+            tasks: Vec::new(),
+            polls_itself: false,
+        }
+    }
+
+    fn leave(&self, lease: &Arc<Lease>) {
+        self.unregister(lease);
+    }
+
+    fn read<'a>(
+        &'a self,
+        read: ReadAfter<'a>,
+        _: &'a mut Option<crate::runtime::Prefetch>,
+    ) -> BoxFuture<'a, Result<Fetched, ConsumerError>> {
+        async move {
+            let ReadAfter {
+                pool,
+                statements,
+                config,
+                cursor,
+            } = read;
+            let batch = self
+                .reads
+                .read(
+                    pool,
+                    statements,
+                    &config.project_id,
+                    &config.consumer_id,
+                    cursor,
+                    config.batch_size,
+                )
+                .await?;
+            Ok(Fetched {
+                batch,
+                read_ahead: false,
+            })
+        }
+        .boxed()
+    }
+
+    fn ack<'a>(&'a self, fence: &'a Fence, through: i64) -> BoxFuture<'a, GroupedAck> {
+        self.acks.ack(fence, through).boxed()
+    }
+
+    fn numbered(&self, project: &ProjectId) {
+        self.reads.signal(project.as_str());
     }
 }

@@ -1,0 +1,45 @@
+//! Acknowledgement of what this run handled: grouped with other members of a consumer set
+//! where possible, else with the run's own fenced statement.
+
+use super::Consumer;
+use super::membership::GroupedAck;
+use super::progress::Progress;
+use crate::error::ConsumerError;
+use crate::lease::Lease;
+use crate::store::{self, Statements};
+
+impl<D, R> Consumer<D, R> {
+    /// Acknowledges events this run handled but could not yet acknowledge (the write failed,
+    /// say, because the database restarted). They are not dispatched again by this process.
+    pub(super) async fn ack_handled(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+    ) -> Result<(), ConsumerError> {
+        let Some(handled) = progress.position.handled() else {
+            return Ok(());
+        };
+        let held = progress.position.held_sequence();
+        // An acknowledgement that also clears saved retry state takes the run's own statement.
+        let clears_retry = held.is_some_and(|held| held <= handled.last);
+        let grouped = match clears_retry {
+            true => GroupedAck::NotGrouped,
+            false => self.membership.ack(&lease.fence, handled.last).await,
+        };
+        match grouped {
+            GroupedAck::Acknowledged => {}
+            GroupedAck::Refused => {
+                let client = self.pool.get().await?;
+                return Err(lease.lose_after_rejection(&**client).await);
+            }
+            GroupedAck::NotGrouped => {
+                let mut client = self.pool.get().await?;
+                store::ack(&mut client, statements, lease, held, handled.last).await?;
+            }
+        }
+        progress.position.take_handled();
+        progress.advance(handled);
+        Ok(())
+    }
+}

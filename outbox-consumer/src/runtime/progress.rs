@@ -1,0 +1,95 @@
+//! A run's state beyond its position: what it delivered, what it still has to check, the
+//! batch being read ahead, and its metrics.
+
+use tokio::time::Instant;
+
+use super::fetch::Prefetch;
+use super::position::{Handled, Position};
+use crate::config::ConsumerConfig;
+use crate::event::FailureClass;
+
+/// Per-run delivery state.
+pub(super) struct Progress {
+    /// Where the run stands in the stream.
+    pub position: Position,
+    /// Whether the cursor was checked against head and floor since the last (re)start.
+    pub bounds_checked: bool,
+    /// When to look for replay requests next.
+    pub next_replay_check: Instant,
+    /// Events delivered in order.
+    pub delivered: u64,
+    /// Whether a missing cursor may start from the earliest event: only for a consumer row
+    /// this run created. A reactivated consumer, or one that crashed before its first
+    /// reconciliation finished, always reconciles.
+    pub new_consumer: bool,
+    /// The next batch, being read while this one is dispatched (lone consumers, after a full
+    /// batch); used only if the cursor reaches the point it was read after.
+    pub prefetched: Option<Prefetch>,
+    /// The run's metrics.
+    pub meters: Meters,
+}
+
+impl Progress {
+    /// The state of a run that claimed the lease with `cursor`.
+    pub fn new(config: &ConsumerConfig, cursor: Option<i64>, new_consumer: bool) -> Self {
+        Self {
+            position: Position::at(cursor),
+            bounds_checked: false,
+            next_replay_check: Instant::now(),
+            delivered: 0,
+            new_consumer,
+            prefetched: None,
+            meters: Meters::new(config),
+        }
+    }
+
+    /// Records an acknowledged prefix in the position and the metrics.
+    pub fn advance(&mut self, handled: Handled) {
+        self.position.acknowledged(handled.last);
+        self.delivered += handled.count;
+        self.meters.delivered.increment(handled.count);
+        self.meters.cursor.set(handled.last as f64);
+    }
+}
+
+/// The consumer's metrics, labelled once per run with its project and ID (names as the
+/// README's metric table lists them).
+pub(super) struct Meters {
+    /// The `project` and `consumer` labels, for the per-class failure counters.
+    labels: [(&'static str, String); 2],
+    /// `outbox_events_delivered_total`: events acknowledged in order.
+    delivered: metrics::Counter,
+    /// `outbox_consumer_cursor`: the last acknowledged sequence.
+    cursor: metrics::Gauge,
+    /// `outbox_dead_letters_parked_total`: events parked.
+    pub dead_letters: metrics::Counter,
+    /// `outbox_commit_to_dispatch_seconds`: writer's transaction start to first dispatch.
+    pub commit_to_dispatch: metrics::Histogram,
+}
+
+impl Meters {
+    fn new(config: &ConsumerConfig) -> Self {
+        let labels = [
+            ("project", config.project_id.to_string()),
+            ("consumer", config.consumer_id.to_string()),
+        ];
+        Self {
+            delivered: metrics::counter!("outbox_events_delivered_total", &labels),
+            cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
+            dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
+            commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
+            labels,
+        }
+    }
+
+    /// `outbox_delivery_failures_total`: failed attempts, by failure class.
+    pub fn failure(&self, class: &FailureClass) -> metrics::Counter {
+        let [project, consumer] = &self.labels;
+        let labels = [
+            project.clone(),
+            consumer.clone(),
+            ("class", class.to_string()),
+        ];
+        metrics::counter!("outbox_delivery_failures_total", &labels)
+    }
+}

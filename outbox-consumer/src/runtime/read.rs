@@ -1,0 +1,47 @@
+//! The read phase: the batch after the cursor, fetched alone or through the consumer set,
+//! then checked for contiguity.
+
+use super::Consumer;
+use super::fetch::{Fetched, ReadAfter};
+use super::position::Read;
+use super::progress::Progress;
+use crate::error::ConsumerError;
+use crate::store::Statements;
+
+impl<D, R> Consumer<D, R> {
+    /// Read and decode: the contiguous run of events after `cursor`, up to the first
+    /// undecodable one; `more` when the loop should go round again at once (after a full
+    /// batch, one cut short, or one read ahead, which may predate events numbered since).
+    pub(super) async fn read_batch(
+        &self,
+        statements: &Statements,
+        progress: &mut Progress,
+        cursor: i64,
+    ) -> Result<(Read, bool), ConsumerError> {
+        let request = ReadAfter {
+            pool: &self.pool,
+            statements,
+            config: &self.config,
+            cursor,
+        };
+        let Fetched { batch, read_ahead } = self
+            .membership
+            .read(request, &mut progress.prefetched)
+            .await?;
+        let read = progress.position.contiguous(cursor, batch.events);
+        let Read::Events { events, cut_short } = &read else {
+            return Ok((read, false));
+        };
+        for event in events.iter().filter(|e| e.attempt == 1) {
+            // Writer's transaction start to dispatch (which follows this read), on this
+            // host's clock. Retries and events kept across a retry wait are not counted again.
+            let waited = (chrono::Utc::now() - event.occurred_at).num_microseconds();
+            progress
+                .meters
+                .commit_to_dispatch
+                .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
+        }
+        let more = batch.full || *cut_short || read_ahead;
+        Ok((read, more))
+    }
+}

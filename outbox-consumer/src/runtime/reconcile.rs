@@ -1,0 +1,130 @@
+//! Settling the cursor: the bounds check after every (re)start, the start of a consumer
+//! without a cursor, and full reconciliation when history is missing.
+
+use outbox_core::Sequencer;
+use tokio_postgres::IsolationLevel;
+
+use super::Consumer;
+use super::progress::Progress;
+use crate::config::StartFrom;
+use crate::error::ConsumerError;
+use crate::handler::{LiveSet, ReconcileReason, Reconciler};
+use crate::lease::Lease;
+use crate::store::{self, Statements};
+
+impl<D, R: Reconciler> Consumer<D, R> {
+    /// Bounds check: a cursor below the retention floor or above the head means history is
+    /// missing (reconcile); otherwise loads the saved retry state of the next event.
+    pub(super) async fn check_bounds(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        cursor: i64,
+    ) -> Result<Option<ReconcileReason>, ConsumerError> {
+        let client = self.pool.get().await?;
+        let project = self.config.project_id.as_str();
+        let (head, floor) = store::bounds(&**client, statements, project).await?;
+        if cursor < floor {
+            return Ok(Some(ReconcileReason::BelowRetentionFloor));
+        }
+        if cursor > head {
+            return Ok(Some(ReconcileReason::AboveHead));
+        }
+        let held = store::load_held(&**client, statements, lease, cursor).await?;
+        progress.position.hold(held);
+        progress.bounds_checked = true;
+        Ok(None)
+    }
+
+    /// A consumer without a cursor reconciles, or replays retained history when asked to and
+    /// nothing has been pruned yet.
+    pub(super) async fn start_without_cursor(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+    ) -> Result<(), ConsumerError> {
+        if self.config.start_from == StartFrom::Earliest && progress.new_consumer {
+            let mut client = self.pool.get().await?;
+            let (_, floor) =
+                store::bounds(&**client, statements, self.config.project_id.as_str()).await?;
+            if floor == 0 {
+                store::set_cursor(&mut client, statements, lease, 0, None).await?;
+                tracing::info!("new consumer starts from the earliest event");
+                progress.position.moved_to(0);
+                progress.bounds_checked = false;
+                return Ok(());
+            }
+            tracing::warn!(
+                floor,
+                "history before the retention floor is gone; reconciling instead"
+            );
+        }
+        self.reconcile(lease, statements, progress, ReconcileReason::MissingCursor)
+            .await
+    }
+
+    /// Full reconciliation: the live set and the head in one snapshot, handed to the
+    /// reconciler, then the cursor recorded at that head.
+    pub(super) async fn reconcile(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        reason: ReconcileReason,
+    ) -> Result<(), ConsumerError> {
+        let project = self.config.project_id.as_str();
+        let cursor = progress.position.cursor();
+        tracing::info!(reason = reason.as_str(), ?cursor, "reconciling");
+        let mut client = self.pool.get().await?;
+        // The run then ends with the error, releasing its lease.
+        crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
+        if self.config.sequence_interval.is_some() {
+            // Number what has committed, so fewer deletions arrive again after the snapshot.
+            Sequencer::new(&self.config.schema)
+                .drain(&mut client)
+                .await?;
+        }
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let (head, _) = store::bounds(&*tx, statements, project).await?;
+        let live_query = self.config.live_query.sql();
+        let task_ids = crate::live_query::task_ids(&*tx, live_query, project).await?;
+        tx.commit().await?;
+        drop(client);
+        let live = LiveSet {
+            project_id: self.config.project_id.clone(),
+            task_ids,
+            head_sequence: head,
+            reason,
+        };
+        if let Err(failure) = outbox_core::observe(self.reconciler.reconcile(&live)).await {
+            if let Some(reason) = failure.stop_reason() {
+                return Err(ConsumerError::SinkFailed {
+                    reason: reason.to_owned(),
+                });
+            }
+            tracing::error!(class = %failure.class, "reconciler failed; will try again");
+            return Err(ConsumerError::ReconcilerFailed {
+                class: failure.class,
+            });
+        }
+        let mut client = self.pool.get().await?;
+        let live_count = live.task_ids.len() as i64;
+        store::set_cursor(&mut client, statements, lease, head, Some(live_count)).await?;
+        tracing::info!(
+            head,
+            live = live_count,
+            reason = reason.as_str(),
+            "reconciled"
+        );
+        progress.position.moved_to(head);
+        progress.bounds_checked = false;
+        Ok(())
+    }
+}

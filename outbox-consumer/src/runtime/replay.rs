@@ -1,0 +1,68 @@
+//! Replay requests: dead letters an operator asked to deliver again, dispatched outside the
+//! stream's order and recorded as replayed or still parked.
+
+use tokio_util::sync::CancellationToken;
+
+use outbox_core::Unnamed as _;
+
+use super::Consumer;
+use crate::dispatch::{DispatchContext, DispatchMode};
+use crate::error::ConsumerError;
+use crate::handler::Reconciler;
+use crate::lease::Lease;
+use crate::store::{self, Statements};
+
+impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
+    /// Re-dispatches dead letters an operator asked to replay.
+    pub(super) async fn replay_requested(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        shutdown: &CancellationToken,
+    ) -> Result<(), ConsumerError> {
+        let project = &self.config.project_id;
+        let consumer = &self.config.consumer_id;
+        let rows = {
+            let client = self.pool.get().await?;
+            client
+                .query_unnamed(
+                    &statements.replay_requested,
+                    &[&project.as_str(), &consumer.as_str()],
+                )
+                .await?
+        };
+        let ctx = DispatchContext {
+            pool: &self.pool,
+            lease,
+            statements,
+            shutdown,
+            grace: self.config.shutdown_grace,
+            held_sequence: None,
+        };
+        for row in rows {
+            if !lease.is_valid() || shutdown.is_cancelled() {
+                break;
+            }
+            let attempts: i32 = row.try_get("attempts")?;
+            let attempt = attempts.max(0) as u32 + 1;
+            let (event, undecodable) = store::decode(&row, project, consumer, true, attempt)?;
+            if let Some(class) = undecodable {
+                let mut client = self.pool.get().await?;
+                let tx = client.transaction().await?;
+                store::lock_fence(&tx, statements, lease).await?;
+                store::record_replay(&tx, statements, lease, &event, &Err(class.into())).await?;
+                tx.commit().await?;
+                continue;
+            }
+            match self.dispatch.replay(&ctx, &event).await? {
+                Some(Ok(())) => tracing::info!(event_id = %event.event_id, "dead letter replayed"),
+                Some(Err(f)) => tracing::warn!(
+                    event_id = %event.event_id, class = %f.class,
+                    "replay failed; the dead letter stays parked"
+                ),
+                None => break,
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! A run's set-up and teardown: checks, the lease claim, joining alone or in a set, the
+//! delivery loop, and then the last acknowledgement, the tasks' end and the lease's release.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::membership::RunContext;
+use super::progress::Progress;
+use super::{Consumer, MIN_POOL_SIZE, RunSummary};
+use crate::base;
+use crate::config::ConfigError;
+use crate::dispatch::DispatchMode;
+use crate::error::ConsumerError;
+use crate::handler::Reconciler;
+use crate::lease;
+
+impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
+    /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
+    /// the grace period, acknowledges what was handled and releases the lease), or until the
+    /// lease is lost or a non-transient error occurs.
+    ///
+    /// On its own a consumer starts its own heartbeat, sequencer, sweep and listener; as a
+    /// member of a consumer set, the set's shared side renews its lease, polls and wakes it, and runs
+    /// the rest once for all members.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<RunSummary, ConsumerError> {
+        self.config.validate()?;
+        let pool_size = self.pool.status().max_size;
+        if pool_size < MIN_POOL_SIZE {
+            return Err(ConfigError(format!(
+                "the pool allows {pool_size} connection(s); a consumer needs at least \
+                 {MIN_POOL_SIZE} (delivery, heartbeat, sequencer)"
+            ))
+            .into());
+        }
+        let statements = self.membership.statements(&self.config);
+        // A live query given explicitly is checked before the lease is claimed, so a wrong one
+        // holds nothing; the default is checked when it is first needed (a consumer that
+        // replays history from the earliest event may never reconcile, and its database need
+        // not have a `tasks` table). A consumer set checks it once for all its members.
+        if self.membership.checks_live_query() && self.config.live_query.is_custom() {
+            let mut client = self.pool.get().await?;
+            crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
+        }
+        let owner = self.membership.owner();
+        let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
+            return Ok(RunSummary::default());
+        };
+        if claimed.created {
+            tracing::info!(
+                "registering new consumer {} of project {}; it holds retention until retired",
+                self.config.consumer_id,
+                self.config.project_id
+            );
+        }
+        let lease = Arc::new(claimed.lease);
+        let lease_labels = [
+            ("project", self.config.project_id.to_string()),
+            ("consumer", self.config.consumer_id.to_string()),
+        ];
+        self.probe.claimed(lease.fence.generation);
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(1.0);
+        metrics::gauge!("outbox_lease_generation", &lease_labels)
+            .set(lease.fence.generation as f64);
+        let stop = CancellationToken::new();
+        let context = RunContext {
+            pool: &self.pool,
+            listen: self.listen.as_ref(),
+            config: &self.config,
+            statements: &statements,
+            stop: &stop,
+        };
+        let mut joined = self.membership.join(&context, &lease);
+        let mut progress = Progress::new(&self.config, claimed.cursor, claimed.created);
+        let span = tracing::info_span!(
+            "consumer",
+            project = %self.config.project_id,
+            consumer = %self.config.consumer_id,
+            generation = lease.fence.generation,
+        );
+        let mut result = self
+            .deliver_loop(&lease, &statements, &joined, &shutdown, &mut progress)
+            .instrument(span)
+            .await;
+        if result.is_ok() && progress.position.handled().is_some() {
+            // One last try, so a clean stop does not leave handled events to be repeated.
+            result = self.ack_handled(&lease, &statements, &mut progress).await;
+        }
+
+        stop.cancel();
+        base::join_all(std::mem::take(&mut joined.tasks)).await;
+        self.membership.leave(&lease);
+        if !matches!(result, Err(ConsumerError::LeaseLost { .. })) {
+            lease::release(&self.pool, &lease, &statements.release).await;
+        }
+        self.probe.released();
+        metrics::gauge!("outbox_lease_held", &lease_labels).set(0.0);
+        result.map(|()| RunSummary {
+            generation: lease.fence.generation,
+            delivered: progress.delivered,
+            cursor: progress.position.cursor(),
+        })
+    }
+}
