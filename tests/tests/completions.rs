@@ -82,7 +82,7 @@ fn bash_loads_the_script_and_completes_a_subcommand() {
         ["replay"]
     );
     let options = bash_completes(&["outbox", "relay", "nats", "--nats-u"]);
-    assert_eq!(options, ["--nats-url"]);
+    assert_eq!(options, ["--nats-url", "--nats-user"]);
 }
 
 #[tokio::test]
