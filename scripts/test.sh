@@ -32,7 +32,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
 log=$(mktemp)
-cargo test --workspace -- --test-threads "${OUTBOX_TEST_THREADS:-4}" 2>&1 | tee "$log"
+cargo test --workspace --no-fail-fast -- --test-threads "${OUTBOX_TEST_THREADS:-4}" 2>&1 | tee "$log"
 # One closing line for the whole suite (cargo prints one per test binary, the last of which
 # is often an empty doc-test run).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "suite: %d passed, %d failed\n", p, f }' "$log"

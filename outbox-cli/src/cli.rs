@@ -1,62 +1,14 @@
-//! Command-line definitions (clap derive; doc comments are the help text).
+//! The option groups the commands share (clap derive; doc comments are the help text): the
+//! global options, the output and log formats, `migrate`'s and `sequence`'s arguments, the
+//! options of every command that runs consumers, and the duration rules. The command tree
+//! itself is `command.rs`, which uses these; nothing here uses a command.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use std::time::Duration;
 
 use outbox_core::{ConsumerId, ProjectId, Schema};
 
 use crate::db::DatabaseUrl;
-
-/// Operate lifecycle-outbox: migrate, run consumers, inspect and repair.
-#[derive(Debug, Parser)]
-#[command(name = "outbox", version = env!("OUTBOX_VERSION_LONG"), about)]
-pub struct Cli {
-    /// Options every command takes.
-    #[command(flatten)]
-    pub global: Global,
-    /// The command.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Parses the command line, or prints the problem and exits 2 (0 for `--help`).
-///
-/// Clap suggests the subcommand closest in spelling, which for an action that is not a
-/// subcommand is often its opposite (`consumers reactivate` -> `retire`). Those words get the
-/// command that does what was asked instead.
-pub fn parse_or_exit() -> Cli {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    Cli::try_parse().unwrap_or_else(|error| {
-        if error.kind() == ErrorKind::InvalidSubcommand {
-            if let Some(ContextValue::String(word)) = error.get(ContextKind::InvalidSubcommand) {
-                if let Some(tip) = instead_of(word) {
-                    eprintln!(
-                        "error: unrecognized subcommand '{word}'\n\n  tip: {tip}\n\n\
-                         For more information, try '--help'."
-                    );
-                    std::process::exit(2);
-                }
-            }
-        }
-        error.exit()
-    })
-}
-
-/// What to run instead of a subcommand that does not exist, where clap's nearest spelling
-/// would point to the opposite action.
-fn instead_of(word: &str) -> Option<&'static str> {
-    match word {
-        "reactivate" | "unretire" | "activate" | "restore" | "resume" => Some(
-            "a retired consumer is reactivated by starting it again: \
-             outbox consume --project P --consumer-id C --reactivate (it reconciles first)",
-        ),
-        "unresolve" | "reopen" | "unpark" => Some(
-            "a resolution is final and audited; to deliver a dead letter again, replay it before \
-             resolving: outbox dead-letters replay",
-        ),
-        _ => None,
-    }
-}
 
 /// Options shared by every command.
 #[derive(Debug, Args)]
@@ -118,49 +70,6 @@ pub enum Output {
     Table,
     /// One JSON document.
     Json,
-}
-
-/// The commands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Create or upgrade the outbox schema (safe to run repeatedly and concurrently).
-    Migrate(MigrateArgs),
-    /// Number committed events (the consumer runtime does this too; use this to run the
-    /// sequencer on its own or to drain a backlog).
-    Sequence(SequenceArgs),
-    /// Run a durable consumer: one JSON line per delivered event on stdout (logs on stderr),
-    /// or drive a long-lived child process with --child.
-    Consume(Box<ConsumeArgs>),
-    /// Remove events older than the retention period that every non-retired consumer has
-    /// acknowledged, and settled dead letters, in short batches; prints what went.
-    Prune(crate::prune_cmd::PruneArgs),
-    /// Per project: head, unsequenced backlog, retention floor, pruning backlog; per consumer:
-    /// cursor, lag, lease, retrying event, dead letters; each with health codes.
-    Status(crate::status_cmd::StatusArgs),
-    /// List or retire consumers.
-    #[command(subcommand)]
-    Consumers(crate::consumers_cmd::ConsumersCommand),
-    /// List, show, replay or resolve dead letters.
-    #[command(subcommand)]
-    DeadLetters(crate::dead_letters_cmd::DeadLettersCommand),
-    /// The audit trail: who parked, replayed, resolved or retired what, and when.
-    Audit(crate::audit_cmd::AuditArgs),
-    /// Relay a project's events into another system (NATS JetStream) for fan-out.
-    #[command(subcommand)]
-    Relay(crate::relay::RelayCommand),
-    /// Run durable consumers (one per --project) and serve them over HTTP: an SSE event
-    /// stream per project, Prometheus /metrics, /healthz and /readyz, and an operator
-    /// dashboard at /.
-    Serve(Box<crate::serve::ServeArgs>),
-    /// Prove gap safety on this connection path (URL, pooler, TLS, role): concurrent probe
-    /// transactions (some rolled back, some committed late) into a dedicated probe project,
-    /// received by a probe consumer and checked for dense numbering, commit order, nothing
-    /// missing, duplicated or rolled back; then cleaned up. Exit 5 names each failed check.
-    Verify(crate::verify_cmd::VerifyArgs),
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
-    Completions(crate::completions_cmd::CompletionsArgs),
-    /// Write man pages for every command into a directory.
-    Man(crate::completions_cmd::ManArgs),
 }
 
 /// `outbox migrate`.
@@ -245,6 +154,21 @@ fn parse_bounded(
     Ok(d)
 }
 
+/// Parses a retention period ("30d", "12h", "0s"); zero is allowed, more than 36500 days not.
+pub fn parse_retention(text: &str) -> Result<Duration, String> {
+    if text.trim().starts_with('-') {
+        return Err(format!(
+            "invalid duration {text:?}: must be between 0s and 36500 days"
+        ));
+    }
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 30d, 12h, 0s)"))?;
+    if d > outbox_core::MAX_RETENTION {
+        return Err(format!("invalid duration {text:?}: at most 36500 days"));
+    }
+    Ok(d)
+}
+
 /// A schema name; empty (an empty OUTBOX_SCHEMA, say) means the default.
 fn parse_schema(text: &str) -> Result<Schema, String> {
     if text.is_empty() {
@@ -280,55 +204,6 @@ impl Global {
     pub fn role(&self) -> Option<String> {
         let database = self.database().ok()?;
         database.settings.config.get_user().map(str::to_owned)
-    }
-}
-
-impl Command {
-    /// What the command does, as in "role R may not ...".
-    pub fn action(&self) -> &'static str {
-        use crate::consumers_cmd::ConsumersCommand as C;
-        use crate::dead_letters_cmd::DeadLettersCommand as D;
-        match self {
-            Command::Migrate(_) => "migrate the outbox schema",
-            Command::Sequence(_) => "number events (outbox sequence)",
-            Command::Consume(_) => "consume events (read events, move its cursor and lease)",
-            Command::Prune(_) => "prune events and settled dead letters",
-            Command::Status(_) => "read the outbox status",
-            Command::Consumers(C::List(_)) => "list consumers",
-            Command::Consumers(C::Retire(_)) => "retire consumers",
-            Command::DeadLetters(D::List(_) | D::Show(_)) => "read dead letters",
-            Command::DeadLetters(D::Replay(_)) => "replay dead letters",
-            Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",
-            Command::Audit(_) => "read the audit trail",
-            Command::Relay(_) => "relay events (read events, move its cursor and lease)",
-            Command::Serve(_) => "serve events (read events, move its cursor and lease)",
-            Command::Verify(_) => {
-                "verify gap safety (write probe events, consume them, retire and prune)"
-            }
-            Command::Completions(_) => "print shell completions",
-            Command::Man(_) => "write man pages",
-        }
-    }
-}
-
-impl Cli {
-    /// Logs go to stderr, so stdout stays machine-readable.
-    pub fn init_logging(&self) {
-        // async_nats is silenced: the relay lets each NATS client give up after its one
-        // connection (relay/publisher.rs), which the client reports as an error, and the relay
-        // logs the loss and its own reconnect instead.
-        let filter =
-            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn,async_nats=off")
-            });
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr);
-        match self.global.log_format {
-            LogFormat::Text => builder.init(),
-            LogFormat::Json => builder.json().init(),
-        }
     }
 }
 
@@ -482,7 +357,7 @@ pub struct ConsumerOptions {
     #[arg(long, conflicts_with = "prune_interval")]
     pub no_prune: bool,
     /// Retention period of the sweep (see `outbox prune --help`).
-    #[arg(long, allow_hyphen_values = true, value_parser = crate::prune_cmd::parse_retention, default_value = "30d")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]

@@ -1,14 +1,13 @@
 //! `outbox completions SHELL` and `outbox man --dir DIR`: shell completions and man pages,
-//! both generated from the clap definitions in `cli.rs`, so they never drift from the flags
-//! the binary takes.
+//! both generated from the clap definitions (`command.rs` hands the command tree in), so they
+//! never drift from the flags the binary takes.
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::{Args, CommandFactory};
+use clap::Args;
 use clap_complete::Shell;
 
-use crate::cli::Cli;
 use crate::failure::Failure;
 
 /// `outbox completions`.
@@ -29,9 +28,9 @@ pub struct ManArgs {
     pub dir: PathBuf,
 }
 
-/// Writes the completion script for `args.shell` to stdout.
-pub fn completions(args: CompletionsArgs) -> Result<(), Failure> {
-    let mut command = Cli::command();
+/// Writes the completion script of `command` (the whole `outbox` tree) for `args.shell` to
+/// stdout.
+pub fn completions(args: CompletionsArgs, mut command: clap::Command) -> Result<(), Failure> {
     let mut script = Vec::new();
     clap_complete::generate(args.shell, &mut command, "outbox", &mut script);
     match std::io::stdout().write_all(&script) {
@@ -43,8 +42,9 @@ pub fn completions(args: CompletionsArgs) -> Result<(), Failure> {
     }
 }
 
-/// Writes every man page into `args.dir` and prints each path written.
-pub fn man(args: ManArgs) -> Result<(), Failure> {
+/// Writes every man page of `command` (the whole `outbox` tree) into `args.dir` and prints
+/// each path written.
+pub fn man(args: ManArgs, command: clap::Command) -> Result<(), Failure> {
     let dir = &args.dir;
     if dir.exists() && !dir.is_dir() {
         return Err(Failure::usage(format!(
@@ -54,7 +54,7 @@ pub fn man(args: ManArgs) -> Result<(), Failure> {
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| Failure::runtime(format!("cannot create {}: {e}", dir.display())))?;
-    let mut command = Cli::command().disable_help_subcommand(true);
+    let mut command = command.disable_help_subcommand(true);
     command.build();
     let mut written = Vec::new();
     write_pages(&command, dir, &mut written).map_err(|e| {

@@ -49,10 +49,10 @@ impl Failure {
     /// Prints the final line on stderr: `error: MESSAGE`, or under `--log-format json` one
     /// JSON object shaped like the log lines before it (`timestamp`, `level`, `fields` with
     /// `message` and `exit_code`, `target`), so a log collector parses the last line too.
-    pub fn report(&self, format: crate::cli::LogFormat) {
-        match format {
-            crate::cli::LogFormat::Text => eprintln!("error: {self}"),
-            crate::cli::LogFormat::Json => eprintln!(
+    pub fn report(&self, json: bool) {
+        match json {
+            false => eprintln!("error: {self}"),
+            true => eprintln!(
                 "{}",
                 serde_json::json!({
                     "timestamp": chrono::Utc::now()

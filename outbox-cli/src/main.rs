@@ -8,6 +8,7 @@ mod args;
 mod audit_cmd;
 mod child;
 mod cli;
+mod command;
 mod completions_cmd;
 mod consume_cmd;
 mod consumers_cmd;
@@ -28,10 +29,13 @@ mod status_cmd;
 mod verify;
 mod verify_cmd;
 
-use crate::cli::Command;
+use clap::CommandFactory;
+
+use crate::cli::LogFormat;
+use crate::command::Command;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::parse_or_exit();
+    let cli = command::parse_or_exit();
     cli.init_logging();
     let log_format = cli.global.log_format;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -61,14 +65,16 @@ fn main() -> std::process::ExitCode {
             Command::Relay(command) => relay::run(&cli.global, command).await,
             Command::Serve(args) => serve::run(&cli.global, *args).await,
             Command::Verify(args) => verify_cmd::run(&cli.global, args).await,
-            Command::Completions(args) => completions_cmd::completions(args),
-            Command::Man(args) => completions_cmd::man(args),
+            Command::Completions(args) => {
+                completions_cmd::completions(args, command::Cli::command())
+            }
+            Command::Man(args) => completions_cmd::man(args, command::Cli::command()),
         }
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(failure) => {
-            failure.report(log_format);
+            failure.report(matches!(log_format, LogFormat::Json));
             std::process::ExitCode::from(failure.code as u8)
         }
     }

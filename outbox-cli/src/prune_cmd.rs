@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
 
-use crate::cli::{Global, Output};
+use crate::cli::{Global, Output, parse_retention};
 use crate::failure::Failure;
 use crate::output::{Render, Table, print};
 
@@ -30,21 +30,6 @@ pub struct PruneArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
-}
-
-/// Parses a retention period ("30d", "12h", "0s"); zero is allowed, more than 36500 days not.
-pub fn parse_retention(text: &str) -> Result<Duration, String> {
-    if text.trim().starts_with('-') {
-        return Err(format!(
-            "invalid duration {text:?}: must be between 0s and 36500 days"
-        ));
-    }
-    let d = humantime::parse_duration(text)
-        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 30d, 12h, 0s)"))?;
-    if d > outbox_core::MAX_RETENTION {
-        return Err(format!("invalid duration {text:?}: at most 36500 days"));
-    }
-    Ok(d)
 }
 
 pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {

@@ -5,10 +5,9 @@ use std::time::Duration;
 use clap::Args;
 use outbox_core::{Admin, HealthThresholds, ProjectId, Status};
 
-use crate::cli::{Global, Output, parse_duration};
+use crate::cli::{Global, Output, parse_duration, parse_retention};
 use crate::failure::{ExitCode, Failure};
 use crate::output::{Render, Table, age, opt, print, time};
-use crate::prune_cmd::parse_retention;
 
 /// `outbox status`.
 #[derive(Debug, Args)]

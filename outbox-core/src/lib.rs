@@ -53,6 +53,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+mod audit_log;
 mod connect;
 mod election;
 mod error;

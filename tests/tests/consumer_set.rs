@@ -155,9 +155,15 @@ async fn a_lost_lease_stops_only_its_pair() {
         &recorders,
     );
     write_event(&db, "p1", "first").await;
-    eventually(WAIT, "every pair to deliver the first event", || async {
-        recorders.sequences("p1", "c1") == vec![1] && recorders.sequences("p1", "c2") == vec![1]
-    })
+    eventually(
+        WAIT,
+        "every pair to deliver and acknowledge the first event",
+        || async {
+            recorders.sequences("p1", "c1") == vec![1]
+                && recorders.sequences("p1", "c2") == vec![1]
+                && cursor(&db, "p1", "c1").await == Some(1)
+        },
+    )
     .await;
     // Another process takes p1/c1 over (as after a pause longer than the lease).
     let stolen = db

@@ -1,14 +1,13 @@
 //! The audit trail: who parked, replayed, resolved, retired, reactivated, reconciled or pruned
-//! what. [`AuditLog`] owns the one statement that appends to it, for the operator surface, the
-//! consumer runtime and the retention sweep alike; [`Admin::audit_trail`] reads it.
+//! what. [`Admin::audit_trail`] reads it; [`AuditLog`](crate::AuditLog) (in `audit_log.rs`,
+//! below both the operator surface and the retention sweep) appends to it.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use tokio_postgres::{Client, GenericClient, Row};
+use tokio_postgres::{Client, Row};
 
 use super::{Admin, AdminError, Listing, check_limit, parse_state};
 use crate::ids::{ConsumerId, EventId, ProjectId};
-use crate::schema::Schema;
 use crate::states::AuditKind;
 use crate::stmt::Unnamed as _;
 
@@ -88,66 +87,6 @@ impl Default for AuditFilter {
     }
 }
 
-/// A row to append to the audit trail. Identifiers and counts only: operator text (a reason)
-/// stays on the row it explains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AuditRecord<'a> {
-    /// What happened.
-    pub kind: AuditKind,
-    /// The project.
-    pub project_id: &'a str,
-    /// The consumer, if the row is about one.
-    pub consumer_id: Option<&'a str>,
-    /// The event, if the row is about one.
-    pub event_id: Option<&'a str>,
-    /// The operator (or sweep) that acted; `None` for the consumer runtime's own rows.
-    pub actor: Option<&'a str>,
-    /// Attempts, events or tasks, depending on the kind (see [`AuditEntry::count`]).
-    pub count: Option<i64>,
-    /// The operator's reason, for the actions that take one.
-    pub reason: Option<&'a str>,
-}
-
-/// Appends to the audit trail of one schema: the only writer of `lifecycle_audit` rows.
-#[derive(Debug, Clone)]
-pub struct AuditLog {
-    /// [`AUDIT`], rendered for the schema.
-    insert: String,
-}
-
-impl AuditLog {
-    /// The writer for the trail in `schema`.
-    pub fn new(schema: &Schema) -> Self {
-        Self {
-            insert: schema.render(AUDIT),
-        }
-    }
-
-    /// Appends `record` on `client` (normally inside the transaction whose change it records)
-    /// and returns the new row's ID.
-    pub async fn record(
-        &self,
-        client: &(impl GenericClient + Sync),
-        record: &AuditRecord<'_>,
-    ) -> Result<i64, tokio_postgres::Error> {
-        client
-            .query_one_unnamed(
-                &self.insert,
-                &[
-                    &record.kind.as_str(),
-                    &record.project_id,
-                    &record.consumer_id,
-                    &record.event_id,
-                    &record.actor,
-                    &record.count,
-                    &record.reason,
-                ],
-            )
-            .await?
-            .try_get("id")
-    }
-}
-
 impl Admin {
     /// The audit trail by filter, newest first.
     pub async fn audit_trail(
@@ -187,14 +126,6 @@ impl Admin {
         Ok(Listing::cut(items, filter.limit))
     }
 }
-
-/// Appends an audit row: `$1` kind, `$2` project, `$3` consumer (or NULL), `$4` event (or
-/// NULL), `$5` actor (or NULL), `$6` count (or NULL), `$7` reason (or NULL). Returns its ID.
-const AUDIT: &str = "
-INSERT INTO {{schema}}.lifecycle_audit
-    (kind, project_id, consumer_id, event_id, actor, count, reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING id";
 
 /// The audit trail, newest first: `$1` project or NULL, `$2` consumer or NULL, `$3` kinds,
 /// `$4` event or NULL, `$5` earliest time or NULL, `$6` last ID already seen or NULL, `$7` row

@@ -58,9 +58,10 @@ use crate::schema::Schema;
 use crate::snapshot::read_only_snapshot;
 use crate::states::UnknownValue;
 
+pub use crate::audit_log::{AuditLog, AuditRecord};
 pub use crate::ids::{EventId, MAX_EVENT_ID_LEN, MAX_OPERATOR_LEN, OperatorName};
 pub use crate::states::{AuditKind, ConsumerState, DeliveryState, Health};
-pub use audit::{AuditEntry, AuditFilter, AuditLog, AuditRecord};
+pub use audit::{AuditEntry, AuditFilter};
 pub use consumers::{ConsumerInfo, Retirement, RetryingEvent};
 pub use dead_letters::{
     DeadLetter, DeadLetterDetail, DeadLetterFilter, EventFields, ReplayRequest, ReplayTarget,

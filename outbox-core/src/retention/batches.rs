@@ -7,7 +7,7 @@ use tokio_postgres::{Client, Transaction};
 
 use super::pruner::Pruner;
 use super::report::ProjectPrune;
-use crate::admin::AuditRecord;
+use crate::audit_log::AuditRecord;
 use crate::error::Error;
 use crate::snapshot::read_only_snapshot;
 use crate::states::AuditKind;

@@ -9,7 +9,7 @@ use super::plan::{
     PruneOptionsError, bound,
 };
 use super::sql;
-use crate::admin::AuditLog;
+use crate::audit_log::AuditLog;
 use crate::error::Error;
 use crate::schema::Schema;
 use crate::stmt::Unnamed as _;

@@ -1,0 +1,79 @@
+//! The one writer of the audit trail (`lifecycle_audit`), for the operator surface, the
+//! consumer runtime and the retention sweep alike. It sits below all three (it imports only
+//! the schema, the states and the statement helpers), so none of them depends on another to
+//! record what it did.
+
+use tokio_postgres::GenericClient;
+
+use crate::schema::Schema;
+use crate::states::AuditKind;
+use crate::stmt::Unnamed as _;
+
+/// A row to append to the audit trail: identifiers, a count, the actor, and for the operator
+/// actions that take one (retire, resolve) the operator's reason, so it survives a later change
+/// of the row it explains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditRecord<'a> {
+    /// What happened.
+    pub kind: AuditKind,
+    /// The project.
+    pub project_id: &'a str,
+    /// The consumer, if the row is about one.
+    pub consumer_id: Option<&'a str>,
+    /// The event, if the row is about one.
+    pub event_id: Option<&'a str>,
+    /// The operator (or sweep) that acted; `None` for the consumer runtime's own rows.
+    pub actor: Option<&'a str>,
+    /// Attempts, events or tasks, depending on the kind (see [`AuditEntry::count`](crate::AuditEntry::count)).
+    pub count: Option<i64>,
+    /// The operator's reason, for the actions that take one.
+    pub reason: Option<&'a str>,
+}
+
+/// Appends to the audit trail of one schema: the only writer of `lifecycle_audit` rows.
+#[derive(Debug, Clone)]
+pub struct AuditLog {
+    /// [`AUDIT`], rendered for the schema.
+    insert: String,
+}
+
+impl AuditLog {
+    /// The writer for the trail in `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        Self {
+            insert: schema.render(AUDIT),
+        }
+    }
+
+    /// Appends `record` on `client` (normally inside the transaction whose change it records)
+    /// and returns the new row's ID.
+    pub async fn record(
+        &self,
+        client: &(impl GenericClient + Sync),
+        record: &AuditRecord<'_>,
+    ) -> Result<i64, tokio_postgres::Error> {
+        client
+            .query_one_unnamed(
+                &self.insert,
+                &[
+                    &record.kind.as_str(),
+                    &record.project_id,
+                    &record.consumer_id,
+                    &record.event_id,
+                    &record.actor,
+                    &record.count,
+                    &record.reason,
+                ],
+            )
+            .await?
+            .try_get("id")
+    }
+}
+
+/// Appends an audit row: `$1` kind, `$2` project, `$3` consumer (or NULL), `$4` event (or
+/// NULL), `$5` actor (or NULL), `$6` count (or NULL), `$7` reason (or NULL). Returns its ID.
+const AUDIT: &str = "
+INSERT INTO {{schema}}.lifecycle_audit
+    (kind, project_id, consumer_id, event_id, actor, count, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id";
