@@ -170,7 +170,7 @@ const AUDIT_COLUMNS: [&str; 9] = [
 
 /// Column widths under `--follow`, where rows arrive after their header was printed: a row
 /// id, a timestamp, the longest kind, identifiers and text cut to a fixed width.
-const FOLLOW_WIDTHS: [usize; 9] = [8, 20, 28, 16, 16, 40, 16, 6, crate::output::MAX_CELL];
+const FOLLOW_WIDTHS: [usize; 9] = [8, 20, 28, 16, 16, 56, 16, 6, crate::output::MAX_CELL];
 
 /// `rows` in an audit table (fitted to them, or `fixed` for following).
 fn audit_table(mut table: Table, rows: &[AuditEntry]) -> Table {

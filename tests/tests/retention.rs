@@ -798,10 +798,15 @@ async fn a_sweep_waits_for_the_prune_lock_within_a_bound() {
 /// A handler slower than the writers, so the consumer lags and unacknowledged events pile up
 /// in front of the sweepers.
 #[derive(Clone)]
-struct Slow(Recorder);
+/// A handler 4 ms an event, and held back entirely until `released`: the writers must get
+/// ahead of it on any machine, however slow its writes are.
+struct Slow(Recorder, Arc<AtomicBool>);
 
 impl Handler for Slow {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        while !self.1.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         tokio::time::sleep(Duration::from_millis(4)).await;
         self.0.handle(event).await
     }
@@ -819,7 +824,13 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
     config.prune_interval = Some(Duration::from_millis(50));
     config.retention = Duration::ZERO;
     config.batch_size = 20;
-    let (shutdown, run) = start_with(&db, config, Slow(recorder.clone()), recorder.clone());
+    let released = Arc::new(AtomicBool::new(false));
+    let (shutdown, run) = start_with(
+        &db,
+        config,
+        Slow(recorder.clone(), released.clone()),
+        recorder.clone(),
+    );
     eventually(WAIT, "the consumer's cursor", || async {
         cursor(&db, "p", "c").await.is_some()
     })
@@ -894,14 +905,16 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
         })
     };
 
-    // Write for a while, and on a slow machine until the consumer has fallen behind enough
-    // for the sweeps to have unacknowledged events in front of them.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Hold the handler until the consumer has fallen behind enough for the sweeps to have
+    // unacknowledged events in front of them, then let it consume while the writers and the
+    // sweeps go on.
     eventually(WAIT, "the consumer to fall 20 events behind", || {
         let lag = seen_lag.load(Ordering::Relaxed);
         async move { lag >= 20 }
     })
     .await;
+    released.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
     writing.store(false, Ordering::Relaxed);
     let mut committed = BTreeSet::new();
     for writer in writers {
