@@ -251,10 +251,10 @@ pub(crate) async fn claim(
     owner: &str,
     shutdown: &CancellationToken,
 ) -> Result<Option<Claimed>, ConsumerError> {
-    let schema = &config.schema;
+    let schema = &config.duties.schema;
     let project = config.project_id.as_str();
     let consumer = config.consumer_id.as_str();
-    let ttl_secs = config.lease_ttl.as_secs_f64();
+    let ttl_secs = config.delivery.lease_ttl.as_secs_f64();
     let mut announced = false;
     loop {
         let client = pool.get().await?;
@@ -280,7 +280,7 @@ pub(crate) async fn claim(
                 lease: Lease::new(
                     fence,
                     sent_at,
-                    config.lease_ttl,
+                    config.delivery.lease_ttl,
                     schema.render(sql::CONSUMER_ROW),
                 ),
                 cursor,
@@ -292,7 +292,7 @@ pub(crate) async fn claim(
             .await?;
         let row = ConsumerRow::decode(&row)?;
         if row.retired() {
-            if config.reactivate {
+            if config.delivery.reactivate {
                 let mut client = client;
                 reactivate(&mut client, config).await?;
                 continue;
@@ -307,7 +307,7 @@ pub(crate) async fn claim(
         let holder: String = row.lease_owner.unwrap_or_default();
         let generation = row.lease_generation;
         let expires_in = row.expires_in;
-        if !config.wait_for_lease {
+        if !config.delivery.wait_for_lease {
             return Err(ConsumerError::LeaseHeld {
                 project: config.project_id.clone(),
                 consumer: config.consumer_id.clone(),
@@ -342,7 +342,7 @@ async fn reactivate(
     let tx = client.transaction().await?;
     let changed = tx
         .execute_unnamed(
-            &config.schema.render(sql::REACTIVATE),
+            &config.duties.schema.render(sql::REACTIVATE),
             &[&project, &consumer],
         )
         .await?;
@@ -356,7 +356,9 @@ async fn reactivate(
             count: None,
             reason: None,
         };
-        AuditLog::new(&config.schema).record(&*tx, &record).await?;
+        AuditLog::new(&config.duties.schema)
+            .record(&*tx, &record)
+            .await?;
     }
     tx.commit().await?;
     if changed == 1 {

@@ -72,7 +72,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                             continue;
                         }
                         // A failure while checking is not retried: the run ends with it.
-                        if self.config.exit_when_caught_up
+                        if self.config.delivery.exit_when_caught_up
                             && self
                                 .caught_up(lease, statements, joined, shutdown, progress)
                                 .await?
@@ -154,8 +154,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// and the reconnect wakes the loop).
     fn fallback_poll(&self, signals: &Signals) -> Duration {
         match signals.listening.load(Ordering::Relaxed) {
-            true => self.config.poll_interval * LISTENING_POLL_FACTOR,
-            false => self.config.poll_interval,
+            true => self.config.delivery.poll_interval * LISTENING_POLL_FACTOR,
+            false => self.config.delivery.poll_interval,
         }
     }
 
@@ -244,8 +244,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         {
             let mut client = self.pool.get().await?;
-            if self.config.sequence_interval.is_some() {
-                Sequencer::new(&self.config.schema)
+            if self.config.duties.sequence_interval.is_some() {
+                Sequencer::new(&self.config.duties.schema)
                     .drain(&mut client)
                     .await?;
             }

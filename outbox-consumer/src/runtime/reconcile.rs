@@ -45,7 +45,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
         statements: &Statements,
         progress: &mut Progress,
     ) -> Result<(), ConsumerError> {
-        if self.config.start_from == StartFrom::Earliest && progress.new_consumer {
+        if self.config.delivery.start_from == StartFrom::Earliest && progress.new_consumer {
             let mut client = self.pool.get().await?;
             let (_, floor) =
                 store::bounds(&**client, statements, self.config.project_id.as_str()).await?;
@@ -79,10 +79,10 @@ impl<D, R: Reconciler> Consumer<D, R> {
         tracing::info!(reason = reason.as_str(), ?cursor, "reconciling");
         let mut client = self.pool.get().await?;
         // The run then ends with the error, releasing its lease.
-        crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
-        if self.config.sequence_interval.is_some() {
+        crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await?;
+        if self.config.duties.sequence_interval.is_some() {
             // Number what has committed, so fewer deletions arrive again after the snapshot.
-            Sequencer::new(&self.config.schema)
+            Sequencer::new(&self.config.duties.schema)
                 .drain(&mut client)
                 .await?;
         }
@@ -93,7 +93,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             .start()
             .await?;
         let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let live_query = self.config.live_query.sql();
+        let live_query = self.config.delivery.live_query.sql();
         let task_ids = crate::live_query::task_ids(&*tx, live_query, project).await?;
         tx.commit().await?;
         drop(client);

@@ -39,9 +39,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
         // not have a `tasks` table). A consumer set checks it once for all its members.
-        if self.membership.checks_live_query() && self.config.live_query.is_custom() {
+        if self.membership.checks_live_query() && self.config.delivery.live_query.is_custom() {
             let mut client = self.pool.get().await?;
-            crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
+            crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await?;
         }
         let owner = self.membership.owner();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {

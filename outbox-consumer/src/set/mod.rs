@@ -28,7 +28,7 @@ use shared::Shared;
 
 use crate::background;
 use crate::base::{self, Task};
-use crate::config::{ConfigError, ConsumerConfig};
+use crate::config::{ConfigError, ConsumerConfig, DeliverySettings, Duties};
 use crate::error::ConsumerError;
 use crate::handler::{Handler, Reconciler};
 use crate::listener;
@@ -41,7 +41,7 @@ pub enum Projects {
     Listed(Vec<ProjectId>),
     /// Every project with a numbered event, including projects that appear while the set
     /// runs: found by the set's fallback poll (every
-    /// [`poll_interval`](ConsumerConfig::poll_interval), which reads every project's head)
+    /// [`poll_interval`](DeliverySettings::poll_interval), which reads every project's head)
     /// and, sooner, by the first notification naming a project not followed yet.
     All,
 }
@@ -87,9 +87,10 @@ pub struct ConsumerSet<F> {
     pool: Pool,
     /// The one LISTEN connection's configuration; `None` polls only.
     listen_config: Option<Config>,
-    /// Every pair's configuration, with its project and consumer filled in; its own
-    /// `project_id` and `consumer_id` are not used.
-    template: ConsumerConfig,
+    /// How every pair delivers.
+    template: DeliverySettings,
+    /// What the set does once for all its pairs: LISTEN, sequencer, sweep, gauges.
+    duties: Duties,
     /// The projects followed.
     projects: Projects,
     /// The consumer IDs run for every project.
@@ -106,11 +107,13 @@ pub struct ConsumerSet<F> {
 
 impl<F: PairFactory> ConsumerSet<F> {
     /// A set running, for each project of `projects`, one consumer per ID of `consumer_ids`,
-    /// configured as `template`, with handlers from `factory`.
+    /// each delivering as `template`, with handlers from `factory`; the set carries out
+    /// `duties` once for all of them.
     pub fn new(
         pool: Pool,
         listen_config: Option<Config>,
-        template: ConsumerConfig,
+        template: DeliverySettings,
+        duties: Duties,
         projects: Projects,
         consumer_ids: Vec<ConsumerId>,
         factory: F,
@@ -119,6 +122,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             pool,
             listen_config,
             template,
+            duties,
             projects,
             consumer_ids,
             factory: Arc::new(factory),
@@ -156,6 +160,7 @@ impl<F: PairFactory> ConsumerSet<F> {
         shutdown: CancellationToken,
     ) -> Result<Vec<PairOutcome>, ConsumerError> {
         self.template.validate()?;
+        self.duties.validate()?;
         if self.consumer_ids.is_empty() {
             return Err(ConfigError("a consumer set needs at least one consumer ID".into()).into());
         }
@@ -178,8 +183,8 @@ impl<F: PairFactory> ConsumerSet<F> {
         };
         let consumer_ids = self.consumer_ids.iter().map(|c| c.to_string()).collect();
         let shared = Arc::new(Shared::new(
-            &self.template.schema,
-            self.template.pooler,
+            &self.duties.schema,
+            self.duties.pooler,
             listed,
             consumer_ids,
             discovering,
@@ -242,18 +247,21 @@ impl<F: PairFactory> ConsumerSet<F> {
         shutdown: &CancellationToken,
     ) {
         for consumer_id in &self.consumer_ids {
-            let mut config = self.template.clone();
-            config.project_id = project.clone();
-            config.consumer_id = consumer_id.clone();
+            let config = ConsumerConfig {
+                project_id: project.clone(),
+                consumer_id: consumer_id.clone(),
+                delivery: self.template.clone(),
+                duties: self.duties.clone(),
+            };
             let (handler, reconciler) = self.factory.make(project, consumer_id);
             let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
                 .in_set(shared.clone());
             let probe = consumer.probe();
             self.probes.insert(project, consumer_id, probe.clone());
-            let gauges = self.template.gauge_interval.map(|interval| {
+            let gauges = self.duties.gauge_interval.map(|interval| {
                 pairs::gauges_while_held(
                     self.pool.clone(),
-                    self.template.schema.clone(),
+                    self.duties.schema.clone(),
                     project.clone(),
                     consumer_id.clone(),
                     interval,
@@ -284,11 +292,11 @@ impl<F: PairFactory> ConsumerSet<F> {
 
     /// The set's shared tasks: heartbeat, poll, listener, sequencer and retention sweep.
     fn spawn_shared(&self, shared: &Arc<Shared>, stop: &CancellationToken) -> Vec<Task> {
-        let config = &self.template;
+        let (delivery, duties) = (&self.template, &self.duties);
         let mut tasks = Vec::new();
         {
             let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
-            let (ttl, interval) = (config.lease_ttl, config.heartbeat_interval);
+            let (ttl, interval) = (delivery.lease_ttl, delivery.heartbeat_interval);
             tasks.push(base::spawn(
                 async move { shared.heartbeat(pool, ttl, interval, stop).await }
                     .instrument(tracing::info_span!("set-heartbeat")),
@@ -299,31 +307,31 @@ impl<F: PairFactory> ConsumerSet<F> {
         }
         {
             let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
-            let interval = config.poll_interval;
+            let interval = delivery.poll_interval;
             tasks.push(base::spawn(async move {
                 shared.poll(pool, interval, stop).await
             }));
         }
-        let listens = base::may_listen(config.listen, config.pooler);
+        let listens = base::may_listen(duties.listen, duties.pooler);
         if let (true, Some(config_of_listener)) = (listens, &self.listen_config) {
             let listen = listener::Target {
                 config: config_of_listener.clone(),
                 tls: self.listen_tls.clone(),
             };
-            let channel = config.schema.channel();
+            let channel = duties.schema.channel();
             let (wake, stop) = (shared.clone() as Arc<dyn listener::Wake>, stop.clone());
             tasks.push(base::spawn(async move {
                 listener::listen(listen, channel, wake, stop).await
             }));
         }
-        if let Some(interval) = config.sequence_interval {
+        if let Some(interval) = duties.sequence_interval {
             tasks.push(background::spawn_sequencer(
-                &self.pool, config, interval, stop,
+                &self.pool, duties, interval, stop,
             ));
         }
-        if let Some(interval) = config.prune_interval {
+        if let Some(interval) = duties.prune_interval {
             let base = PruneOptions {
-                retention: config.retention,
+                retention: duties.retention,
                 actor: "consumer-set".to_owned(),
                 ..PruneOptions::default()
             };
@@ -339,7 +347,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             };
             tasks.extend(background::spawn_pruner(
                 &self.pool,
-                &config.schema,
+                &duties.schema,
                 sweeps,
                 interval,
                 stop,
