@@ -128,7 +128,7 @@ pub(crate) fn finish(
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
-                cursor = ?summary.cursor,
+                cursor = %outbox_consumer::ShownCursor(summary.cursor),
                 generation = summary.generation,
                 "{what} stopped"
             );
@@ -173,6 +173,7 @@ pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str)
             };
         }
         ConsumerError::LeaseHeld { .. } => ExitCode::Conflict,
+        ConsumerError::UnknownConsumer { .. } => ExitCode::NotFound,
         _ => ExitCode::Runtime,
     };
     Failure {

@@ -269,7 +269,8 @@ pub(crate) async fn claim(
             let generation: i64 = row.try_get("lease_generation")?;
             let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
             let created: bool = row.try_get("created")?;
-            tracing::info!(project, consumer, generation, ?cursor, "lease claimed");
+            let shown = crate::base::ShownCursor(cursor);
+            tracing::info!(project, consumer, generation, cursor = %shown, "lease claimed");
             let fence = Fence {
                 project: config.project_id.clone(),
                 consumer: config.consumer_id.clone(),

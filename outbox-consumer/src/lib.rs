@@ -76,7 +76,7 @@ mod set;
 mod sql;
 mod store;
 
-pub use base::backoff;
+pub use base::{ShownCursor, backoff};
 pub use config::{
     ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DeliverySettings, Duties, LiveQuery, StartFrom,
 };

@@ -77,8 +77,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                                 .caught_up(lease, statements, joined, shutdown, progress)
                                 .await?
                         {
-                            let cursor = progress.position.cursor();
-                            tracing::info!(?cursor, "caught up; stopping");
+                            let cursor = base::ShownCursor(progress.position.cursor());
+                            tracing::info!(cursor = %cursor, "caught up; stopping");
                             return Ok(());
                         }
                     }
@@ -170,7 +170,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         progress: &mut Progress,
     ) -> Result<Step, ConsumerError> {
         let Some(cursor) = progress.position.cursor() else {
-            self.start_without_cursor(lease, statements, progress)
+            self.start_without_cursor(lease, statements, progress, shutdown)
                 .await?;
             return Ok(Step::More);
         };
@@ -183,7 +183,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .check_bounds(lease, statements, progress, cursor)
                 .await?
             {
-                self.reconcile(lease, statements, progress, reason).await?;
+                self.reconcile(lease, statements, progress, reason, shutdown)
+                    .await?;
                 return Ok(Step::More);
             }
         }
@@ -211,7 +212,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         match self.read_batch(statements, progress, cursor).await? {
             (Read::Empty, _) => Ok(Step::Idle),
             (Read::Gap, _) => {
-                self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
+                let reason = ReconcileReason::GapInHistory;
+                self.reconcile(lease, statements, progress, reason, shutdown)
                     .await?;
                 Ok(Step::More)
             }

@@ -153,8 +153,11 @@ impl<F: PairFactory> ConsumerSet<F> {
     }
 
     /// Runs until `shutdown` (every pair then stops as a lone consumer does), or until every
-    /// pair has ended on its own (`exit_when_caught_up`, or errors) when no more can appear.
-    /// A pair that ends with an error is logged and reported; the others go on.
+    /// pair has ended on its own (`exit_when_caught_up`, or errors) when no more can appear
+    /// (with `exit_when_caught_up` and no project at all, at once). A pair that ends with an
+    /// error is logged and reported; the others go on, except under
+    /// [`stop_on_failure`](Self::stop_on_failure) and for a lease found held without
+    /// [`wait_for_lease`](DeliverySettings::wait_for_lease), which stop them all.
     pub async fn run(
         &self,
         shutdown: CancellationToken,
@@ -199,31 +202,34 @@ impl<F: PairFactory> ConsumerSet<F> {
                 }
             }
             // The projects there are now, before anything else; later ones arrive below.
-            Projects::All => shared.poll_once(&self.pool).await?,
+            Projects::All => {
+                shared.poll_once(&self.pool).await?;
+                while let Ok(project) = discovered.try_recv() {
+                    self.follow(&mut pairs, &shared, &project, &shutdown);
+                }
+            }
         }
         let stop = CancellationToken::new();
         let tasks = self.spawn_shared(&shared, &stop);
         let mut outcomes = Vec::new();
+        // Followed projects that appear later keep the set running, unless it stops once
+        // caught up: then it ends with the pairs it has, and with none at once.
+        let more_may_come =
+            matches!(self.projects, Projects::All) && !self.template.exit_when_caught_up;
         loop {
+            if pairs.is_empty() && !more_may_come {
+                break;
+            }
             tokio::select! {
-                Some(project) = discovered.recv() => match ProjectId::new(&project) {
-                    Ok(project) => {
-                        tracing::info!(project = %project, "following a new project");
-                        self.start_project(&mut pairs, &shared, &project, &shutdown);
-                    }
-                    Err(e) => tracing::warn!(project, error = %e, "not following a project with an invalid ID"),
-                },
+                Some(project) = discovered.recv() => {
+                    self.follow(&mut pairs, &shared, &project, &shutdown);
+                }
                 Some(joined) = pairs.join_next() => {
                     let outcome = ended(joined);
-                    let failed = outcome.result.is_err();
+                    let stops_all = self.stops_all(&outcome);
                     outcomes.push(outcome);
-                    if failed && self.stop_on_failure {
+                    if stops_all {
                         shutdown.cancel();
-                        break;
-                    }
-                    let more_may_come = matches!(self.projects, Projects::All)
-                        && !self.template.exit_when_caught_up;
-                    if pairs.is_empty() && !more_may_come {
                         break;
                     }
                 }
@@ -236,6 +242,36 @@ impl<F: PairFactory> ConsumerSet<F> {
         stop.cancel();
         base::join_all(tasks).await;
         Ok(outcomes)
+    }
+
+    /// Whether `outcome` stops every other pair: any failure under `stop_on_failure`, and a
+    /// lease found held when the set does not wait for held leases (it was asked to run all
+    /// its pairs now or not at all, as a lone consumer that does not wait exits at once).
+    fn stops_all(&self, outcome: &PairOutcome) -> bool {
+        match &outcome.result {
+            Ok(_) => false,
+            Err(ConsumerError::LeaseHeld { .. }) if !self.template.wait_for_lease => true,
+            Err(_) => self.stop_on_failure,
+        }
+    }
+
+    /// Starts the pairs of `project`, discovered after the set started.
+    fn follow(
+        &self,
+        pairs: &mut JoinSet<PairOutcome>,
+        shared: &Arc<Shared>,
+        project: &str,
+        shutdown: &CancellationToken,
+    ) {
+        match ProjectId::new(project) {
+            Ok(project) => {
+                tracing::info!(project = %project, "following a new project");
+                self.start_project(pairs, shared, &project, shutdown);
+            }
+            Err(e) => {
+                tracing::warn!(project, error = %e, "not following a project with an invalid ID")
+            }
+        }
     }
 
     /// Starts one pair per consumer ID for `project`.
@@ -363,7 +399,7 @@ fn ended(joined: Result<PairOutcome, tokio::task::JoinError>) -> PairOutcome {
     let (project, consumer) = (&outcome.project_id, &outcome.consumer_id);
     match &outcome.result {
         Ok(summary) => tracing::info!(
-            %project, %consumer, delivered = summary.delivered, cursor = ?summary.cursor,
+            %project, %consumer, delivered = summary.delivered, cursor = %base::ShownCursor(summary.cursor),
             "consumer stopped"
         ),
         Err(e) => tracing::error!(
