@@ -232,7 +232,7 @@ async fn no_wait_refuses_a_held_lease_with_exit_4() {
 #[tokio::test]
 async fn reactivating_an_unknown_consumer_is_refused_with_exit_3_and_creates_nothing() {
     let db = fresh_db().await;
-    let (code, _, stderr) = run_outbox(&[
+    let args = [
         "consume",
         "--database-url",
         &db.url,
@@ -241,8 +241,12 @@ async fn reactivating_an_unknown_consumer_is_refused_with_exit_3_and_creates_not
         "--consumer-id",
         "nobody",
         "--reactivate",
-    ])
-    .await;
+    ];
+    let refused = run_outbox(&args);
+    // A consumer it registered would run until stopped.
+    let (code, _, stderr) = tokio::time::timeout(Duration::from_secs(20), refused)
+        .await
+        .expect("refused at once, not started");
     assert_eq!(code, 3, "{stderr}");
     assert!(
         stderr.contains("consumer nobody of project p does not exist"),
