@@ -1,7 +1,9 @@
 //! `outbox consume`: run one durable consumer, or a set of them in one process, with a
 //! built-in sink.
 
-use outbox_consumer::{ConsumerConfig, ConsumerError, Projects, RetrySchedule, StartFrom};
+use outbox_consumer::{
+    ConsumerConfig, ConsumerError, DeliverySettings, Duties, Projects, RetrySchedule, StartFrom,
+};
 use outbox_core::{ConsumerId, ProjectId};
 
 use crate::args::ConsumerRef;
@@ -68,15 +70,8 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         ));
     }
     let targets = &args.targets;
-    let first_project = match targets.projects.first() {
-        Some(project) => project.clone(),
-        None => ProjectId::new("all-projects").expect("a valid project ID"),
-    };
-    let first = ConsumerRef {
-        project: first_project,
-        consumer_id: targets.consumer_ids[0].clone(),
-    };
-    let template = build_config(global, &first, options)?;
+    let template = delivery_settings(options)?;
+    let duties = duties(global, options)?;
     let projects = match targets.all_projects {
         true => Projects::All,
         false => Projects::Listed(targets.projects.clone()),
@@ -88,9 +83,13 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         let sink = std::sync::Arc::new(sink.for_consumer(consumer.to_string()));
         (sink.clone(), sink)
     };
-    let set = started
-        .connections
-        .set(template, projects, targets.consumer_ids.clone(), factory);
+    let set = started.connections.set(
+        template,
+        duties,
+        projects,
+        targets.consumer_ids.clone(),
+        factory,
+    );
     let custom_live_query = options.live_query.is_some();
     let outcomes = set.run(started.shutdown.token()).await;
     out.close().await;
@@ -129,7 +128,7 @@ pub(crate) fn finish(
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
-                cursor = ?summary.cursor,
+                cursor = %outbox_consumer::ShownCursor(summary.cursor),
                 generation = summary.generation,
                 "{what} stopped"
             );
@@ -174,6 +173,7 @@ pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str)
             };
         }
         ConsumerError::LeaseHeld { .. } => ExitCode::Conflict,
+        ConsumerError::UnknownConsumer { .. } => ExitCode::NotFound,
         _ => ExitCode::Runtime,
     };
     Failure {
@@ -188,28 +188,32 @@ pub fn build_config(
     consumer: &ConsumerRef,
     args: &ConsumerOptions,
 ) -> Result<ConsumerConfig, Failure> {
-    let mut config = ConsumerConfig::new(consumer.project.clone(), consumer.consumer_id.clone());
-    config.schema = global.schema.clone();
-    config.batch_size = args.batch_size;
-    config.lease_ttl = args.lease_ttl;
-    config.heartbeat_interval = args.heartbeat_interval;
-    config.poll_interval = args.poll_interval;
-    // Gauges cost a statement per sample: only for a process that exports them.
-    config.gauge_interval = args.metrics_addr.map(|_| args.poll_interval);
-    config.sequence_interval = (!args.no_sequencer).then_some(args.sequence_interval);
-    config.sequencer_lease_ttl = args.sequencer_lease_ttl;
-    config.pooler = global.pooler.into();
-    // The runtime polls only behind `--pooler transaction`, whatever this says.
-    config.listen = !args.no_listen;
-    config.wait_for_lease = !args.no_wait;
-    config.reactivate = args.reactivate;
-    config.exit_when_caught_up = args.exit_when_caught_up;
-    config.shutdown_grace = args.shutdown_grace;
-    config.prune_interval = (!args.no_prune).then_some(args.prune_interval);
-    config.retention = args.retention;
-    config.start_from = match args.start_from {
-        StartFromArg::Reconcile => StartFrom::Reconcile,
-        StartFromArg::Earliest => StartFrom::Earliest,
+    Ok(ConsumerConfig {
+        project_id: consumer.project.clone(),
+        consumer_id: consumer.consumer_id.clone(),
+        delivery: delivery_settings(args)?,
+        duties: duties(global, args)?,
+    })
+}
+
+/// How every consumer running with `args` delivers, checked.
+pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Failure> {
+    let mut delivery = DeliverySettings {
+        batch_size: args.batch_size,
+        lease_ttl: args.lease_ttl,
+        heartbeat_interval: args.heartbeat_interval,
+        poll_interval: args.poll_interval,
+        retry: RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
+            .map_err(|e| Failure::usage(e.to_string()))?,
+        start_from: match args.start_from {
+            StartFromArg::Reconcile => StartFrom::Reconcile,
+            StartFromArg::Earliest => StartFrom::Earliest,
+        },
+        wait_for_lease: !args.no_wait,
+        reactivate: args.reactivate,
+        exit_when_caught_up: args.exit_when_caught_up,
+        shutdown_grace: args.shutdown_grace,
+        ..DeliverySettings::default()
     };
     if let Some(query) = &args.live_query {
         if !query.contains("$1") {
@@ -217,12 +221,30 @@ pub fn build_config(
                 "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
             ));
         }
-        config.live_query = outbox_consumer::LiveQuery::Custom(query.clone());
+        delivery.live_query = outbox_consumer::LiveQuery::Custom(query.clone());
     }
-    config.retry = RetrySchedule::new(args.retry_delays.clone(), args.max_attempts)
-        .map_err(|e| Failure::usage(e.to_string()))?;
-    config
+    delivery
         .validate()
         .map_err(|e| Failure::usage(e.to_string()))?;
-    Ok(config)
+    Ok(delivery)
+}
+
+/// What a process running consumers with `args` does beside delivering, checked.
+pub fn duties(global: &Global, args: &ConsumerOptions) -> Result<Duties, Failure> {
+    let duties = Duties {
+        schema: global.schema.clone(),
+        // The runtime polls only behind `--pooler transaction`, whatever this says.
+        listen: !args.no_listen,
+        pooler: global.pooler.into(),
+        // Gauges cost a statement per sample: only for a process that exports them.
+        gauge_interval: args.metrics_addr.map(|_| args.poll_interval),
+        sequence_interval: (!args.no_sequencer).then_some(args.sequence_interval),
+        sequencer_lease_ttl: args.sequencer_lease_ttl,
+        prune_interval: (!args.no_prune).then_some(args.prune_interval),
+        retention: args.retention,
+    };
+    duties
+        .validate()
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    Ok(duties)
 }

@@ -11,7 +11,7 @@ use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer
 use tokio_util::sync::CancellationToken;
 
 use crate::base::{self, Signals, Task};
-use crate::config::ConsumerConfig;
+use crate::config::{ConsumerConfig, Duties};
 use crate::error::ConsumerError;
 use crate::gauges;
 use crate::lease::{self, Lease};
@@ -32,40 +32,43 @@ pub(crate) fn spawn(
     {
         let (pool, lease, stop) = (pool.clone(), lease.clone(), stop.clone());
         let statement = statements.heartbeat.clone();
-        let interval = config.heartbeat_interval;
+        let interval = config.delivery.heartbeat_interval;
         tasks.push(base::spawn(async move {
             lease::heartbeat(pool, &lease, statement, interval, stop).await
         }));
     }
-    if let Some(interval) = config.sequence_interval {
-        tasks.push(spawn_sequencer(pool, config, interval, stop));
+    if let Some(interval) = config.duties.sequence_interval {
+        tasks.push(spawn_sequencer(pool, &config.duties, interval, stop));
     }
-    if let Some(interval) = config.prune_interval {
+    if let Some(interval) = config.duties.prune_interval {
         let options = PruneOptions {
-            retention: config.retention,
+            retention: config.duties.retention,
             project: Some(config.project_id.clone()),
             actor: format!("consumer:{}", config.consumer_id),
             ..PruneOptions::default()
         };
         tasks.extend(spawn_pruner(
             pool,
-            &config.schema,
+            &config.duties.schema,
             vec![options],
             interval,
             stop,
         ));
     }
-    if let Some(interval) = config.gauge_interval {
+    if let Some(interval) = config.duties.gauge_interval {
         let (pool, stop) = (pool.clone(), stop.clone());
-        let schema = config.schema.clone();
+        let schema = config.duties.schema.clone();
         let (project, consumer) = (config.project_id.clone(), config.consumer_id.clone());
         tasks.push(base::spawn(async move {
             gauges::sample(pool, schema, project, consumer, interval, stop).await
         }));
     }
-    if let (true, Some(listen)) = (base::may_listen(config.listen, config.pooler), listen) {
+    if let (true, Some(listen)) = (
+        base::may_listen(config.duties.listen, config.duties.pooler),
+        listen,
+    ) {
         let listen = listen.clone();
-        let channel = config.schema.channel();
+        let channel = config.duties.schema.channel();
         let wake = Arc::new(listener::ProjectWake {
             project: config.project_id.to_string(),
             signals: signals.clone(),
@@ -81,20 +84,20 @@ pub(crate) fn spawn(
 /// Starts this process's part in the sequencer election (see [`run_sequencer`]).
 pub(crate) fn spawn_sequencer(
     pool: &Pool,
-    config: &ConsumerConfig,
+    duties: &Duties,
     interval: Duration,
     stop: &CancellationToken,
 ) -> Task {
     let (pool, stop) = (pool.clone(), stop.clone());
-    let ttl = config.sequencer_lease_ttl;
+    let ttl = duties.sequencer_lease_ttl;
     // A paused leader inside its tick is cut off by the server within the lease TTL, so
     // its transaction lock never outlasts its lease.
-    let sequencer = Sequencer::new(&config.schema)
+    let sequencer = Sequencer::new(&duties.schema)
         .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT))
-        .with_session_plan(config.pooler == outbox_core::Pooler::None);
+        .with_session_plan(duties.pooler == outbox_core::Pooler::None);
     let elected = ElectedSequencer::new(
         sequencer,
-        &config.schema,
+        &duties.schema,
         base::owner_token(),
         ttl,
         interval,

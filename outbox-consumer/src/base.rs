@@ -14,6 +14,37 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+/// A cursor as logs show it: its sequence number, or `none` before the consumer has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShownCursor(pub Option<i64>);
+
+impl Display for ShownCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(sequence) => write!(f, "{sequence}"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+/// Runs `work` to its end, or until `grace` has passed since `shutdown`, whichever comes
+/// first: `None` when the grace ran out (and `work` was dropped), so no phase holds a
+/// shutdown longer than the grace.
+pub(crate) async fn within_grace<T>(
+    shutdown: &CancellationToken,
+    grace: Duration,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    let grace_over = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        result = work => Some(result),
+        () = grace_over => None,
+    }
+}
+
 /// First and largest reconnect delay.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -123,6 +154,12 @@ pub(crate) struct Signals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cursor_shows_as_its_number_or_none() {
+        assert_eq!(ShownCursor(Some(8)).to_string(), "8");
+        assert_eq!(ShownCursor(None).to_string(), "none");
+    }
 
     #[test]
     fn backoff_doubles_with_jitter_and_caps() {

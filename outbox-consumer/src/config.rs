@@ -1,4 +1,4 @@
-//! Consumer configuration: identity, batching, timing.
+//! Consumer configuration: a pair's identity, its delivery settings, the process's duties.
 
 use std::time::Duration;
 
@@ -50,15 +50,11 @@ pub enum StartFrom {
     Earliest,
 }
 
-/// How a consumer runs. Built with [`ConsumerConfig::new`], then adjusted field by field.
+/// How one pair (project and consumer) delivers: batching, its lease, polling, retries, where
+/// it starts and when it stops. A [`ConsumerSet`](crate::ConsumerSet) runs every pair with one
+/// template of these. Built with [`DeliverySettings::default`], then adjusted field by field.
 #[derive(Debug, Clone)]
-pub struct ConsumerConfig {
-    /// Schema of the outbox tables.
-    pub schema: Schema,
-    /// The project whose stream is consumed.
-    pub project_id: ProjectId,
-    /// The explicit, stable consumer identity (never generated).
-    pub consumer_id: ConsumerId,
+pub struct DeliverySettings {
     /// Events read and dispatched per batch.
     pub batch_size: i64,
     /// How long a lease lasts without a heartbeat.
@@ -70,22 +66,8 @@ pub struct ConsumerConfig {
     /// net (and how replay requests are found): a lone consumer then polls
     /// [`LISTENING_POLL_FACTOR`](crate::LISTENING_POLL_FACTOR) times less often.
     pub poll_interval: Duration,
-    /// How often the gauges (`outbox_consumer_lag_events`, `outbox_dead_letters`, the
-    /// unsequenced backlog) are sampled, one statement each time; `None` samples nothing, for
-    /// a process that exports no metrics. `outbox consume --metrics-addr` and `outbox serve`
-    /// sample at the poll interval.
-    pub gauge_interval: Option<Duration>,
-    /// Whether this process takes part in the sequencer election, and the slowest tick of its
-    /// sequencer while it leads and nothing arrives (after a tick that numbered something it
-    /// ticks again at once, [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other
-    /// processes.
-    pub sequence_interval: Option<Duration>,
-    /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
-    pub sequencer_lease_ttl: Duration,
     /// Retry schedule for failed events.
     pub retry: RetrySchedule,
-    /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
-    pub listen: bool,
     /// Where a consumer without a cursor starts.
     pub start_from: StartFrom,
     /// The live-set query for reconciliation.
@@ -99,16 +81,55 @@ pub struct ConsumerConfig {
     pub exit_when_caught_up: bool,
     /// How long shutdown waits for a running handler before abandoning its event.
     pub shutdown_grace: Duration,
-    /// How often this process runs the retention sweep of its project (also once at start);
+}
+
+/// What the process shares and does beside delivering, once however many pairs it runs: the
+/// outbox's schema, the pooler in front of PostgreSQL, LISTEN, the embedded sequencer, the
+/// retention sweep and the gauges. Built with [`Duties::default`], then adjusted field by
+/// field.
+#[derive(Debug, Clone)]
+pub struct Duties {
+    /// Schema of the outbox tables.
+    pub schema: Schema,
+    /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
+    pub listen: bool,
+    /// Whether a transaction-mode pooler sits in front of PostgreSQL (see
+    /// [`outbox_core::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
+    /// consumers poll every [`DeliverySettings::poll_interval`], which then bounds their
+    /// latency.
+    pub pooler: outbox_core::Pooler,
+    /// How often the gauges (`outbox_consumer_lag_events`, `outbox_dead_letters`, the
+    /// unsequenced backlog) are sampled, one statement each time; `None` samples nothing, for
+    /// a process that exports no metrics. `outbox consume --metrics-addr` and `outbox serve`
+    /// sample at the poll interval.
+    pub gauge_interval: Option<Duration>,
+    /// Whether this process takes part in the sequencer election, and the slowest tick of its
+    /// sequencer while it leads and nothing arrives (after a tick that numbered something it
+    /// ticks again at once, [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other
+    /// processes.
+    pub sequence_interval: Option<Duration>,
+    /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
+    pub sequencer_lease_ttl: Duration,
+    /// How often this process runs the retention sweep of its projects (also once at start);
     /// `None` leaves pruning to other processes or `outbox prune`.
     pub prune_interval: Option<Duration>,
     /// Retention period of the sweep: events older than this that every non-retired consumer
     /// acknowledged are pruned, settled dead letters this long after they were settled.
     pub retention: Duration,
-    /// Whether a transaction-mode pooler sits in front of PostgreSQL (see
-    /// [`outbox_core::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
-    /// consumer polls every `poll_interval`, which then bounds its latency.
-    pub pooler: outbox_core::Pooler,
+}
+
+/// How a lone consumer runs: the pair it is, how it delivers, and the process's duties.
+/// Built with [`ConsumerConfig::new`], then adjusted field by field.
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// The project whose stream is consumed.
+    pub project_id: ProjectId,
+    /// The explicit, stable consumer identity (never generated).
+    pub consumer_id: ConsumerId,
+    /// How the pair delivers.
+    pub delivery: DeliverySettings,
+    /// What the process does beside delivering.
+    pub duties: Duties,
 }
 
 /// A configuration was refused.
@@ -116,38 +137,28 @@ pub struct ConsumerConfig {
 #[error("invalid consumer configuration: {0}")]
 pub struct ConfigError(pub String);
 
-impl ConsumerConfig {
-    /// Defaults: batches of 500, 60 s lease renewed every 10 s, 1 s fallback poll, an elected
-    /// sequencer (10 s lease) ticking back to back while events arrive and every 50 ms when
-    /// idle, the standard retry schedule, LISTEN on, reconcile when the cursor is
-    /// missing, wait for a held lease, 10 s shutdown grace, a retention sweep at start and
-    /// hourly with 30 days' retention.
-    pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
+impl Default for DeliverySettings {
+    /// Batches of 500, a 60 s lease renewed every 10 s, a 1 s fallback poll, the standard retry
+    /// schedule, reconcile when the cursor is missing, wait for a held lease, 10 s shutdown
+    /// grace.
+    fn default() -> Self {
         Self {
-            schema: Schema::default(),
-            project_id,
-            consumer_id,
             batch_size: 500,
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
             poll_interval: Duration::from_secs(1),
-            gauge_interval: None,
-            sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
-            sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
             retry: RetrySchedule::default(),
-            listen: true,
             start_from: StartFrom::Reconcile,
             live_query: LiveQuery::Default,
             wait_for_lease: true,
             reactivate: false,
             exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
-            prune_interval: Some(Duration::from_secs(3600)),
-            retention: outbox_core::DEFAULT_RETENTION,
-            pooler: outbox_core::Pooler::None,
         }
     }
+}
 
+impl DeliverySettings {
     /// Checks the relations between settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=10_000).contains(&self.batch_size) {
@@ -168,6 +179,36 @@ impl ConsumerConfig {
         if self.poll_interval.is_zero() {
             return Err(ConfigError("poll interval must be positive".into()));
         }
+        if !self.live_query.sql().contains("$1") {
+            return Err(ConfigError(
+                "the live-set query must filter by project with $1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Duties {
+    /// The default schema, no pooler, LISTEN on, no gauges, an elected sequencer (10 s lease)
+    /// ticking back to back while events arrive and every 50 ms when idle, a retention sweep at
+    /// start and hourly with 30 days' retention.
+    fn default() -> Self {
+        Self {
+            schema: Schema::default(),
+            listen: true,
+            pooler: outbox_core::Pooler::None,
+            gauge_interval: None,
+            sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
+            sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
+            prune_interval: Some(Duration::from_secs(3600)),
+            retention: outbox_core::DEFAULT_RETENTION,
+        }
+    }
+}
+
+impl Duties {
+    /// Checks the relations between settings.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.sequence_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("sequence interval must be positive".into()));
         }
@@ -187,12 +228,26 @@ impl ConsumerConfig {
                 self.retention
             )));
         }
-        if !self.live_query.sql().contains("$1") {
-            return Err(ConfigError(
-                "the live-set query must filter by project with $1".into(),
-            ));
-        }
         Ok(())
+    }
+}
+
+impl ConsumerConfig {
+    /// Consumer `consumer_id` of `project_id`, with the default [`DeliverySettings`] and
+    /// [`Duties`].
+    pub fn new(project_id: ProjectId, consumer_id: ConsumerId) -> Self {
+        Self {
+            project_id,
+            consumer_id,
+            delivery: DeliverySettings::default(),
+            duties: Duties::default(),
+        }
+    }
+
+    /// Checks the delivery settings and the duties.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.delivery.validate()?;
+        self.duties.validate()
     }
 }
 
@@ -207,30 +262,33 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         config().validate().unwrap();
-        assert_eq!(config().lease_ttl, Duration::from_secs(60));
-        assert_eq!(config().heartbeat_interval, Duration::from_secs(10));
-        assert_eq!(config().batch_size, 500);
+        assert_eq!(config().delivery.lease_ttl, Duration::from_secs(60));
+        assert_eq!(
+            config().delivery.heartbeat_interval,
+            Duration::from_secs(10)
+        );
+        assert_eq!(config().delivery.batch_size, 500);
     }
 
     #[test]
     fn refuses_inconsistent_timing() {
         let mut c = config();
-        c.heartbeat_interval = Duration::from_secs(40);
+        c.delivery.heartbeat_interval = Duration::from_secs(40);
         assert!(c.validate().unwrap_err().0.contains("half the lease"));
         let mut c = config();
-        c.batch_size = 0;
+        c.delivery.batch_size = 0;
         assert!(c.validate().is_err());
         let mut c = config();
-        c.live_query = LiveQuery::Custom("SELECT id FROM tasks".into());
+        c.delivery.live_query = LiveQuery::Custom("SELECT id FROM tasks".into());
         assert!(c.validate().is_err());
         let mut c = config();
-        c.prune_interval = Some(Duration::ZERO);
+        c.duties.prune_interval = Some(Duration::ZERO);
         assert!(c.validate().unwrap_err().0.contains("prune interval"));
         let mut c = config();
-        c.sequencer_lease_ttl = Duration::from_millis(100);
+        c.duties.sequencer_lease_ttl = Duration::from_millis(100);
         assert!(c.validate().unwrap_err().0.contains("sequencer lease"));
         let mut c = config();
-        c.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
+        c.duties.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
         assert!(c.validate().unwrap_err().0.contains("retention"));
     }
 }

@@ -76,14 +76,7 @@ pub(crate) async fn guarded<F, T>(ctx: &DispatchContext<'_>, handling: F) -> Opt
 where
     F: Future<Output = T>,
 {
-    let grace_over = async {
-        ctx.shutdown.cancelled().await;
-        tokio::time::sleep(ctx.grace).await;
-    };
-    tokio::select! {
-        result = observe(handling) => Some(result),
-        _ = grace_over => None,
-    }
+    crate::base::within_grace(ctx.shutdown, ctx.grace, observe(handling)).await
 }
 
 /// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an

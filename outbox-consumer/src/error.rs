@@ -16,7 +16,7 @@ pub enum ConsumerError {
     #[error("database error: {}", outbox_core::describe(.0))]
     Database(#[from] tokio_postgres::Error),
     /// No pooled connection could be had.
-    #[error("connection pool: {0}")]
+    #[error("no database connection: {}", describe_pool(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
     /// Another process holds this consumer's lease (only without waiting).
     #[error(
@@ -65,6 +65,18 @@ pub enum ConsumerError {
     /// The reconciliation live-set query failed when it ran.
     #[error("the live query failed during reconciliation: {0}")]
     LiveQueryFailed(String),
+    /// Reactivation was asked for a consumer that does not exist: there is nothing to
+    /// reactivate, and creating it would register a consumer under a mistyped ID.
+    #[error(
+        "consumer {consumer} of project {project} does not exist, so there is nothing to \
+         reactivate; start it without reactivation to register a new consumer"
+    )]
+    UnknownConsumer {
+        /// Project.
+        project: ProjectId,
+        /// Consumer.
+        consumer: ConsumerId,
+    },
     /// The consumer was retired by an operator.
     #[error(
         "consumer {consumer} of project {project} is retired (by {by}: {reason}); start it with \
@@ -96,5 +108,51 @@ impl ConsumerError {
             ConsumerError::ReconcilerFailed { .. } => true,
             _ => false,
         }
+    }
+}
+
+/// What went wrong getting a pooled connection, naming the cause (the database's own error
+/// for a failed connect) rather than the pool's wrapper text.
+fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
+    use deadpool_postgres::{HookError, PoolError, TimeoutType};
+    match e {
+        PoolError::Backend(e) | PoolError::PostCreateHook(HookError::Backend(e)) => {
+            outbox_core::describe(e)
+        }
+        PoolError::PostCreateHook(HookError::Message(message)) => message.to_string(),
+        PoolError::Timeout(TimeoutType::Wait) => {
+            "timed out waiting for a free connection in the pool".to_owned()
+        }
+        PoolError::Timeout(TimeoutType::Create) => {
+            "timed out connecting to the database".to_owned()
+        }
+        PoolError::Timeout(TimeoutType::Recycle) => {
+            "timed out checking a pooled connection".to_owned()
+        }
+        PoolError::Closed => "the connection pool is closed".to_owned(),
+        PoolError::NoRuntimeSpecified => "the connection pool has no runtime".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pool_error_names_the_cause() {
+        // Nothing listens on port 1: the connect is refused at once.
+        let config: tokio_postgres::Config =
+            "host=127.0.0.1 port=1 user=u dbname=d connect_timeout=5"
+                .parse()
+                .unwrap();
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .unwrap();
+        let e = ConsumerError::from(pool.get().await.expect_err("nothing listens on port 1"));
+        let text = e.to_string();
+        assert!(!text.contains("Error occurred while creating"), "{text}");
+        assert!(text.contains("refused"), "{text}");
     }
 }

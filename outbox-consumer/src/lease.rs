@@ -251,10 +251,10 @@ pub(crate) async fn claim(
     owner: &str,
     shutdown: &CancellationToken,
 ) -> Result<Option<Claimed>, ConsumerError> {
-    let schema = &config.schema;
+    let schema = &config.duties.schema;
     let project = config.project_id.as_str();
     let consumer = config.consumer_id.as_str();
-    let ttl_secs = config.lease_ttl.as_secs_f64();
+    let ttl_secs = config.delivery.lease_ttl.as_secs_f64();
     let mut announced = false;
     loop {
         let client = pool.get().await?;
@@ -269,7 +269,8 @@ pub(crate) async fn claim(
             let generation: i64 = row.try_get("lease_generation")?;
             let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
             let created: bool = row.try_get("created")?;
-            tracing::info!(project, consumer, generation, ?cursor, "lease claimed");
+            let shown = crate::base::ShownCursor(cursor);
+            tracing::info!(project, consumer, generation, cursor = %shown, "lease claimed");
             let fence = Fence {
                 project: config.project_id.clone(),
                 consumer: config.consumer_id.clone(),
@@ -280,7 +281,7 @@ pub(crate) async fn claim(
                 lease: Lease::new(
                     fence,
                     sent_at,
-                    config.lease_ttl,
+                    config.delivery.lease_ttl,
                     schema.render(sql::CONSUMER_ROW),
                 ),
                 cursor,
@@ -292,7 +293,7 @@ pub(crate) async fn claim(
             .await?;
         let row = ConsumerRow::decode(&row)?;
         if row.retired() {
-            if config.reactivate {
+            if config.delivery.reactivate {
                 let mut client = client;
                 reactivate(&mut client, config).await?;
                 continue;
@@ -307,7 +308,7 @@ pub(crate) async fn claim(
         let holder: String = row.lease_owner.unwrap_or_default();
         let generation = row.lease_generation;
         let expires_in = row.expires_in;
-        if !config.wait_for_lease {
+        if !config.delivery.wait_for_lease {
             return Err(ConsumerError::LeaseHeld {
                 project: config.project_id.clone(),
                 consumer: config.consumer_id.clone(),
@@ -342,7 +343,7 @@ async fn reactivate(
     let tx = client.transaction().await?;
     let changed = tx
         .execute_unnamed(
-            &config.schema.render(sql::REACTIVATE),
+            &config.duties.schema.render(sql::REACTIVATE),
             &[&project, &consumer],
         )
         .await?;
@@ -356,7 +357,9 @@ async fn reactivate(
             count: None,
             reason: None,
         };
-        AuditLog::new(&config.schema).record(&*tx, &record).await?;
+        AuditLog::new(&config.duties.schema)
+            .record(&*tx, &record)
+            .await?;
     }
     tx.commit().await?;
     if changed == 1 {

@@ -50,7 +50,7 @@
 //!   connection, with one statement renewing every lease and one polling every project's
 //!   head; with [`Projects::All`] it follows projects that appear later.
 //! - **Retention.** The runtime also runs the retention sweep of its project
-//!   ([`outbox_core::Pruner`]) at start and every [`ConsumerConfig::prune_interval`]; a failed
+//!   ([`outbox_core::Pruner`]) at start and every [`Duties::prune_interval`]; a failed
 //!   sweep is logged and retried at the next interval.
 
 #![forbid(unsafe_code)]
@@ -76,8 +76,10 @@ mod set;
 mod sql;
 mod store;
 
-pub use base::backoff;
-pub use config::{ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, LiveQuery, StartFrom};
+pub use base::{ShownCursor, backoff};
+pub use config::{
+    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DeliverySettings, Duties, LiveQuery, StartFrom,
+};
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};

@@ -4,7 +4,7 @@
 //! options; an application can run it inside its own tokio service:
 //!
 //! ```no_run
-//! use outbox_consumer::ConsumerConfig;
+//! use outbox_consumer::{DeliverySettings, Duties};
 //! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
 //! use outbox_serve::{Server, ServerSettings};
 //! use outbox_service::Connections;
@@ -16,12 +16,13 @@
 //! let read_pool = settings.pool(4)?;
 //! let consumer = ConsumerId::new("dashboard")?;
 //! let projects = vec![ProjectId::new("p1")?, ProjectId::new("p2")?];
-//! // The template's own project is not used: every project is followed with it.
-//! let template = ConsumerConfig::new(projects[0].clone(), consumer.clone());
+//! // Every project's consumer delivers as `delivery`; the duties are carried out once.
+//! let (delivery, duties) = (DeliverySettings::default(), Duties::default());
+//! let settings = ServerSettings::new(consumer);
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! let shutdown = CancellationToken::new();
-//! Server::new(connections, read_pool, template, projects, ServerSettings::new(consumer))
+//! Server::new(connections, read_pool, delivery, duties, projects, settings)
 //!     .run(listener, shutdown)
 //!     .await?;
 //! # Ok(())

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use outbox_consumer::{
-    ConsumerConfig, ConsumerError, Handler, HandlerFailure, History, ObservedEvent, Projects,
-    Reconciler,
+    ConsumerError, DeliverySettings, Duties, Handler, HandlerFailure, History, ObservedEvent,
+    Projects, Reconciler,
 };
 use outbox_core::{ConsumerId, ProjectId};
 use outbox_service::{Connections, MetricsError};
@@ -105,8 +105,10 @@ pub struct Server<C = Direct> {
     /// For history reads, the dashboard and admin actions; apart from the consumers' pool so
     /// that many resuming clients never starve a durable consumer.
     read_pool: Pool,
-    /// Every consumer's configuration; its project and consumer ID are not used.
-    template: ConsumerConfig,
+    /// How every project's consumer delivers.
+    template: DeliverySettings,
+    /// What the server's consumer set does once for all projects.
+    duties: Duties,
     /// The projects served, sorted, each once.
     projects: Vec<ProjectId>,
     /// How clients are treated.
@@ -116,12 +118,13 @@ pub struct Server<C = Direct> {
 }
 
 impl Server<Direct> {
-    /// A server following `projects`, each as consumer `settings.consumer_id` configured as
-    /// `template` (its own project and consumer ID are not used), on `connections`.
+    /// A server following `projects`, each as consumer `settings.consumer_id` delivering as
+    /// `template`, on `connections`; the consumers carry out `duties` once for all projects.
     pub fn new(
         connections: Connections,
         read_pool: Pool,
-        template: ConsumerConfig,
+        template: DeliverySettings,
+        duties: Duties,
         projects: Vec<ProjectId>,
         settings: ServerSettings,
     ) -> Self {
@@ -132,6 +135,7 @@ impl Server<Direct> {
             connections,
             read_pool,
             template,
+            duties,
             projects,
             settings,
             first: None,
@@ -150,6 +154,7 @@ impl<C: Handler + Reconciler> Server<C> {
             connections: self.connections,
             read_pool: self.read_pool,
             template: self.template,
+            duties: self.duties,
             projects: self.projects,
             settings: self.settings,
             first: Some(Arc::new(make)),
@@ -185,13 +190,11 @@ impl<C: Handler + Reconciler> Server<C> {
             sinks.insert(project.clone(), sink);
             fan_outs.insert(project.to_string(), fan_out);
         }
-        let mut template = self.template;
+        let (template, mut duties) = (self.template, self.duties);
         // `/metrics` always shows the consumers' lag and dead letters.
-        template
-            .gauge_interval
-            .get_or_insert(template.poll_interval);
+        duties.gauge_interval.get_or_insert(template.poll_interval);
         let live_query = template.live_query.sql().to_owned();
-        let schema = template.schema.clone();
+        let schema = duties.schema.clone();
         let factory = move |project: &ProjectId, _: &ConsumerId| {
             let sink = sinks
                 .get(project)
@@ -203,6 +206,7 @@ impl<C: Handler + Reconciler> Server<C> {
             .connections
             .set(
                 template,
+                duties,
                 Projects::Listed(self.projects.clone()),
                 vec![settings.consumer_id.clone()],
                 factory,

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use outbox_consumer::{
-    Consumer, ConsumerConfig, ConsumerSet, Handler, PairFactory, Plain, Projects, Reconciler,
+    Consumer, ConsumerConfig, ConsumerSet, DeliverySettings, Duties, Handler, PairFactory, Plain,
+    Projects, Reconciler,
 };
 use outbox_core::{ConnectError, ConnectSettings, Connector, ConsumerId};
 
@@ -63,10 +64,12 @@ impl Connections {
     }
 
     /// A set of consumers on this one pool and LISTEN connection: every pair of `projects` ×
-    /// `consumer_ids`, configured as `template`, with handlers from `factory`.
+    /// `consumer_ids`, each delivering as `template`, with handlers from `factory`; the set
+    /// carries out `duties` once for all of them.
     pub fn set<F: PairFactory>(
         &self,
-        template: ConsumerConfig,
+        template: DeliverySettings,
+        duties: Duties,
         projects: Projects,
         consumer_ids: Vec<ConsumerId>,
         factory: F,
@@ -75,6 +78,7 @@ impl Connections {
             self.pool.clone(),
             self.listen.clone(),
             template,
+            duties,
             projects,
             consumer_ids,
             factory,

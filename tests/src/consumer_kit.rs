@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_consumer::{
-    Consumer, ConsumerConfig, ConsumerError, FailureClass, Handler, HandlerFailure, LiveSet,
-    ObservedEvent, Reconciler, RetrySchedule, RunSummary, StartFrom,
+    Consumer, ConsumerConfig, ConsumerError, DeliverySettings, Duties, FailureClass, Handler,
+    HandlerFailure, LiveSet, ObservedEvent, Reconciler, RetrySchedule, RunSummary, StartFrom,
 };
 use outbox_core::{
     ConsumerId, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
@@ -168,19 +168,34 @@ pub async fn seed_delivery(
 
 /// A configuration with timings compressed so tests run in seconds.
 pub fn fast_config(project: &str, consumer: &str) -> ConsumerConfig {
-    let mut config = ConsumerConfig::new(
-        ProjectId::new(project).unwrap(),
-        ConsumerId::new(consumer).unwrap(),
-    );
-    config.lease_ttl = Duration::from_secs(2);
-    config.heartbeat_interval = Duration::from_millis(300);
-    config.poll_interval = Duration::from_millis(100);
-    config.sequence_interval = Some(Duration::from_millis(10));
-    config.sequencer_lease_ttl = Duration::from_secs(1);
-    config.retry = RetrySchedule::new(vec![Duration::from_millis(50)], 3).unwrap();
-    config.shutdown_grace = Duration::from_millis(500);
-    config.start_from = StartFrom::Earliest;
-    config
+    ConsumerConfig {
+        project_id: ProjectId::new(project).unwrap(),
+        consumer_id: ConsumerId::new(consumer).unwrap(),
+        delivery: fast_delivery(),
+        duties: fast_duties(),
+    }
+}
+
+/// Delivery settings with timings compressed so tests run in seconds.
+pub fn fast_delivery() -> DeliverySettings {
+    DeliverySettings {
+        lease_ttl: Duration::from_secs(2),
+        heartbeat_interval: Duration::from_millis(300),
+        poll_interval: Duration::from_millis(100),
+        retry: RetrySchedule::new(vec![Duration::from_millis(50)], 3).unwrap(),
+        shutdown_grace: Duration::from_millis(500),
+        start_from: StartFrom::Earliest,
+        ..DeliverySettings::default()
+    }
+}
+
+/// Duties with timings compressed so tests run in seconds.
+pub fn fast_duties() -> Duties {
+    Duties {
+        sequence_interval: Some(Duration::from_millis(10)),
+        sequencer_lease_ttl: Duration::from_secs(1),
+        ..Duties::default()
+    }
 }
 
 /// Writes and commits one event for `task` in `project`; returns its event ID.

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use outbox_consumer::{ConsumerConfig, ConsumerError, ConsumerSet, PairOutcome, Projects};
+use outbox_consumer::{
+    ConsumerError, ConsumerSet, DeliverySettings, Duties, PairOutcome, Projects,
+};
 use outbox_core::{ConsumerId, ProjectId};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +42,14 @@ impl Recorders {
     }
 }
 
+/// How a test set runs: every pair's delivery settings and the set's duties.
+pub struct SetConfig {
+    /// How every pair delivers.
+    pub delivery: DeliverySettings,
+    /// What the set does once for all pairs.
+    pub duties: Duties,
+}
+
 /// A running set: its shutdown token and its run.
 pub type RunningSet = (
     CancellationToken,
@@ -51,7 +61,7 @@ pub type RunningSet = (
 /// [`SET_LISTENER`].
 pub fn start_set(
     db: &TestDb,
-    template: ConsumerConfig,
+    template: SetConfig,
     projects: Projects,
     consumers: &[&str],
     pool_size: usize,
@@ -78,7 +88,8 @@ pub fn start_set(
     let set = ConsumerSet::new(
         pool,
         listen.then_some(config),
-        template,
+        template.delivery,
+        template.duties,
         projects,
         consumers,
         factory,

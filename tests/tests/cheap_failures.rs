@@ -65,8 +65,8 @@ async fn failures_inside_batches_retry_from_memory_in_order() {
         seen: Arc::default(),
     };
     let mut config = fast_config("p", "c");
-    config.batch_size = 50;
-    config.retry = RetrySchedule::new(vec![Duration::from_millis(1)], 5).unwrap();
+    config.delivery.batch_size = 50;
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_millis(1)], 5).unwrap();
     let (stop, run) = start_with(&db, config, handler.clone(), Recorder::default());
     eventually(WAIT, "the cursor at the last event", || async {
         cursor(&db, "p", "c").await == Some(events)
@@ -142,7 +142,7 @@ async fn a_failure_is_saved_with_the_acknowledgement_of_the_prefix() {
     let recorder = Recorder::default();
     recorder.fail_task("t-6");
     let mut config = fast_config("p", "c");
-    config.retry = RetrySchedule::new(vec![Duration::from_secs(60)], 5).unwrap();
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_secs(60)], 5).unwrap();
     let (stop, run) = start_with(&db, config, recorder.clone(), recorder.clone());
     eventually(WAIT, "the failure to be saved", || async {
         let client = db.connect().await;

@@ -229,6 +229,81 @@ async fn no_wait_refuses_a_held_lease_with_exit_4() {
     assert_eq!(holder.wait().await, 0);
 }
 
+#[tokio::test]
+async fn reactivating_an_unknown_consumer_is_refused_with_exit_3_and_creates_nothing() {
+    let db = fresh_db().await;
+    let args = [
+        "consume",
+        "--database-url",
+        &db.url,
+        "--project",
+        "p",
+        "--consumer-id",
+        "nobody",
+        "--reactivate",
+    ];
+    let refused = run_outbox(&args);
+    // A consumer it registered would run until stopped.
+    let (code, _, stderr) = tokio::time::timeout(Duration::from_secs(20), refused)
+        .await
+        .expect("refused at once, not started");
+    assert_eq!(code, 3, "{stderr}");
+    assert!(
+        stderr.contains("consumer nobody of project p does not exist"),
+        "{stderr}"
+    );
+    let rows: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_consumer_cursors WHERE consumer_id = 'nobody'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "the refused consumer was registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_grace_bounds_a_slow_live_query() {
+    let db = fresh_db().await;
+    // Far longer than the grace: without the bound, the stop waits for the whole query.
+    let slow = "SELECT $1::text FROM pg_sleep(60)";
+    let mut process = ConsumeProcess::spawn(
+        &db.url,
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--live-query",
+            slow,
+            "--shutdown-grace",
+            "1s",
+        ],
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the reconciliation to start",
+        || async { process.stderr().contains("reconciling") },
+    )
+    .await;
+    process.signal("INT");
+    let code = tokio::time::timeout(Duration::from_secs(20), process.wait())
+        .await
+        .unwrap_or_else(|_| panic!("still reconciling after SIGINT: {}", process.stderr()));
+    assert_eq!(code, 0, "{}", process.stderr());
+    assert!(
+        process
+            .stderr()
+            .contains("shutdown grace ran out while reading the live set"),
+        "{}",
+        process.stderr()
+    );
+    assert_eq!(cursor(&db, "p", "c").await, None, "nothing was reconciled");
+}
+
 /// A child that acknowledges every event except those of task `poison`, and dies once on the
 /// first event of task `crash`.
 const CHILD: &str = r#"

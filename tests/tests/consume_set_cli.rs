@@ -264,3 +264,57 @@ async fn a_set_exits_when_every_consumer_has_caught_up() {
         assert_eq!(sequences, (1..=30).collect::<Vec<_>>(), "{pair:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_projects_set_that_exits_when_caught_up_exits_0_with_no_project_at_all() {
+    let db = fresh_db().await;
+    let mut process = spawn(
+        &db,
+        &args(&[
+            "--all-projects",
+            "--consumer-id",
+            "c",
+            "--exit-when-caught-up",
+        ]),
+    );
+    let code = tokio::time::timeout(WAIT, process.wait())
+        .await
+        .unwrap_or_else(|_| panic!("still running with no project: {}", process.stderr()));
+    assert_eq!(code, 0, "{}", process.stderr());
+    assert!(process.lines().is_empty(), "{:?}", process.lines());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_that_does_not_wait_exits_4_at_once_when_one_pair_is_held_elsewhere() {
+    let db = fresh_db().await;
+    write_event(&db, "a", "a0").await;
+    write_event(&db, "b", "b0").await;
+    let mut holder = spawn(&db, &args(&["--project", "a", "--consumer-id", "c"]));
+    eventually(WAIT, "the holder's claim of a/c", || async {
+        cursor(&db, "a", "c").await.is_some()
+    })
+    .await;
+    let mut set = spawn(
+        &db,
+        &args(&[
+            "--project",
+            "a",
+            "--project",
+            "b",
+            "--consumer-id",
+            "c",
+            "--no-wait",
+        ]),
+    );
+    let code = tokio::time::timeout(WAIT, set.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the set kept running: {}", set.stderr()));
+    assert_eq!(code, 4, "{}", set.stderr());
+    assert!(
+        set.stderr().contains("consumer c of project a is held by"),
+        "{}",
+        set.stderr()
+    );
+    holder.signal("TERM");
+    assert_eq!(holder.wait().await, 0, "{}", holder.stderr());
+}

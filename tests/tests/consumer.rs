@@ -92,7 +92,7 @@ async fn a_new_consumer_reconciles_from_the_live_set_then_follows() {
     write_event(&db, "p", "t1").await;
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c1");
-    config.start_from = StartFrom::Reconcile;
+    config.delivery.start_from = StartFrom::Reconcile;
     let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "a reconciliation", || async {
         !recorder.reconciliations().is_empty()
@@ -230,7 +230,7 @@ async fn transactional_handler_effects_commit_and_roll_back_with_the_cursor() {
         write_event(&db, "p", task).await;
     }
     let mut config = fast_config("p", "c1");
-    config.retry = RetrySchedule::new(vec![Duration::from_millis(300)], 3).unwrap();
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_millis(300)], 3).unwrap();
     let shutdown = CancellationToken::new();
     let consumer = Consumer::transactional(
         db.pool(4),
@@ -287,7 +287,7 @@ async fn a_poison_event_retries_on_schedule_then_parks_and_the_stream_moves_on()
     let recorder = Recorder::default();
     recorder.fail_task("poison");
     let mut config = fast_config("p", "c1");
-    config.retry = RetrySchedule::new(
+    config.delivery.retry = RetrySchedule::new(
         vec![Duration::from_millis(100), Duration::from_millis(200)],
         4,
     )
@@ -339,7 +339,7 @@ async fn a_restart_honours_the_saved_retry_time_and_continues_the_count() {
     let recorder = Recorder::default();
     recorder.fail_task("flaky");
     let mut config = fast_config("p", "c1");
-    config.retry = RetrySchedule::new(vec![Duration::from_secs(3)], 10).unwrap();
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_secs(3)], 10).unwrap();
     let (shutdown, run) = start(&db, config.clone(), &recorder);
     eventually(WAIT, "a saved retry", || async {
         query_i64(&db, "SELECT count(*) FROM outbox.lifecycle_deliveries").await == 1
@@ -395,7 +395,7 @@ async fn a_second_process_waits_or_refuses_then_takes_over_with_a_higher_generat
     .await;
 
     let mut refusing = fast_config("p", "c1");
-    refusing.wait_for_lease = false;
+    refusing.delivery.wait_for_lease = false;
     let refused = refused_start(&db, refusing).await;
     assert!(
         matches!(refused, ConsumerError::LeaseHeld { generation: 1, .. }),
@@ -461,9 +461,9 @@ async fn stale_holder(fail: bool) {
     };
     let mut config = fast_config("p", "c1");
     // Long enough that no heartbeat notices the takeover before the handler returns.
-    config.lease_ttl = Duration::from_secs(60);
-    config.heartbeat_interval = Duration::from_secs(20);
-    config.batch_size = 1;
+    config.delivery.lease_ttl = Duration::from_secs(60);
+    config.delivery.heartbeat_interval = Duration::from_secs(20);
+    config.delivery.batch_size = 1;
     let shutdown = CancellationToken::new();
     let consumer = Consumer::new(db.pool(4), None, config, gate.clone(), Recorder::default());
     let run = tokio::spawn({
@@ -605,7 +605,7 @@ async fn wake_ups_survive_a_terminated_listener_connection() {
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c1");
     // Polling alone would take 30 s: prompt delivery proves the wake-up path.
-    config.poll_interval = Duration::from_secs(30);
+    config.delivery.poll_interval = Duration::from_secs(30);
     let mut listen = db.config.clone();
     listen.application_name("test-listener");
     let shutdown = CancellationToken::new();
@@ -675,7 +675,7 @@ async fn poll_only_delivers_without_a_listener() {
     let db = fresh_db().await;
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c1");
-    config.listen = false;
+    config.duties.listen = false;
     let (shutdown, run) = start(&db, config, &recorder);
     write_event(&db, "p", "t1").await;
     write_event(&db, "p", "t2").await;
@@ -745,8 +745,8 @@ async fn a_retired_holder_stops_releases_and_a_reactivated_consumer_reconciles()
 
     let second = Recorder::default();
     let mut config = fast_config("p", "c1");
-    config.reactivate = true;
-    config.wait_for_lease = false;
+    config.delivery.reactivate = true;
+    config.delivery.wait_for_lease = false;
     let (shutdown, run) = start(&db, config, &second);
     eventually(WAIT, "the reconciliation", || async {
         !second.reconciliations().is_empty()
@@ -778,8 +778,8 @@ async fn reactivation_never_overlaps_a_holder_that_has_not_noticed_its_retiremen
     let db = fresh_db().await;
     let first = Recorder::default();
     let mut slow = fast_config("p", "c1");
-    slow.lease_ttl = Duration::from_secs(60);
-    slow.heartbeat_interval = Duration::from_secs(20);
+    slow.delivery.lease_ttl = Duration::from_secs(60);
+    slow.delivery.heartbeat_interval = Duration::from_secs(20);
     let (_shutdown, run) = start(&db, slow, &first);
     eventually(WAIT, "the claim", || async {
         cursor(&db, "p", "c1").await.is_some()
@@ -787,8 +787,8 @@ async fn reactivation_never_overlaps_a_holder_that_has_not_noticed_its_retiremen
     .await;
     retire(&db).await;
     let mut config = fast_config("p", "c1");
-    config.reactivate = true;
-    config.wait_for_lease = false;
+    config.delivery.reactivate = true;
+    config.delivery.wait_for_lease = false;
     let refused = refused_start(&db, config).await;
     assert!(
         matches!(refused, ConsumerError::LeaseHeld { .. }),
@@ -819,7 +819,7 @@ async fn each_failure_saves_the_next_attempt_from_the_schedule() {
         Duration::from_millis(1200),
     ];
     let mut config = fast_config("p", "c1");
-    config.retry = RetrySchedule::new(schedule.to_vec(), 4).unwrap();
+    config.delivery.retry = RetrySchedule::new(schedule.to_vec(), 4).unwrap();
     let (shutdown, run) = start(&db, config, &recorder);
     let client = db.connect().await;
     let mut saved: Vec<(i32, i64)> = Vec::new();
@@ -888,7 +888,7 @@ async fn the_caught_up_check_reads_the_work_list_under_stale_statistics() {
         let before = event_table_reads(&db).await;
         let recorder = Recorder::default();
         let mut config = fast_config(project, "c1");
-        config.exit_when_caught_up = true;
+        config.delivery.exit_when_caught_up = true;
         let (_shutdown, run) = start(&db, config, &recorder);
         let summary = tokio::time::timeout(WAIT, run)
             .await

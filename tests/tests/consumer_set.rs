@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
-use outbox_consumer::{ConsumerConfig, ConsumerError, Projects, RetrySchedule};
-use outbox_tests::consumer_kit::{WAIT, cursor, eventually, fast_config, write_event};
+use outbox_consumer::{ConsumerError, Projects, RetrySchedule};
+use outbox_tests::consumer_kit::{
+    WAIT, cursor, eventually, fast_delivery, fast_duties, write_event,
+};
 use outbox_tests::fresh_db;
 use outbox_tests::set_kit::{
-    Recorders, SET_APPLICATION, SET_LISTENER, connections_named, listed, start_set,
+    Recorders, SET_APPLICATION, SET_LISTENER, SetConfig, connections_named, listed, start_set,
 };
 
 /// Every connection of the test set: its pool's and its listener's.
@@ -16,9 +18,12 @@ async fn set_connections(db: &outbox_tests::TestDb) -> i64 {
     connections_named(db, SET_APPLICATION).await + connections_named(db, SET_LISTENER).await
 }
 
-/// The template of every test set (project and consumer are replaced per pair).
-fn template() -> ConsumerConfig {
-    fast_config("unused", "unused")
+/// The configuration of every test set.
+fn template() -> SetConfig {
+    SetConfig {
+        delivery: fast_delivery(),
+        duties: fast_duties(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -83,7 +88,7 @@ async fn a_poison_event_in_one_project_does_not_stall_another() {
     recorders.of("a", "c").fail_task("poison");
     let mut config = template();
     // Long enough that project a stays held on the poison event for the whole test.
-    config.retry = RetrySchedule::new(vec![Duration::from_secs(30)], 10).unwrap();
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_secs(30)], 10).unwrap();
     let (shutdown, run) = start_set(
         &db,
         config,
@@ -231,7 +236,7 @@ async fn all_projects_follows_a_project_that_appears_later(listen: bool) {
     let recorders = Recorders::default();
     let mut config = template();
     if listen {
-        config.poll_interval = Duration::from_secs(600);
+        config.delivery.poll_interval = Duration::from_secs(600);
     }
     let (shutdown, run) = start_set(
         &db,

@@ -438,7 +438,7 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
     let recorder = Recorder::default();
     recorder.fail_task("poison");
     let mut config = fast_config("p", "c");
-    config.retry = RetrySchedule::new(vec![Duration::from_millis(10)], 3).unwrap();
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_millis(10)], 3).unwrap();
     let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "the stream to pass the parked event", || async {
         cursor(&db, "p", "c").await == Some(3)

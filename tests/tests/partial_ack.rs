@@ -60,7 +60,7 @@ async fn only_the_confirmed_prefix_is_acknowledged() {
     let handler = Confirming::default();
     handler.unconfirmed.lock().unwrap().insert("T3".into());
     let mut config = fast_config("p", "pipelined");
-    config.retry =
+    config.delivery.retry =
         outbox_consumer::RetrySchedule::new(vec![Duration::from_millis(200)], 100).unwrap();
     let shutdown = CancellationToken::new();
     let consumer = Consumer::new(db.pool(4), None, config, handler.clone(), handler.clone());

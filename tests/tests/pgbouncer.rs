@@ -129,8 +129,8 @@ async fn the_whole_service_works_through_pgbouncer_in_transaction_mode() {
     recorder.fail_task("poison-a");
     recorder.fail_task("poison-b");
     let mut config = fast_config("p2", "c3");
-    config.retry = RetrySchedule::new(vec![Duration::from_millis(20)], 2).unwrap();
-    config.pooler = Pooler::Transaction;
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_millis(20)], 2).unwrap();
+    config.duties.pooler = Pooler::Transaction;
     let shutdown = CancellationToken::new();
     let consumer = Consumer::new(
         settings.pool(4).unwrap(),

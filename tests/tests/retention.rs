@@ -821,9 +821,9 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
     let db = fresh_db().await;
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c");
-    config.prune_interval = Some(Duration::from_millis(50));
-    config.retention = Duration::ZERO;
-    config.batch_size = 20;
+    config.duties.prune_interval = Some(Duration::from_millis(50));
+    config.duties.retention = Duration::ZERO;
+    config.delivery.batch_size = 20;
     let released = Arc::new(AtomicBool::new(false));
     let (shutdown, run) = start_with(
         &db,
@@ -987,7 +987,7 @@ async fn a_reactivated_consumer_whose_events_were_pruned_reconciles_then_continu
         .unwrap();
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c");
-    config.prune_interval = None;
+    config.duties.prune_interval = None;
     let (shutdown, run) = start(&db, config.clone(), &recorder);
     for i in 0..3 {
         write_event(&db, "p", &format!("t{i}")).await;
@@ -1016,7 +1016,7 @@ async fn a_reactivated_consumer_whose_events_were_pruned_reconciles_then_continu
     );
 
     let recorder = Recorder::default();
-    config.reactivate = true;
+    config.delivery.reactivate = true;
     let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "a reconciliation", || async {
         !recorder.reconciliations().is_empty()
@@ -1050,7 +1050,7 @@ async fn a_cursor_left_below_the_floor_by_pruning_reconciles_then_continues() {
     let db = fresh_db().await;
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c");
-    config.prune_interval = None;
+    config.duties.prune_interval = None;
     let (shutdown, run) = start(&db, config.clone(), &recorder);
     for i in 0..2 {
         write_event(&db, "p", &format!("t{i}")).await;
@@ -1111,7 +1111,7 @@ async fn the_runtime_sweeps_its_project_at_start_and_on_schedule() {
 
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c");
-    config.prune_interval = Some(Duration::from_secs(3600));
+    config.duties.prune_interval = Some(Duration::from_secs(3600));
     let (shutdown, run) = start(&db, config.clone(), &recorder);
     eventually(WAIT, "the sweep at start", || async {
         floor(&db, "p").await == 4
@@ -1135,7 +1135,7 @@ async fn the_runtime_sweeps_its_project_at_start_and_on_schedule() {
     run.await.unwrap().unwrap();
 
     // A short interval prunes them while running.
-    config.prune_interval = Some(Duration::from_millis(100));
+    config.duties.prune_interval = Some(Duration::from_millis(100));
     let (shutdown, run) = start(&db, config.clone(), &recorder);
     eventually(WAIT, "a scheduled sweep", || async {
         floor(&db, "p").await == 7
@@ -1148,7 +1148,7 @@ async fn the_runtime_sweeps_its_project_at_start_and_on_schedule() {
     for i in 3..5 {
         write_event(&db, "p", &format!("t{i}")).await;
     }
-    config.prune_interval = None;
+    config.duties.prune_interval = None;
     let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "5 events", || async { recorder.events().len() == 5 }).await;
     age(&db, "p", 8, 9, 31).await;
@@ -1176,8 +1176,8 @@ async fn a_failing_sweep_is_not_fatal_to_the_consumer() {
         .unwrap();
     let recorder = Recorder::default();
     let mut config = fast_config("p", "c");
-    config.prune_interval = Some(Duration::from_millis(50));
-    config.retention = Duration::ZERO;
+    config.duties.prune_interval = Some(Duration::from_millis(50));
+    config.duties.retention = Duration::ZERO;
     let (shutdown, run) = start(&db, config, &recorder);
     eventually(WAIT, "3 events", || async { recorder.events().len() == 3 }).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

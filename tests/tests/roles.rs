@@ -116,7 +116,7 @@ async fn the_consumer_reads_and_moves_only_its_own_state() {
     // A consumer running as this role: claims, sequences, reads, acks (no pruning: that is
     // the operator's).
     let mut config = fast_config("p", "c");
-    config.prune_interval = None;
+    config.duties.prune_interval = None;
     let recorder = Recorder::default();
     let shutdown = CancellationToken::new();
     let consumer = Consumer::new(

@@ -78,7 +78,8 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
     let owner = Recorder::default();
     owner.fail_task("b-poison");
     let mut config = fast_config("B", "shared");
-    config.retry = outbox_consumer::RetrySchedule::new(vec![Duration::from_millis(10)], 1).unwrap();
+    config.delivery.retry =
+        outbox_consumer::RetrySchedule::new(vec![Duration::from_millis(10)], 1).unwrap();
     let shutdown = CancellationToken::new();
     let run = {
         let consumer = Consumer::new(db.pool(4), None, config, owner.clone(), owner.clone());
@@ -108,7 +109,7 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
     let consumer_url = bound_login(&db, "consumer").await;
     let settings = ConnectSettings::parse(&consumer_url).unwrap();
     let mut config = fast_config("A", "a-reader");
-    config.prune_interval = None;
+    config.duties.prune_interval = None;
     let recorder = Recorder::default();
     let shutdown = CancellationToken::new();
     let run = {
@@ -158,8 +159,8 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
     // It cannot claim B's existing consumer, nor start a new one on B.
     for consumer_id in ["shared", "new-on-b"] {
         let mut config = fast_config("B", consumer_id);
-        config.prune_interval = None;
-        config.wait_for_lease = false;
+        config.duties.prune_interval = None;
+        config.delivery.wait_for_lease = false;
         let recorder = Recorder::default();
         let consumer = Consumer::new(
             settings.pool(4).unwrap(),

@@ -241,8 +241,8 @@ fn start(
     tokio::task::JoinHandle<Result<outbox_consumer::RunSummary, outbox_consumer::ConsumerError>>,
 ) {
     let mut config = fast_config("p", consumer);
-    config.retry = retry;
-    config.prune_interval = None;
+    config.delivery.retry = retry;
+    config.duties.prune_interval = None;
     let shutdown = CancellationToken::new();
     let runtime = Consumer::new(
         db.pool(4),

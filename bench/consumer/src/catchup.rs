@@ -154,14 +154,14 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
         ProjectId::new(&args.project)?,
         ConsumerId::new(&args.consumer_id)?,
     );
-    consumer_config.listen = false;
+    consumer_config.duties.listen = false;
     if args.pooler_url.is_some() {
-        consumer_config.pooler = outbox_core::Pooler::Transaction;
+        consumer_config.duties.pooler = outbox_core::Pooler::Transaction;
     }
-    consumer_config.start_from = StartFrom::Earliest;
-    consumer_config.batch_size = args.batch_size;
+    consumer_config.delivery.start_from = StartFrom::Earliest;
+    consumer_config.delivery.batch_size = args.batch_size;
     if args.fail_every.is_some() {
-        consumer_config.retry =
+        consumer_config.delivery.retry =
             RetrySchedule::new(vec![Duration::from_millis(args.retry_delay_ms)], 10)?;
     }
 

@@ -140,8 +140,8 @@ pub async fn run(url: &str, scenario: Scenario) -> BoxResult<Outcome> {
     // of 500) except where the scenario says otherwise.
     let mut consumer_config =
         ConsumerConfig::new(ProjectId::new(&project)?, ConsumerId::new(&consumer_id)?);
-    consumer_config.start_from = StartFrom::Earliest;
-    consumer_config.listen = scenario.listen;
+    consumer_config.delivery.start_from = StartFrom::Earliest;
+    consumer_config.duties.listen = scenario.listen;
     let recorder = Arc::new(Recorder {
         received: Mutex::new(Vec::new()),
         count: AtomicUsize::new(0),

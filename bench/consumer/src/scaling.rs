@@ -132,8 +132,8 @@ fn consumer(
     config.application_name(format!("outbox-bench-scale:{consumer_id}"));
     let mut consumer_config =
         ConsumerConfig::new(ProjectId::new(project)?, ConsumerId::new(consumer_id)?);
-    consumer_config.start_from = StartFrom::Earliest;
-    consumer_config.listen = listen;
+    consumer_config.delivery.start_from = StartFrom::Earliest;
+    consumer_config.duties.listen = listen;
     Ok(Consumer::new(
         db::pool(&config, POOL)?,
         listen.then(|| config.clone()),

@@ -10,10 +10,9 @@ use clap::Args;
 use outbox_core::{ConsumerId, OperatorName, ProjectId};
 use outbox_serve::{AdminAuth, ServeError, Server, ServerSettings};
 
-use crate::args::ConsumerRef;
 use crate::child::ChildSink;
 use crate::cli::{ConsumerOptions, Global, parse_duration};
-use crate::consume_cmd::{build_config, classify};
+use crate::consume_cmd::{classify, delivery_settings, duties};
 use crate::failure::Failure;
 use crate::start::Started;
 
@@ -103,14 +102,8 @@ fn admin_auth(args: &ServeArgs) -> Result<Option<AdminAuth>, Failure> {
 pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let admin = admin_auth(&args)?;
     let consume = &args.consume;
-    let template = build_config(
-        global,
-        &ConsumerRef {
-            project: args.project[0].clone(),
-            consumer_id: args.consumer_id.clone(),
-        },
-        consume,
-    )?;
+    let template = delivery_settings(consume)?;
+    let duties = duties(global, consume)?;
     if (args.client_queue as i64) < consume.batch_size {
         return Err(Failure::usage(format!(
             "--client-queue {} is smaller than --batch-size {}: every client would be dropped \
@@ -140,6 +133,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         started.connections.clone(),
         read_pool,
         template,
+        duties,
         args.project.clone(),
         settings,
     );

@@ -216,20 +216,20 @@ fn consumer_config(
     topology: &Topology,
 ) -> ConsumerConfig {
     let mut config = ConsumerConfig::new(options.project.clone(), consumer_id.clone());
-    config.schema = schema.clone();
-    config.pooler = database.settings.pooler;
-    config.listen = topology.listen.works();
-    config.poll_interval = options.poll_interval;
-    config.heartbeat_interval = Duration::from_secs(2);
-    config.lease_ttl = Duration::from_secs(10);
-    config.shutdown_grace = Duration::from_secs(2);
+    config.duties.schema = schema.clone();
+    config.duties.pooler = database.settings.pooler;
+    config.duties.listen = topology.listen.works();
+    config.delivery.poll_interval = options.poll_interval;
+    config.delivery.heartbeat_interval = Duration::from_secs(2);
+    config.delivery.lease_ttl = Duration::from_secs(10);
+    config.delivery.shutdown_grace = Duration::from_secs(2);
     // A new consumer reconciles at the head first; the probe project keeps no tasks table,
     // so the live set is empty.
-    config.start_from = StartFrom::Reconcile;
-    config.live_query =
+    config.delivery.start_from = StartFrom::Reconcile;
+    config.delivery.live_query =
         outbox_consumer::LiveQuery::Custom("SELECT $1::text WHERE false".to_owned());
-    config.prune_interval = None;
-    config.wait_for_lease = false;
+    config.duties.prune_interval = None;
+    config.delivery.wait_for_lease = false;
     config
 }
 

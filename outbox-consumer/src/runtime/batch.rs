@@ -95,12 +95,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             lease,
             statements,
             shutdown,
-            grace: self.config.shutdown_grace,
+            grace: self.config.delivery.shutdown_grace,
             held_sequence: progress.position.held_sequence(),
         };
         let outcome = self.dispatch.deliver(&ctx, &events).await?;
         let retry_in = match (&outcome.failure, events.get(outcome.handled)) {
-            (Some(_), Some(event)) => self.config.retry.delay_after(event.attempt),
+            (Some(_), Some(event)) => self.config.delivery.retry.delay_after(event.attempt),
             _ => None,
         };
         // The cursor once the prefix is recorded: transactional dispatch has acknowledged it.

@@ -72,13 +72,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                             continue;
                         }
                         // A failure while checking is not retried: the run ends with it.
-                        if self.config.exit_when_caught_up
+                        if self.config.delivery.exit_when_caught_up
                             && self
                                 .caught_up(lease, statements, joined, shutdown, progress)
                                 .await?
                         {
-                            let cursor = progress.position.cursor();
-                            tracing::info!(?cursor, "caught up; stopping");
+                            let cursor = base::ShownCursor(progress.position.cursor());
+                            tracing::info!(cursor = %cursor, "caught up; stopping");
                             return Ok(());
                         }
                     }
@@ -154,8 +154,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// and the reconnect wakes the loop).
     fn fallback_poll(&self, signals: &Signals) -> Duration {
         match signals.listening.load(Ordering::Relaxed) {
-            true => self.config.poll_interval * LISTENING_POLL_FACTOR,
-            false => self.config.poll_interval,
+            true => self.config.delivery.poll_interval * LISTENING_POLL_FACTOR,
+            false => self.config.delivery.poll_interval,
         }
     }
 
@@ -170,7 +170,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         progress: &mut Progress,
     ) -> Result<Step, ConsumerError> {
         let Some(cursor) = progress.position.cursor() else {
-            self.start_without_cursor(lease, statements, progress)
+            self.start_without_cursor(lease, statements, progress, shutdown)
                 .await?;
             return Ok(Step::More);
         };
@@ -183,7 +183,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .check_bounds(lease, statements, progress, cursor)
                 .await?
             {
-                self.reconcile(lease, statements, progress, reason).await?;
+                self.reconcile(lease, statements, progress, reason, shutdown)
+                    .await?;
                 return Ok(Step::More);
             }
         }
@@ -211,7 +212,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         match self.read_batch(statements, progress, cursor).await? {
             (Read::Empty, _) => Ok(Step::Idle),
             (Read::Gap, _) => {
-                self.reconcile(lease, statements, progress, ReconcileReason::GapInHistory)
+                let reason = ReconcileReason::GapInHistory;
+                self.reconcile(lease, statements, progress, reason, shutdown)
                     .await?;
                 Ok(Step::More)
             }
@@ -244,8 +246,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         {
             let mut client = self.pool.get().await?;
-            if self.config.sequence_interval.is_some() {
-                Sequencer::new(&self.config.schema)
+            if self.config.duties.sequence_interval.is_some() {
+                Sequencer::new(&self.config.duties.schema)
                     .drain(&mut client)
                     .await?;
             }

@@ -79,7 +79,7 @@ impl<D, R> Consumer<D, R> {
         class: FailureClass,
     ) -> Result<(), ConsumerError> {
         let attempts = event.attempt;
-        let delay = self.config.retry.delay_after(attempts);
+        let delay = self.config.delivery.retry.delay_after(attempts);
         let mut client = self.pool.get().await?;
         store::record_failure(
             &mut client,

@@ -70,7 +70,11 @@ pub(super) async fn alone(
         config,
         cursor,
     } = read;
-    let (project, consumer, limit) = (&config.project_id, &config.consumer_id, config.batch_size);
+    let (project, consumer, limit) = (
+        &config.project_id,
+        &config.consumer_id,
+        config.delivery.batch_size,
+    );
     let mut read_ahead = false;
     let batch = match ahead.take() {
         Some(prefetch) if prefetch.after == cursor => {

@@ -99,7 +99,7 @@ impl Membership for Lone {
     }
 
     fn statements(&self, config: &ConsumerConfig) -> Arc<Statements> {
-        Arc::new(Statements::new(&config.schema, config.pooler))
+        Arc::new(Statements::new(&config.duties.schema, config.duties.pooler))
     }
 
     fn checks_live_query(&self) -> bool {

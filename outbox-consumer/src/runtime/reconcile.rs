@@ -3,9 +3,11 @@
 
 use outbox_core::Sequencer;
 use tokio_postgres::IsolationLevel;
+use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
 use super::progress::Progress;
+use crate::base::{ShownCursor, within_grace};
 use crate::config::StartFrom;
 use crate::error::ConsumerError;
 use crate::handler::{LiveSet, ReconcileReason, Reconciler};
@@ -44,8 +46,9 @@ impl<D, R: Reconciler> Consumer<D, R> {
         lease: &Lease,
         statements: &Statements,
         progress: &mut Progress,
+        shutdown: &CancellationToken,
     ) -> Result<(), ConsumerError> {
-        if self.config.start_from == StartFrom::Earliest && progress.new_consumer {
+        if self.config.delivery.start_from == StartFrom::Earliest && progress.new_consumer {
             let mut client = self.pool.get().await?;
             let (_, floor) =
                 store::bounds(&**client, statements, self.config.project_id.as_str()).await?;
@@ -61,49 +64,52 @@ impl<D, R: Reconciler> Consumer<D, R> {
                 "history before the retention floor is gone; reconciling instead"
             );
         }
-        self.reconcile(lease, statements, progress, ReconcileReason::MissingCursor)
+        let reason = ReconcileReason::MissingCursor;
+        self.reconcile(lease, statements, progress, reason, shutdown)
             .await
     }
 
     /// Full reconciliation: the live set and the head in one snapshot, handed to the
-    /// reconciler, then the cursor recorded at that head.
+    /// reconciler, then the cursor recorded at that head. Shutdown's grace bounds it as it
+    /// bounds a handler: past the grace the snapshot or the reconciler is abandoned, the cursor
+    /// stays where it was, and the next start reconciles again.
     pub(super) async fn reconcile(
         &self,
         lease: &Lease,
         statements: &Statements,
         progress: &mut Progress,
         reason: ReconcileReason,
+        shutdown: &CancellationToken,
     ) -> Result<(), ConsumerError> {
-        let project = self.config.project_id.as_str();
-        let cursor = progress.position.cursor();
-        tracing::info!(reason = reason.as_str(), ?cursor, "reconciling");
+        let cursor = ShownCursor(progress.position.cursor());
+        tracing::info!(reason = reason.as_str(), cursor = %cursor, "reconciling");
+        let grace = self.config.delivery.shutdown_grace;
         let mut client = self.pool.get().await?;
-        // The run then ends with the error, releasing its lease.
-        crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
-        if self.config.sequence_interval.is_some() {
-            // Number what has committed, so fewer deletions arrive again after the snapshot.
-            Sequencer::new(&self.config.schema)
-                .drain(&mut client)
-                .await?;
-        }
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let (head, _) = store::bounds(&*tx, statements, project).await?;
-        let live_query = self.config.live_query.sql();
-        let task_ids = crate::live_query::task_ids(&*tx, live_query, project).await?;
-        tx.commit().await?;
+        let snapshot = within_grace(shutdown, grace, self.snapshot(&mut client, statements));
+        let Some(snapshot) = snapshot.await else {
+            // Its statement may still be running: close the connection rather than hand it
+            // back to the pool, where the lease's release would wait for it.
+            drop(deadpool_postgres::Object::take(client));
+            tracing::warn!("shutdown grace ran out while reading the live set; abandoned");
+            return Ok(());
+        };
+        let (head, task_ids) = snapshot?;
         drop(client);
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
         let live = LiveSet {
             project_id: self.config.project_id.clone(),
             task_ids,
             head_sequence: head,
             reason,
         };
-        if let Err(failure) = outbox_core::observe(self.reconciler.reconcile(&live)).await {
+        let reconciled = outbox_core::observe(self.reconciler.reconcile(&live));
+        let Some(reconciled) = within_grace(shutdown, grace, reconciled).await else {
+            tracing::warn!("shutdown grace ran out while the reconciler ran; abandoned");
+            return Ok(());
+        };
+        if let Err(failure) = reconciled {
             if let Some(reason) = failure.stop_reason() {
                 return Err(ConsumerError::SinkFailed {
                     reason: reason.to_owned(),
@@ -126,5 +132,34 @@ impl<D, R: Reconciler> Consumer<D, R> {
         progress.position.moved_to(head);
         progress.bounds_checked = false;
         Ok(())
+    }
+
+    /// The head and the live task set, read in one snapshot after numbering what has
+    /// committed.
+    async fn snapshot(
+        &self,
+        client: &mut deadpool_postgres::Client,
+        statements: &Statements,
+    ) -> Result<(i64, Vec<String>), ConsumerError> {
+        let project = self.config.project_id.as_str();
+        // The run then ends with the error, releasing its lease.
+        crate::live_query::check(client, self.config.delivery.live_query.sql()).await?;
+        if self.config.duties.sequence_interval.is_some() {
+            // Number what has committed, so fewer deletions arrive again after the snapshot.
+            Sequencer::new(&self.config.duties.schema)
+                .drain(client)
+                .await?;
+        }
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let (head, _) = store::bounds(&*tx, statements, project).await?;
+        let live_query = self.config.delivery.live_query.sql();
+        let task_ids = crate::live_query::task_ids(&*tx, live_query, project).await?;
+        tx.commit().await?;
+        Ok((head, task_ids))
     }
 }

@@ -36,7 +36,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             lease,
             statements,
             shutdown,
-            grace: self.config.shutdown_grace,
+            grace: self.config.delivery.shutdown_grace,
             held_sequence: None,
         };
         for row in rows {

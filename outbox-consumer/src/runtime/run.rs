@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use outbox_core::Unnamed as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -14,7 +15,7 @@ use crate::config::ConfigError;
 use crate::dispatch::DispatchMode;
 use crate::error::ConsumerError;
 use crate::handler::Reconciler;
-use crate::lease;
+use crate::{lease, sql};
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
@@ -39,9 +40,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
         // not have a `tasks` table). A consumer set checks it once for all its members.
-        if self.membership.checks_live_query() && self.config.live_query.is_custom() {
+        if self.membership.checks_live_query() && self.config.delivery.live_query.is_custom() {
             let mut client = self.pool.get().await?;
-            crate::live_query::check(&mut client, self.config.live_query.sql()).await?;
+            crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await?;
+        }
+        if self.config.delivery.reactivate {
+            self.refuse_unknown().await?;
         }
         let owner = self.membership.owner();
         let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
@@ -101,5 +105,24 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delivered: progress.delivered,
             cursor: progress.position.cursor(),
         })
+    }
+
+    /// Reactivation applies to a consumer that exists: refuses one without a row.
+    async fn refuse_unknown(&self) -> Result<(), ConsumerError> {
+        let client = self.pool.get().await?;
+        let (project, consumer) = (&self.config.project_id, &self.config.consumer_id);
+        let row = client
+            .query_opt_unnamed(
+                &self.config.duties.schema.render(sql::CONSUMER_ROW),
+                &[&project.as_str(), &consumer.as_str()],
+            )
+            .await?;
+        match row {
+            Some(_) => Ok(()),
+            None => Err(ConsumerError::UnknownConsumer {
+                project: project.clone(),
+                consumer: consumer.clone(),
+            }),
+        }
     }
 }

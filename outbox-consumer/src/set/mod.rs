@@ -28,7 +28,7 @@ use shared::Shared;
 
 use crate::background;
 use crate::base::{self, Task};
-use crate::config::{ConfigError, ConsumerConfig};
+use crate::config::{ConfigError, ConsumerConfig, DeliverySettings, Duties};
 use crate::error::ConsumerError;
 use crate::handler::{Handler, Reconciler};
 use crate::listener;
@@ -41,7 +41,7 @@ pub enum Projects {
     Listed(Vec<ProjectId>),
     /// Every project with a numbered event, including projects that appear while the set
     /// runs: found by the set's fallback poll (every
-    /// [`poll_interval`](ConsumerConfig::poll_interval), which reads every project's head)
+    /// [`poll_interval`](DeliverySettings::poll_interval), which reads every project's head)
     /// and, sooner, by the first notification naming a project not followed yet.
     All,
 }
@@ -87,9 +87,10 @@ pub struct ConsumerSet<F> {
     pool: Pool,
     /// The one LISTEN connection's configuration; `None` polls only.
     listen_config: Option<Config>,
-    /// Every pair's configuration, with its project and consumer filled in; its own
-    /// `project_id` and `consumer_id` are not used.
-    template: ConsumerConfig,
+    /// How every pair delivers.
+    template: DeliverySettings,
+    /// What the set does once for all its pairs: LISTEN, sequencer, sweep, gauges.
+    duties: Duties,
     /// The projects followed.
     projects: Projects,
     /// The consumer IDs run for every project.
@@ -106,11 +107,13 @@ pub struct ConsumerSet<F> {
 
 impl<F: PairFactory> ConsumerSet<F> {
     /// A set running, for each project of `projects`, one consumer per ID of `consumer_ids`,
-    /// configured as `template`, with handlers from `factory`.
+    /// each delivering as `template`, with handlers from `factory`; the set carries out
+    /// `duties` once for all of them.
     pub fn new(
         pool: Pool,
         listen_config: Option<Config>,
-        template: ConsumerConfig,
+        template: DeliverySettings,
+        duties: Duties,
         projects: Projects,
         consumer_ids: Vec<ConsumerId>,
         factory: F,
@@ -119,6 +122,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             pool,
             listen_config,
             template,
+            duties,
             projects,
             consumer_ids,
             factory: Arc::new(factory),
@@ -149,13 +153,17 @@ impl<F: PairFactory> ConsumerSet<F> {
     }
 
     /// Runs until `shutdown` (every pair then stops as a lone consumer does), or until every
-    /// pair has ended on its own (`exit_when_caught_up`, or errors) when no more can appear.
-    /// A pair that ends with an error is logged and reported; the others go on.
+    /// pair has ended on its own (`exit_when_caught_up`, or errors) when no more can appear
+    /// (with `exit_when_caught_up` and no project at all, at once). A pair that ends with an
+    /// error is logged and reported; the others go on, except under
+    /// [`stop_on_failure`](Self::stop_on_failure) and for a lease found held without
+    /// [`wait_for_lease`](DeliverySettings::wait_for_lease), which stop them all.
     pub async fn run(
         &self,
         shutdown: CancellationToken,
     ) -> Result<Vec<PairOutcome>, ConsumerError> {
         self.template.validate()?;
+        self.duties.validate()?;
         if self.consumer_ids.is_empty() {
             return Err(ConfigError("a consumer set needs at least one consumer ID".into()).into());
         }
@@ -178,8 +186,8 @@ impl<F: PairFactory> ConsumerSet<F> {
         };
         let consumer_ids = self.consumer_ids.iter().map(|c| c.to_string()).collect();
         let shared = Arc::new(Shared::new(
-            &self.template.schema,
-            self.template.pooler,
+            &self.duties.schema,
+            self.duties.pooler,
             listed,
             consumer_ids,
             discovering,
@@ -194,31 +202,34 @@ impl<F: PairFactory> ConsumerSet<F> {
                 }
             }
             // The projects there are now, before anything else; later ones arrive below.
-            Projects::All => shared.poll_once(&self.pool).await?,
+            Projects::All => {
+                shared.poll_once(&self.pool).await?;
+                while let Ok(project) = discovered.try_recv() {
+                    self.follow(&mut pairs, &shared, &project, &shutdown);
+                }
+            }
         }
         let stop = CancellationToken::new();
         let tasks = self.spawn_shared(&shared, &stop);
         let mut outcomes = Vec::new();
+        // Followed projects that appear later keep the set running, unless it stops once
+        // caught up: then it ends with the pairs it has, and with none at once.
+        let more_may_come =
+            matches!(self.projects, Projects::All) && !self.template.exit_when_caught_up;
         loop {
+            if pairs.is_empty() && !more_may_come {
+                break;
+            }
             tokio::select! {
-                Some(project) = discovered.recv() => match ProjectId::new(&project) {
-                    Ok(project) => {
-                        tracing::info!(project = %project, "following a new project");
-                        self.start_project(&mut pairs, &shared, &project, &shutdown);
-                    }
-                    Err(e) => tracing::warn!(project, error = %e, "not following a project with an invalid ID"),
-                },
+                Some(project) = discovered.recv() => {
+                    self.follow(&mut pairs, &shared, &project, &shutdown);
+                }
                 Some(joined) = pairs.join_next() => {
                     let outcome = ended(joined);
-                    let failed = outcome.result.is_err();
+                    let stops_all = self.stops_all(&outcome);
                     outcomes.push(outcome);
-                    if failed && self.stop_on_failure {
+                    if stops_all {
                         shutdown.cancel();
-                        break;
-                    }
-                    let more_may_come = matches!(self.projects, Projects::All)
-                        && !self.template.exit_when_caught_up;
-                    if pairs.is_empty() && !more_may_come {
                         break;
                     }
                 }
@@ -233,6 +244,36 @@ impl<F: PairFactory> ConsumerSet<F> {
         Ok(outcomes)
     }
 
+    /// Whether `outcome` stops every other pair: any failure under `stop_on_failure`, and a
+    /// lease found held when the set does not wait for held leases (it was asked to run all
+    /// its pairs now or not at all, as a lone consumer that does not wait exits at once).
+    fn stops_all(&self, outcome: &PairOutcome) -> bool {
+        match &outcome.result {
+            Ok(_) => false,
+            Err(ConsumerError::LeaseHeld { .. }) if !self.template.wait_for_lease => true,
+            Err(_) => self.stop_on_failure,
+        }
+    }
+
+    /// Starts the pairs of `project`, discovered after the set started.
+    fn follow(
+        &self,
+        pairs: &mut JoinSet<PairOutcome>,
+        shared: &Arc<Shared>,
+        project: &str,
+        shutdown: &CancellationToken,
+    ) {
+        match ProjectId::new(project) {
+            Ok(project) => {
+                tracing::info!(project = %project, "following a new project");
+                self.start_project(pairs, shared, &project, shutdown);
+            }
+            Err(e) => {
+                tracing::warn!(project, error = %e, "not following a project with an invalid ID")
+            }
+        }
+    }
+
     /// Starts one pair per consumer ID for `project`.
     fn start_project(
         &self,
@@ -242,18 +283,21 @@ impl<F: PairFactory> ConsumerSet<F> {
         shutdown: &CancellationToken,
     ) {
         for consumer_id in &self.consumer_ids {
-            let mut config = self.template.clone();
-            config.project_id = project.clone();
-            config.consumer_id = consumer_id.clone();
+            let config = ConsumerConfig {
+                project_id: project.clone(),
+                consumer_id: consumer_id.clone(),
+                delivery: self.template.clone(),
+                duties: self.duties.clone(),
+            };
             let (handler, reconciler) = self.factory.make(project, consumer_id);
             let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
                 .in_set(shared.clone());
             let probe = consumer.probe();
             self.probes.insert(project, consumer_id, probe.clone());
-            let gauges = self.template.gauge_interval.map(|interval| {
+            let gauges = self.duties.gauge_interval.map(|interval| {
                 pairs::gauges_while_held(
                     self.pool.clone(),
-                    self.template.schema.clone(),
+                    self.duties.schema.clone(),
                     project.clone(),
                     consumer_id.clone(),
                     interval,
@@ -284,11 +328,11 @@ impl<F: PairFactory> ConsumerSet<F> {
 
     /// The set's shared tasks: heartbeat, poll, listener, sequencer and retention sweep.
     fn spawn_shared(&self, shared: &Arc<Shared>, stop: &CancellationToken) -> Vec<Task> {
-        let config = &self.template;
+        let (delivery, duties) = (&self.template, &self.duties);
         let mut tasks = Vec::new();
         {
             let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
-            let (ttl, interval) = (config.lease_ttl, config.heartbeat_interval);
+            let (ttl, interval) = (delivery.lease_ttl, delivery.heartbeat_interval);
             tasks.push(base::spawn(
                 async move { shared.heartbeat(pool, ttl, interval, stop).await }
                     .instrument(tracing::info_span!("set-heartbeat")),
@@ -299,31 +343,31 @@ impl<F: PairFactory> ConsumerSet<F> {
         }
         {
             let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
-            let interval = config.poll_interval;
+            let interval = delivery.poll_interval;
             tasks.push(base::spawn(async move {
                 shared.poll(pool, interval, stop).await
             }));
         }
-        let listens = base::may_listen(config.listen, config.pooler);
+        let listens = base::may_listen(duties.listen, duties.pooler);
         if let (true, Some(config_of_listener)) = (listens, &self.listen_config) {
             let listen = listener::Target {
                 config: config_of_listener.clone(),
                 tls: self.listen_tls.clone(),
             };
-            let channel = config.schema.channel();
+            let channel = duties.schema.channel();
             let (wake, stop) = (shared.clone() as Arc<dyn listener::Wake>, stop.clone());
             tasks.push(base::spawn(async move {
                 listener::listen(listen, channel, wake, stop).await
             }));
         }
-        if let Some(interval) = config.sequence_interval {
+        if let Some(interval) = duties.sequence_interval {
             tasks.push(background::spawn_sequencer(
-                &self.pool, config, interval, stop,
+                &self.pool, duties, interval, stop,
             ));
         }
-        if let Some(interval) = config.prune_interval {
+        if let Some(interval) = duties.prune_interval {
             let base = PruneOptions {
-                retention: config.retention,
+                retention: duties.retention,
                 actor: "consumer-set".to_owned(),
                 ..PruneOptions::default()
             };
@@ -339,7 +383,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             };
             tasks.extend(background::spawn_pruner(
                 &self.pool,
-                &config.schema,
+                &duties.schema,
                 sweeps,
                 interval,
                 stop,
@@ -355,7 +399,7 @@ fn ended(joined: Result<PairOutcome, tokio::task::JoinError>) -> PairOutcome {
     let (project, consumer) = (&outcome.project_id, &outcome.consumer_id);
     match &outcome.result {
         Ok(summary) => tracing::info!(
-            %project, %consumer, delivered = summary.delivered, cursor = ?summary.cursor,
+            %project, %consumer, delivered = summary.delivered, cursor = %base::ShownCursor(summary.cursor),
             "consumer stopped"
         ),
         Err(e) => tracing::error!(

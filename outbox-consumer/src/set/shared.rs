@@ -372,7 +372,7 @@ impl Membership for Shared {
                     &config.project_id,
                     &config.consumer_id,
                     cursor,
-                    config.batch_size,
+                    config.delivery.batch_size,
                 )
                 .await?;
             Ok(Fetched {
