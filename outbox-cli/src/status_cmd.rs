@@ -29,9 +29,10 @@ pub struct StatusArgs {
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "15m")]
     pub max_retrying_age: Duration,
     /// A live lease whose last heartbeat is older is `stale_heartbeat`; once the lease has
-    /// expired (or with none), a heartbeat this old while events wait is `not_running`, and a
-    /// consumer registered longer ago than this that never acknowledged anything is
-    /// `never_acknowledged` (default: twice the default heartbeat interval).
+    /// expired (or with none), a heartbeat this old while events wait is `not_running`, and
+    /// while requested replays wait `replay_unserved`; a consumer registered longer ago than
+    /// this that never acknowledged anything is `never_acknowledged` (default: twice the
+    /// default heartbeat interval).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "20s")]
     pub max_heartbeat_age: Duration,
     /// Committed events unsequenced for longer mean `sequencer_stalled` (no consumer or

@@ -5,19 +5,25 @@
 //! holder also keeps a deadline, `last renewal sent + TTL - margin`, and stops dispatching
 //! once it passes: a paused or partitioned process cannot keep acting on an expired lease
 //! while another process has already claimed it.
+//!
+//! A holder that is gone for certain (a process of this host whose PID no longer exists,
+//! [`owner`]) is not waited for: its lease is taken over at once, with the generation bumped
+//! as in any claim, so fencing holds even if it were somehow still writing.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use outbox_core::admin::{AuditLog, AuditRecord};
-use outbox_core::{AuditKind, ConsumerId, ConsumerState, ProjectId, Unnamed as _};
+use outbox_core::{ConsumerId, ConsumerState, ProjectId, Unnamed as _};
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::sql;
+
+mod owner;
+mod reactivation;
 
 /// Identifies a lease in fenced statements: `$1`..`$4`.
 #[derive(Debug, Clone)]
@@ -244,7 +250,8 @@ pub(crate) struct Claimed {
     pub created: bool,
 }
 
-/// Claims the consumer's lease, waiting for a held one to expire if configured to.
+/// Claims the consumer's lease, waiting for a held one to expire if configured to. A lease
+/// whose holder is a process of this host that no longer exists is taken over at once.
 pub(crate) async fn claim(
     pool: &Pool,
     config: &ConsumerConfig,
@@ -266,27 +273,7 @@ pub(crate) async fn claim(
             )
             .await?;
         if let Some(row) = row {
-            let generation: i64 = row.try_get("lease_generation")?;
-            let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
-            let created: bool = row.try_get("created")?;
-            let shown = crate::base::ShownCursor(cursor);
-            tracing::info!(project, consumer, generation, cursor = %shown, "lease claimed");
-            let fence = Fence {
-                project: config.project_id.clone(),
-                consumer: config.consumer_id.clone(),
-                owner: owner.to_owned(),
-                generation,
-            };
-            return Ok(Some(Claimed {
-                lease: Lease::new(
-                    fence,
-                    sent_at,
-                    config.delivery.lease_ttl,
-                    schema.render(sql::CONSUMER_ROW),
-                ),
-                cursor,
-                created,
-            }));
+            return claimed(&row, sent_at, config, owner).map(Some);
         }
         let row = client
             .query_one_unnamed(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
@@ -295,7 +282,7 @@ pub(crate) async fn claim(
         if row.retired() {
             if config.delivery.reactivate {
                 let mut client = client;
-                reactivate(&mut client, config).await?;
+                reactivation::reactivate(&mut client, config).await?;
                 continue;
             }
             return Err(ConsumerError::Retired {
@@ -308,6 +295,24 @@ pub(crate) async fn claim(
         let holder: String = row.lease_owner.unwrap_or_default();
         let generation = row.lease_generation;
         let expires_in = row.expires_in;
+        if owner::holder_is_gone(&holder) {
+            let sent_at = Instant::now();
+            let taken = client
+                .query_opt_unnamed(
+                    &schema.render(sql::TAKE_OVER),
+                    &[&project, &consumer, &owner, &ttl_secs, &holder, &generation],
+                )
+                .await?;
+            if let Some(taken) = taken {
+                tracing::warn!(
+                    project, consumer, holder = %holder, generation, expires_in,
+                    "the lease holder no longer exists on this host; taking the lease over"
+                );
+                return claimed(&taken, sent_at, config, owner).map(Some);
+            }
+            // The row moved on since it was read: look again.
+            continue;
+        }
         if !config.delivery.wait_for_lease {
             return Err(ConsumerError::LeaseHeld {
                 project: config.project_id.clone(),
@@ -333,59 +338,37 @@ pub(crate) async fn claim(
     }
 }
 
-async fn reactivate(
-    client: &mut deadpool_postgres::Client,
+/// The lease a claim or a takeover sent at `sent_at` returned in `row`.
+fn claimed(
+    row: &tokio_postgres::Row,
+    sent_at: Instant,
     config: &ConsumerConfig,
-) -> Result<(), ConsumerError> {
-    let project = config.project_id.as_str();
-    let consumer = config.consumer_id.as_str();
-    let actor = reactivating_user();
-    let tx = client.transaction().await?;
-    let changed = tx
-        .execute_unnamed(
-            &config.duties.schema.render(sql::REACTIVATE),
-            &[&project, &consumer],
-        )
-        .await?;
-    if changed == 1 {
-        let record = AuditRecord {
-            kind: AuditKind::ConsumerReactivated,
-            project_id: project,
-            consumer_id: Some(consumer),
-            event_id: None,
-            actor: Some(&actor),
-            count: None,
-            reason: None,
-        };
-        AuditLog::new(&config.duties.schema)
-            .record(&*tx, &record)
-            .await?;
-    }
-    tx.commit().await?;
-    if changed == 1 {
-        tracing::info!(
-            project,
-            consumer,
-            "retired consumer reactivated; it will reconcile"
-        );
-    }
-    Ok(())
-}
-
-/// Who reactivates a consumer, for the audit row: the OS user and host running the process
-/// (`alice@worker-3`), as `outbox consume --reactivate` takes no operator name.
-fn reactivating_user() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .ok()
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| "unknown-user".into());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("{user}@{host}")
+    owner: &str,
+) -> Result<Claimed, ConsumerError> {
+    let generation: i64 = row.try_get("lease_generation")?;
+    let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
+    let created: bool = row.try_get("created")?;
+    tracing::info!(
+        project = %config.project_id, consumer = %config.consumer_id, generation,
+        cursor = %crate::base::ShownCursor(cursor),
+        "lease claimed"
+    );
+    let fence = Fence {
+        project: config.project_id.clone(),
+        consumer: config.consumer_id.clone(),
+        owner: owner.to_owned(),
+        generation,
+    };
+    Ok(Claimed {
+        lease: Lease::new(
+            fence,
+            sent_at,
+            config.delivery.lease_ttl,
+            config.duties.schema.render(sql::CONSUMER_ROW),
+        ),
+        cursor,
+        created,
+    })
 }
 
 /// Renews the lease every `interval` until `stop`; marks it lost when a renewal is rejected.

@@ -19,6 +19,17 @@ WHERE c.state = 'active'
   AND (c.lease_owner IS NULL OR c.lease_expires_at <= now())
 RETURNING c.lease_generation, c.last_acked_sequence, (c.xmax = 0) AS created";
 
+/// Takes a lease over from a holder known to be gone before it expired. `$5`, `$6`: the
+/// holder and generation just read; if either moved since, nothing changes (the claim looks
+/// again). The generation is bumped as in a claim, so the old holder's fence is void.
+pub const TAKE_OVER: &str = "
+UPDATE {{schema}}.lifecycle_consumer_cursors
+SET lease_owner = $3, lease_generation = lease_generation + 1,
+    lease_expires_at = now() + make_interval(secs => $4), heartbeat_at = now()
+WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
+  AND lease_owner = $5 AND lease_generation = $6
+RETURNING lease_generation, last_acked_sequence, false AS created";
+
 /// Why a claim found nothing: who holds the row, until when, and whether it is retired.
 pub const CONSUMER_ROW: &str = "
 SELECT state, lease_owner, lease_generation,

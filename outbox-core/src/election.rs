@@ -258,15 +258,19 @@ impl ElectedSequencer {
     }
 }
 
-/// A name for this process run in a lease row: host, PID and a per-run suffix (so a
-/// restarted process with a recycled PID is a different owner).
-pub fn owner_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+/// This machine's host name (the kernel's), or `None` when it cannot be read.
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .ok()
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "host".into());
+}
+
+/// A name for this process run in a lease row: host, PID and a per-run suffix (so a
+/// restarted process with a recycled PID is a different owner), `host:pid:suffix`.
+pub fn owner_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let host = host_name().unwrap_or_else(|| UNKNOWN_HOST.into());
     // RandomState is seeded randomly per process; mixed with the time it names this run.
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
@@ -279,6 +283,20 @@ pub fn owner_token() -> String {
         std::process::id(),
         hasher.finish() as u32
     )
+}
+
+/// The host part of an [`owner_token`] whose host name could not be read: it says nothing
+/// about where the process ran, so [`token_host_and_pid`] never reports it.
+const UNKNOWN_HOST: &str = "host";
+
+/// The host name and PID an [`owner_token`] names, or `None` for any other text (or a token
+/// made where the host name could not be read).
+pub fn token_host_and_pid(token: &str) -> Option<(&str, u32)> {
+    let mut parts = token.rsplitn(3, ':');
+    let _suffix = parts.next()?;
+    let pid = parts.next()?.parse().ok()?;
+    let host = parts.next()?;
+    (!host.is_empty() && host != UNKNOWN_HOST).then_some((host, pid))
 }
 
 #[cfg(test)]
@@ -317,5 +335,30 @@ mod tests {
     fn owner_tokens_differ_per_call() {
         assert_ne!(owner_token(), owner_token());
         assert!(owner_token().contains(&std::process::id().to_string()));
+    }
+
+    #[test]
+    fn owner_tokens_name_their_host_and_pid() {
+        let token = owner_token();
+        if let Some(host) = host_name() {
+            assert_eq!(
+                token_host_and_pid(&token),
+                Some((host.as_str(), std::process::id()))
+            );
+        }
+        assert_eq!(
+            token_host_and_pid("worker-3:4711:0badcafe"),
+            Some(("worker-3", 4711))
+        );
+        for other in [
+            "host:4711:0badcafe",
+            ":4711:ab",
+            "w:x:ab",
+            "w:4711",
+            "ops",
+            "",
+        ] {
+            assert_eq!(token_host_and_pid(other), None, "{other:?}");
+        }
     }
 }

@@ -176,6 +176,10 @@ text_enum!(
         NeverAcknowledged => "never_acknowledged",
         /// The consumer has unresolved dead letters waiting for an operator.
         DeadLetters => "dead_letters",
+        /// An operator asked for dead letters to be replayed, but no process holds the lease
+        /// and the last heartbeat is older than `max_heartbeat_age`: only the lease holder
+        /// replays, so the request waits until the consumer is started.
+        ReplayUnserved => "replay_unserved",
         /// Committed events have waited for a number longer than `max_unsequenced_age`: no
         /// sequencer is running.
         SequencerStalled => "sequencer_stalled",

@@ -1,14 +1,16 @@
 //! The audit trail as an operator reads it: every action with its actor, reasons that outlive
 //! a reactivation, `--since`, `--follow`, and dead letters named by sequence.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use outbox_tests::consumer_kit::{
     SeedCursor, SeedEvent, eventually, seed_consumer, seed_delivery, write_event,
 };
-use outbox_tests::process_kit::{OutboxProcess, outbox_json, outbox_on as outbox};
+use outbox_tests::process_kit::{OutboxProcess, outbox_binary, outbox_json, outbox_on as outbox};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::Value;
+use tokio::process::Command;
 
 /// A consumer `c` of project `p` with one dead letter at sequence 1.
 async fn with_dead_letter(db: &TestDb) -> String {
@@ -71,6 +73,58 @@ async fn a_retirement_reason_survives_reactivation_and_every_row_names_its_actor
     assert_eq!(code, 0);
     assert!(table.lines().next().unwrap().ends_with("REASON"), "{table}");
     assert!(table.contains("moved to the new dashboard"), "{table}");
+}
+
+/// A service started without `$USER` or `$LOGNAME` (systemd, cron, a container) is still
+/// named in the reactivation's audit row, by its uid's account.
+#[tokio::test]
+async fn a_reactivation_without_user_variables_is_audited_with_the_uids_account() {
+    let db = fresh_db().await;
+    with_dead_letter(&db).await;
+    let (code, _, err) = outbox(
+        &db,
+        &[
+            &[
+                "consumers",
+                "retire",
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+            ][..],
+            &["--by", "alice", "--reason", "moved"],
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let reactivation = Command::new(outbox_binary())
+        .args(["--database-url", db.url.as_str(), "consume"])
+        .args(["--project", "p", "--consumer-id", "c"])
+        .args(["--reactivate", "--exit-when-caught-up"])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env("OUTBOX_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run outbox consume");
+    assert!(
+        reactivation.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reactivation.stderr)
+    );
+    let account = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let account = String::from_utf8_lossy(&account.stdout).trim().to_owned();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let reactivated = outbox_json(&db, &["audit", "--kind", "consumer-reactivated"]).await;
+    assert_eq!(
+        reactivated["audit"][0]["actor"],
+        format!("{account}@{}", host.trim())
+    );
 }
 
 #[tokio::test]

@@ -693,6 +693,78 @@ async fn poll_only_delivers_without_a_listener() {
     assert_eq!(listeners, 0);
 }
 
+/// Makes `owner` the holder of `c1`'s lease at generation 4, valid for another hour, as a
+/// process that ended without releasing it leaves the row.
+async fn held_by(db: &TestDb, owner: &str) {
+    db.connect()
+        .await
+        .execute(
+            "UPDATE outbox.lifecycle_consumer_cursors
+             SET lease_owner = $1, lease_generation = 4,
+                 lease_expires_at = now() + interval '1 hour', heartbeat_at = now()
+             WHERE project_id = 'p' AND consumer_id = 'c1'",
+            &[&owner],
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_held_by_a_process_of_this_host_that_is_gone_is_taken_over_at_once() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    seed_consumer(&db, "p", "c1", SeedCursor::At(0), false).await;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let host = host.trim();
+    let mut ended = std::process::Command::new("true").spawn().unwrap();
+    let gone = ended.id();
+    ended.wait().unwrap();
+    let mut no_wait = fast_config("p", "c1");
+    no_wait.delivery.wait_for_lease = false;
+
+    // A holder that may still be running is waited for: a live PID of this host, or any
+    // PID of another host.
+    for alive in [
+        format!("{host}:{}:0badcafe", std::process::id()),
+        format!("{host}-elsewhere:{gone}:0badcafe"),
+    ] {
+        held_by(&db, &alive).await;
+        let refused = refused_start(&db, no_wait.clone()).await;
+        assert!(
+            matches!(refused, ConsumerError::LeaseHeld { generation: 4, .. }),
+            "{alive}: {refused}"
+        );
+    }
+
+    let dead = format!("{host}:{gone}:0badcafe");
+    held_by(&db, &dead).await;
+    let recorder = Recorder::default();
+    let (shutdown, run) = start(&db, no_wait, &recorder);
+    eventually(WAIT, "delivery by the new holder", || async {
+        recorder.events().len() == 1
+    })
+    .await;
+    let (owner, generation): (String, i64) = {
+        let row = db
+            .connect()
+            .await
+            .query_one(
+                "SELECT lease_owner, lease_generation FROM outbox.lifecycle_consumer_cursors",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_ne!(owner, dead, "the lease changed hands");
+    assert_eq!(
+        generation, 5,
+        "the takeover bumps the generation: the old fence is void"
+    );
+    shutdown.cancel();
+    assert_eq!(run.await.unwrap().unwrap().generation, 5);
+}
+
 async fn retire(db: &TestDb) {
     db.connect()
         .await

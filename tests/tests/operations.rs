@@ -604,6 +604,57 @@ async fn a_replay_is_redispatched_by_the_running_consumer_fails_back_to_dead_the
     );
 }
 
+/// A replay is served only by the lease holder: requested for a consumer nobody runs, it
+/// waits, and `status` says so with a code of its own until a process takes the lease.
+#[tokio::test]
+async fn a_replay_requested_while_nobody_runs_the_consumer_is_replay_unserved() {
+    let db = fresh_db().await;
+    let event = seed_letter(&db, "p", "c", "t1", "dead", 3).await;
+    let consumer_health = |status: &Value| -> Vec<String> {
+        health(by_id(&status["consumers"], "consumer_id", "c"))
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    };
+    let status = outbox_json(&db, &["status"]).await;
+    assert_eq!(consumer_health(&status), vec!["dead_letters"]);
+
+    let replay = [
+        "dead-letters",
+        "replay",
+        "--by",
+        "bob",
+        "--project",
+        "p",
+        "--consumer-id",
+        "c",
+        "--all",
+    ];
+    let (code, _, err) = outbox(&db, &replay).await;
+    assert_eq!(code, 0, "{err}");
+    let status = outbox_json(&db, &["status"]).await;
+    assert_eq!(consumer_health(&status), vec!["replay_unserved"]);
+    let (code, out, err) = outbox(&db, &["status", "--check"]).await;
+    assert_eq!(code, 5, "{out}\n{err}");
+    assert!(
+        err.contains("consumer c of project p: replay_unserved"),
+        "{err}"
+    );
+    assert!(out.contains("replay_unserved"), "{out}");
+
+    // Once a process holds the lease, it serves the request and the code clears.
+    let recorder = Recorder::default();
+    let (shutdown, run) = start(&db, fast_config("p", "c"), &recorder);
+    eventually(WAIT, "the replay to be served", || async {
+        delivery(&db, "p", "c", &event).await.0 == "replayed"
+    })
+    .await;
+    let status = outbox_json(&db, &["status"]).await;
+    assert_eq!(consumer_health(&status), vec!["ok"]);
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn replay_all_marks_every_dead_letter_and_skips_pruned_events() {
     let db = fresh_db().await;

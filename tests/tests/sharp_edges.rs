@@ -450,7 +450,7 @@ async fn nothing_new_starts_after_a_shutdown_signal() {
 }
 
 #[tokio::test]
-async fn a_second_signal_ends_the_process_at_once_with_a_nonzero_exit() {
+async fn a_second_signal_ends_at_once_and_the_next_start_takes_the_left_lease_over() {
     let db = fresh_db().await;
     let (dir, script) = child_script("trap '' TERM INT\nwhile read -r line; do sleep 600; done\n");
     write_event(&db, "p", "t1").await;
@@ -483,6 +483,22 @@ async fn a_second_signal_ends_the_process_at_once_with_a_nonzero_exit() {
         || async { processes_with(&marker).is_empty() },
     )
     .await;
+    let held = lease_owner(&db, "stubborn")
+        .await
+        .expect("the lease is left held");
+    assert!(held.contains(&format!(":{pid}:")), "{held}");
+
+    // The next start on this host need not wait for the lease of a PID that is gone.
+    let mut restart = quick("stubborn");
+    restart.extend(["--no-wait".into(), "--exit-when-caught-up".into()]);
+    let mut successor = spawn_consume(&db, &restart, Stdio::null());
+    let (code, stderr) = exit_of(&mut successor, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.contains("the lease holder no longer exists on this host"),
+        "{stderr}"
+    );
+    assert_eq!(cursor(&db, "p", "stubborn").await, Some(1));
 }
 
 #[tokio::test]

@@ -112,7 +112,11 @@ pub fn project_health(project: &ProjectStatus, thresholds: &HealthThresholds) ->
     codes(problems)
 }
 
-/// Judges a consumer. A retired consumer holds nothing back and is always `ok`.
+/// Judges a consumer. A retired consumer holds nothing back and is always `ok`. Whether
+/// anybody runs it is judged like `not_running`, by the lease and the heartbeat's age (a
+/// process restarting within `max_heartbeat_age` is not reported): `not_running` when events
+/// wait for it, `replay_unserved` when requested replays wait for it (only the lease holder
+/// replays).
 pub fn consumer_health(consumer: &ConsumerInfo, thresholds: &HealthThresholds) -> Vec<Health> {
     if consumer.state == ConsumerState::Retired {
         return codes(Vec::new());
@@ -148,6 +152,9 @@ pub fn consumer_health(consumer: &ConsumerInfo, thresholds: &HealthThresholds) -
     }
     if consumer.dead_letters > 0 {
         problems.push(Health::DeadLetters);
+    }
+    if consumer.replay_requested > 0 && !consumer.lease_live && heartbeat_old {
+        problems.push(Health::ReplayUnserved);
     }
     codes(problems)
 }
@@ -261,6 +268,35 @@ mod tests {
         let mut idle = typo.clone();
         idle.cursor = Some(8);
         assert_eq!(consumer_health(&idle, &t), vec![Health::Ok]);
+
+        // Requested replays wait for a lease holder: served while it runs (or within the
+        // heartbeat's grace after it stopped), unserved once nobody runs it, even with no
+        // event waiting.
+        let mut replaying = healthy.clone();
+        replaying.replay_requested = 2;
+        assert_eq!(consumer_health(&replaying, &t), vec![Health::Ok]);
+        let mut unserved = released.clone();
+        unserved.replay_requested = 2;
+        assert_eq!(consumer_health(&unserved, &t), vec![Health::ReplayUnserved]);
+        unserved.heartbeat_age_secs = None;
+        assert_eq!(consumer_health(&unserved, &t), vec![Health::ReplayUnserved]);
+        let mut restarting = unserved.clone();
+        restarting.heartbeat_age_secs = Some(5.0);
+        assert_eq!(consumer_health(&restarting, &t), vec![Health::Ok]);
+        let mut stopped_with_letters = stopped.clone();
+        stopped_with_letters.dead_letters = 1;
+        stopped_with_letters.replay_requested = 1;
+        assert_eq!(
+            consumer_health(&stopped_with_letters, &t),
+            vec![
+                Health::NotRunning,
+                Health::DeadLetters,
+                Health::ReplayUnserved
+            ]
+        );
+        let mut retired_unserved = unserved.clone();
+        retired_unserved.state = ConsumerState::Retired;
+        assert_eq!(consumer_health(&retired_unserved, &t), vec![Health::Ok]);
 
         // Retired consumers hold nothing back.
         let mut retired = sick.clone();
