@@ -52,7 +52,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             if floor == 0 {
                 store::set_cursor(&mut client, statements, lease, 0, None).await?;
                 tracing::info!("new consumer starts from the earliest event");
-                progress.position.moved_to(0);
+                progress.moved_to(0);
                 progress.bounds_checked = false;
                 return Ok(());
             }
@@ -123,7 +123,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             reason = reason.as_str(),
             "reconciled"
         );
-        progress.position.moved_to(head);
+        progress.moved_to(head);
         progress.bounds_checked = false;
         Ok(())
     }
