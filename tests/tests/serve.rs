@@ -562,7 +562,10 @@ async fn refusals_404_400_503_and_usage_errors() {
     assert_eq!(status, 503, "{body}");
     let retry: u64 = headers["retry-after"].parse().unwrap();
     assert!(retry >= 1);
-    assert!(body.contains("--max-clients"), "{body}");
+    assert!(
+        body.contains("already has 1 SSE client (--max-clients)"),
+        "{body}"
+    );
     // The dashboard's own stream takes a slot too.
     let (status, headers, body) = get(addr, "/v1/dashboard/stream", &[]).await.unwrap();
     assert_eq!(status, 503, "{body}");
@@ -633,6 +636,19 @@ async fn refusals_404_400_503_and_usage_errors() {
             ],
             "--client-queue",
         ),
+        (
+            vec!["--listen", &local, "--project", "p1"],
+            "--project p1 is given more than once",
+        ),
+        (
+            vec!["--listen", &local, "--exit-when-caught-up"],
+            "outbox serve runs until it is stopped",
+        ),
+        (
+            vec!["--listen", &local, "--keep-alive", "-1s"],
+            "must be greater than zero",
+        ),
+        (vec!["--listen", "localhost"], "invalid --listen"),
     ];
     for (extra, expected) in cases {
         let mut argv = vec![
@@ -1179,4 +1195,100 @@ async fn retiring_one_served_project_stops_only_that_project() {
         last.contains("outbox serve --project p2 --project p1 --consumer-id feed --reactivate"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn http_edges_scheme_query_long_ids_slow_headers_host_names_and_standby() {
+    let db = fresh_db().await;
+    let common = args(&[
+        "--project",
+        "p1",
+        "--consumer-id",
+        "edge",
+        "--admin-operator",
+        "alice",
+        "--header-read-timeout",
+        "300ms",
+    ]);
+    let token = [("OUTBOX_ADMIN_TOKEN", "s3cret-token")];
+    let first = ServeProcess::start_on("localhost", &db.url, &common, &token).await;
+    ready(&first).await;
+    let addr = first.addr;
+
+    // The scheme of Authorization is case-insensitive.
+    let replay = json!({"project": "p1", "consumer_id": "edge", "all": true});
+    for scheme in ["bearer", "BEARER"] {
+        let header = format!("{scheme} s3cret-token");
+        let (status, _, text) = post(
+            addr,
+            "/v1/admin/replay",
+            &[("authorization", &header)],
+            &replay,
+        )
+        .await
+        .unwrap();
+        assert_ne!(status, 401, "{scheme}: {text}");
+    }
+
+    // A repeated query key is a JSON 400.
+    let (status, _, body) = get(addr, "/v1/projects/p1/events?after=1&after=2", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+    assert!(error["error"].as_str().unwrap().contains("after"), "{body}");
+
+    // A long ID is not echoed whole.
+    let long = "x".repeat(5000);
+    for path in [format!("/v1/projects/{long}/events"), format!("/{long}")] {
+        let (status, _, body) = get(addr, &path, &[]).await.unwrap();
+        assert_eq!(status, 404);
+        assert!(body.len() < 300, "{} bytes: {body:.200}", body.len());
+        assert!(body.contains("characters)"), "{body}");
+    }
+
+    // A client that never finishes its headers is disconnected.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection stayed open");
+
+    // A standby process (the lease is held by the first) refuses SSE clients with 503.
+    let second = ServeProcess::start_with_env(&db.url, &common, &token).await;
+    let (status, headers, body) = get(second.addr, "/v1/projects/p1/events", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(headers["retry-after"].parse::<u64>().unwrap() >= 1);
+    assert!(body.contains("standby"), "{body}");
+}
+
+#[tokio::test]
+async fn help_texts_say_what_serve_and_the_relay_take() {
+    let (code, out, err) = run_outbox(&["serve", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("--exit-when-caught-up"), "{out}");
+    assert!(out.contains("--header-read-timeout"), "{out}");
+    let (code, out, err) = run_outbox(&["relay", "nats", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("every `consume` option"), "{out}");
+    assert!(out.contains("once each"), "{out}");
+    let (code, _, err) = run_outbox(&[
+        "relay",
+        "nats",
+        "--project",
+        "p1",
+        "--consumer-id",
+        "r",
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "--publish-timeout",
+        "-1s",
+    ])
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must be greater than zero"), "{err}");
 }
