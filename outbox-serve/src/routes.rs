@@ -1,5 +1,6 @@
 //! The routes of the server and its probes: `/healthz` (alive while the process answers),
-//! `/readyz` (every served project's consumer holds its lease and polled recently) and
+//! `/readyz` (every served project's consumer holds its lease and polled recently; a project
+//! whose consumer an operator retired no longer counts) and
 //! `/metrics`.
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
-use crate::state::{AppState, error};
+use crate::state::{AppState, error, quoted};
 use crate::{dashboard, stream};
 
 /// The routes of the server.
@@ -33,7 +34,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
-        format!("no such path {}", uri.path()),
+        format!("no such path {}", quoted(uri.path())),
         json!({}),
     )
 }
@@ -55,6 +56,10 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         reasons.push("shutting down".to_owned());
     }
     for project in &state.projects {
+        if state.probes.retired(project, &state.consumer_id) {
+            // Retired by an operator: the project is no longer served, by decision.
+            continue;
+        }
         let probe = state.probes.get(project, &state.consumer_id);
         let Some(probe) = probe.filter(|p| p.lease_held()) else {
             reasons.push(format!(

@@ -46,6 +46,8 @@ pub struct ServerSettings {
     pub dashboard_refresh: Duration,
     /// How long open connections may take to finish at shutdown.
     pub drain_timeout: Duration,
+    /// How long a client may take to send a request's head; a slower connection is closed.
+    pub header_read_timeout: Duration,
     /// Enables admin actions for requests that carry its token.
     pub admin: Option<AdminAuth>,
 }
@@ -64,6 +66,7 @@ impl ServerSettings {
             ready_max_poll_age: Duration::from_secs(30),
             dashboard_refresh: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(5),
+            header_read_timeout: Duration::from_secs(10),
             admin: None,
         }
     }
@@ -162,8 +165,9 @@ impl<C: Handler + Reconciler> Server<C> {
     }
 
     /// Serves HTTP on `listener` and runs the consumers until `shutdown`, or until a consumer
-    /// fails (which stops the others and the server, and is returned). Open connections then
-    /// have the drain timeout to finish.
+    /// fails (which stops the others and the server, and is returned). A consumer an operator
+    /// retires stops alone: the other projects are served on, and the retirement is returned
+    /// when the server stops. Open connections then have the drain timeout to finish.
     pub async fn run(
         self,
         listener: TcpListener,
@@ -241,12 +245,21 @@ impl<C: Handler + Reconciler> Server<C> {
             router(state),
             stop.clone(),
             settings.drain_timeout,
+            settings.header_read_timeout,
         ));
         let outcomes = set.run(stop.clone()).await;
         stop.cancel();
         let _ = http.await;
-        let first_failure = outcomes?.into_iter().find_map(|o| o.result.err());
-        match first_failure {
+        // A failure first; else a retirement, which stopped only its project while the others
+        // were served on.
+        let errors: Vec<ConsumerError> = outcomes?
+            .into_iter()
+            .filter_map(|o| o.result.err())
+            .collect();
+        let (retired, failed): (Vec<_>, Vec<_>) = errors
+            .into_iter()
+            .partition(|e| matches!(e, ConsumerError::Retired { .. }));
+        match failed.into_iter().chain(retired).next() {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }

@@ -65,6 +65,29 @@ pub fn error(status: StatusCode, message: String, extra: serde_json::Value) -> R
     (status, axum::Json(body)).into_response()
 }
 
+/// "1 SSE client", "2 SSE clients".
+pub(crate) fn clients(count: usize) -> String {
+    match count {
+        1 => "1 SSE client".to_owned(),
+        n => format!("{n} SSE clients"),
+    }
+}
+
+/// Longest piece of a request (a path, an ID) quoted back in an error: a long one is cut,
+/// so that an error never grows with what the client sent.
+const QUOTED_MAX: usize = 64;
+
+/// `text` as it may be quoted back in an error: cut to [`QUOTED_MAX`] characters with its
+/// full length named.
+pub(crate) fn quoted(text: &str) -> String {
+    let length = text.chars().count();
+    if length <= QUOTED_MAX {
+        return format!("{text:?}");
+    }
+    let head: String = text.chars().take(QUOTED_MAX).collect();
+    format!("{head:?}... ({length} characters)")
+}
+
 /// A 503 asking the client to come back after `retry_after`.
 pub(crate) fn busy(state: &AppState, message: &str) -> Response {
     let mut response = error(
@@ -89,8 +112,8 @@ pub(crate) fn reserve(state: &AppState) -> Result<(), Response> {
         return Err(busy(
             state,
             &format!(
-                "this server already has {} SSE clients (--max-clients)",
-                state.max_clients
+                "this server already has {} (--max-clients)",
+                clients(state.max_clients)
             ),
         ));
     }
@@ -115,4 +138,19 @@ where
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{clients, quoted};
+
+    #[test]
+    fn counts_and_quotes() {
+        assert_eq!(clients(1), "1 SSE client");
+        assert_eq!(clients(2), "2 SSE clients");
+        assert_eq!(quoted("p1"), "\"p1\"");
+        let long = quoted(&"x".repeat(5000));
+        assert!(long.len() < 100, "{long}");
+        assert!(long.ends_with("... (5000 characters)"), "{long}");
+    }
 }

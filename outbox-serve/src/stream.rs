@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
@@ -19,7 +20,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::fan_out::{FanOut, Frame, Subscription};
 use outbox_service::http::ConnectionToken;
 
-use crate::state::{AppState, busy, error, event_stream, release, reserve};
+use crate::state::{AppState, busy, error, event_stream, quoted, release, reserve};
 
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
@@ -44,16 +45,27 @@ fn parse_position(text: &str) -> Option<i64> {
 pub async fn events(
     State(state): State<Arc<AppState>>,
     Path(project): Path<String>,
-    Query(query): Query<After>,
+    query: Result<Query<After>, QueryRejection>,
     headers: HeaderMap,
     connection: Option<axum::Extension<ConnectionToken>>,
 ) -> Response {
     let Some(fan_out) = state.fan_outs.get(&project).cloned() else {
         return error(
             StatusCode::NOT_FOUND,
-            format!("project {project:?} is not served here"),
+            format!("project {} is not served here", quoted(&project)),
             json!({ "projects": state.fan_outs.keys().collect::<Vec<_>>() }),
         );
+    };
+    // A repeated or malformed key (`?after=1&after=2`) is a JSON error like every other.
+    let query = match query {
+        Ok(Query(query)) => query,
+        Err(rejection) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("malformed query: {}", rejection.body_text()),
+                json!({}),
+            );
+        }
     };
     let after = match (headers.get("last-event-id"), &query.after) {
         (Some(value), _) => match value.to_str().ok().and_then(parse_position) {
@@ -86,6 +98,9 @@ pub async fn events(
     if state.shutdown.is_cancelled() {
         return busy(&state, "the server is shutting down");
     }
+    if let Err(refusal) = serving(&state, &fan_out) {
+        return refusal;
+    }
     if let Err(refusal) = reserve(&state) {
         return refusal;
     }
@@ -105,6 +120,38 @@ pub async fn events(
     // when the stream ends (after `lagged`, say) frees the socket at once.
     h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
+}
+
+/// Refuses a client of a project this process does not serve now: on standby (another
+/// process holds the consumer's lease, or the claim is pending) a stream would carry only
+/// keep-alives, so the client is asked to come back (or to go to the ready process); a
+/// project whose consumer an operator retired is gone.
+#[allow(clippy::result_large_err)]
+fn serving(state: &AppState, fan_out: &FanOut) -> Result<(), Response> {
+    let (project, consumer) = (&fan_out.project, &state.consumer_id);
+    if state.probes.retired(project, consumer) {
+        return Err(error(
+            StatusCode::GONE,
+            format!(
+                "project {project} is no longer served here: its consumer {consumer} was retired"
+            ),
+            json!({}),
+        ));
+    }
+    let held = state
+        .probes
+        .get(project, consumer)
+        .is_some_and(|probe| probe.lease_held());
+    if held {
+        return Ok(());
+    }
+    Err(busy(
+        state,
+        &format!(
+            "this process is on standby for project {project}: it does not hold the lease of \
+             consumer {consumer} (another process holds it, or the claim is pending)"
+        ),
+    ))
 }
 
 /// One client's stream.
@@ -221,6 +268,21 @@ impl Client {
     /// to the ring, then the ring.
     async fn catch_up(&mut self, after: i64) -> Result<(), String> {
         let backlog = std::mem::take(&mut self.subscription.backlog);
+        // A position this process has handled is at or below the head; any other is checked:
+        // one above the head names events that do not exist (yet), and waiting for them
+        // would silently skip every event up to it.
+        if self
+            .subscription
+            .handled_through
+            .is_none_or(|handled| after > handled)
+            && after > self.head().await?
+        {
+            let mut client = self.read_client().await?;
+            return self
+                .reconcile(&mut client, ReconcileReason::AboveHead)
+                .await
+                .map(drop);
+        }
         let through = match (
             self.subscription.ring_first,
             self.subscription.handled_through,
@@ -260,10 +322,53 @@ impl Client {
             .map_err(|e| format!("cannot read the cursor: {e}"))
     }
 
+    /// A connection of the read pool.
+    async fn read_client(&self) -> Result<deadpool_postgres::Object, String> {
+        self.state.read_pool.get().await.map_err(|e| e.to_string())
+    }
+
+    /// The project's head.
+    async fn head(&self) -> Result<i64, String> {
+        let client = self.read_client().await?;
+        let (head, _) = self
+            .state
+            .history
+            .bounds(&**client, &self.fan_out.project)
+            .await
+            .map_err(|e| format!("cannot read the project's bounds: {e}"))?;
+        Ok(head)
+    }
+
+    /// Sends a reconciliation (the live set and its head) for `reason`; returns the head,
+    /// after which the client continues.
+    async fn reconcile(
+        &mut self,
+        client: &mut deadpool_postgres::Object,
+        reason: ReconcileReason,
+    ) -> Result<i64, String> {
+        let live = self
+            .state
+            .history
+            .live_set(
+                client,
+                &self.fan_out.project,
+                &self.state.live_query,
+                reason,
+            )
+            .await
+            .map_err(|e| format!("cannot read the live task set: {e}"))?;
+        let head = live.head_sequence;
+        let frame = Frame::reconcile(&live, &self.fan_out.consumer);
+        self.out.push_back(frame.bytes);
+        self.last_sent = Some(head);
+        Ok(head)
+    }
+
     /// Sends retained events `after < sequence <= through` from PostgreSQL, or, when some of
     /// them were pruned, a reconciliation first.
     async fn history(&mut self, after: i64, through: i64) -> Result<(), String> {
-        let project = &self.fan_out.project;
+        let fan_out = self.fan_out.clone();
+        let project = &fan_out.project;
         let mut client = self
             .state
             .read_pool
@@ -278,22 +383,9 @@ impl Client {
             .map_err(|e| format!("cannot read the project's bounds: {e}"))?;
         let mut from = after;
         if after < floor {
-            let live = self
-                .state
-                .history
-                .live_set(
-                    &mut client,
-                    project,
-                    &self.state.live_query,
-                    ReconcileReason::BelowRetentionFloor,
-                )
-                .await
-                .map_err(|e| format!("cannot read the live task set: {e}"))?;
-            let head = live.head_sequence;
-            let frame = Frame::reconcile(&live, &self.fan_out.consumer);
-            self.out.push_back(frame.bytes);
-            self.last_sent = Some(head);
-            from = head;
+            from = self
+                .reconcile(&mut client, ReconcileReason::BelowRetentionFloor)
+                .await?;
         }
         while from < through {
             let events = self

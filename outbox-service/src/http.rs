@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -46,8 +46,16 @@ pub async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, BindError
 pub struct ConnectionToken(pub Arc<CancellationToken>);
 
 /// Serves `app` on `listener` until `stop`; then lets open connections finish for up to
-/// `drain`, and closes what remains.
-pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, drain: Duration) {
+/// `drain`, and closes what remains. A connection whose request head has not fully arrived
+/// within `header_read_timeout` is closed, so that clients trickling headers (slowloris)
+/// cannot hold connections open.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    stop: CancellationToken,
+    drain: Duration,
+    header_read_timeout: Duration,
+) {
     let graceful = CancellationToken::new();
     let kill = CancellationToken::new();
     let mut connections = tokio::task::JoinSet::new();
@@ -81,6 +89,8 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken, 
         let graceful = graceful.clone();
         connections.spawn(async move {
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {

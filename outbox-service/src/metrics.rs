@@ -24,6 +24,9 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a `/metrics` request may take to finish when the endpoint stops.
 const METRICS_DRAIN: Duration = Duration::from_secs(1);
 
+/// How long a scraper may take to send a request's headers.
+const METRICS_HEADER_READ: Duration = Duration::from_secs(10);
+
 /// Why the metrics could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
@@ -100,7 +103,13 @@ impl MetricsEndpoint {
             .route("/healthz", axum::routing::get(|| async { "ok" }));
         tracing::info!(%addr, "serving /metrics");
         let stop = shutdown.child_token();
-        let task = tokio::spawn(serve(listener, app, stop.clone(), METRICS_DRAIN));
+        let task = tokio::spawn(serve(
+            listener,
+            app,
+            stop.clone(),
+            METRICS_DRAIN,
+            METRICS_HEADER_READ,
+        ));
         Ok(Self {
             running: Some((stop, task)),
         })

@@ -43,18 +43,29 @@ impl ServeProcess {
 
     /// As [`ServeProcess::start`], with extra environment variables.
     pub async fn start_with_env(url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let listen = addr.to_string();
+        Self::start_on("127.0.0.1", url, args, env).await
+    }
+
+    /// As [`ServeProcess::start_with_env`], listening on `host` (an IP address or a name)
+    /// with a free port; `addr` is then the resolved address that answers.
+    pub async fn start_on(host: &str, url: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let listen = format!("{host}:{}", free_port());
+        let candidates: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&listen)
+            .expect("the listen address resolves")
+            .collect();
         let mut all = vec!["--listen", listen.as_str()];
         all.extend_from_slice(args);
-        let server = Self {
+        let mut server = Self {
             process: OutboxProcess::spawn_with_env(url, "serve", &all, env),
-            addr,
+            addr: candidates[0],
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok((200, _, _)) = get(addr, "/healthz", &[]).await {
-                return server;
+            for addr in &candidates {
+                if let Ok((200, _, _)) = get(*addr, "/healthz", &[]).await {
+                    server.addr = *addr;
+                    return server;
+                }
             }
             assert!(
                 Instant::now() < deadline,

@@ -556,12 +556,16 @@ async fn refusals_404_400_503_and_usage_errors() {
         .unwrap();
     assert_eq!(status, 400, "{body}");
 
+    ready(&server).await;
     let _only = SseClient::open(addr, "/v1/projects/p2/events", &[]).await;
     let (status, headers, body) = get(addr, "/v1/projects/p1/events", &[]).await.unwrap();
     assert_eq!(status, 503, "{body}");
     let retry: u64 = headers["retry-after"].parse().unwrap();
     assert!(retry >= 1);
-    assert!(body.contains("--max-clients"), "{body}");
+    assert!(
+        body.contains("already has 1 SSE client (--max-clients)"),
+        "{body}"
+    );
     // The dashboard's own stream takes a slot too.
     let (status, headers, body) = get(addr, "/v1/dashboard/stream", &[]).await.unwrap();
     assert_eq!(status, 503, "{body}");
@@ -632,6 +636,19 @@ async fn refusals_404_400_503_and_usage_errors() {
             ],
             "--client-queue",
         ),
+        (
+            vec!["--listen", &local, "--project", "p1"],
+            "--project p1 is given more than once",
+        ),
+        (
+            vec!["--listen", &local, "--exit-when-caught-up"],
+            "outbox serve runs until it is stopped",
+        ),
+        (
+            vec!["--listen", &local, "--keep-alive", "-1s"],
+            "must be greater than zero",
+        ),
+        (vec!["--listen", "localhost"], "invalid --listen"),
     ];
     for (extra, expected) in cases {
         let mut argv = vec![
@@ -1037,4 +1054,241 @@ async fn a_hundred_projects_hold_the_pool_and_one_listen_connection() {
         all <= 4 + 1,
         "{all} connections: more than the pool (4) and the LISTEN connection"
     );
+}
+
+#[tokio::test]
+async fn a_resume_position_above_the_head_reconciles_instead_of_waiting() {
+    let db = fresh_db().await;
+    add_tasks(&db, "p1", &["A", "B", "C", "D", "E"]).await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&["--project", "p1", "--consumer-id", "feed"]),
+    )
+    .await;
+    ready(&server).await;
+    for task in ["A", "B", "C"] {
+        delete_task(&db, "p1", task).await;
+    }
+    eventually(Duration::from_secs(10), "cursor at 3", || {
+        let db = &db;
+        async move { cursor(db, "p1", "feed").await == Some(3) }
+    })
+    .await;
+    // Far above the head, by header; just above it, by query.
+    let far = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events",
+        &[("last-event-id", "100")],
+    )
+    .await;
+    let next = SseClient::open(server.addr, "/v1/projects/p1/events?after=4", &[]).await;
+    for client in [&far, &next] {
+        eventually(Duration::from_secs(10), "a reconcile message", || {
+            let n = client.events().len();
+            async move { n >= 1 }
+        })
+        .await;
+        let first = client.events()[0].clone();
+        assert_eq!(first.event.as_deref(), Some("reconcile"), "{first:?}");
+        assert_eq!(first.id.as_deref(), Some("3"), "the reconciliation's head");
+        let data = first.json();
+        assert_eq!(data["reason"], "above_head");
+        let mut live: Vec<String> = data["live_task_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        live.sort();
+        assert_eq!(live, vec!["D", "E"]);
+    }
+    delete_task(&db, "p1", "D").await;
+    delete_task(&db, "p1", "E").await;
+    for client in [&far, &next] {
+        eventually(Duration::from_secs(10), "events 4 and 5 after it", || {
+            let done = client.sequences() == vec![4, 5];
+            async move { done }
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn the_cursor_gauge_follows_a_reconciliation() {
+    let db = fresh_db().await;
+    add_tasks(&db, "p1", &["A", "B", "C"]).await;
+    for task in ["A", "B"] {
+        delete_task(&db, "p1", task).await;
+    }
+    // A new consumer reconciles to the head (2 once the server numbers the two deletions).
+    let server =
+        ServeProcess::start(&db.url, &args(&["--project", "p1", "--consumer-id", "g"])).await;
+    ready(&server).await;
+    eventually(Duration::from_secs(10), "the reconciled cursor", || {
+        let db = &db;
+        async move { cursor(db, "p1", "g").await == Some(2) }
+    })
+    .await;
+    let labels = [("project", "p1"), ("consumer", "g")];
+    eventually(Duration::from_secs(10), "outbox_consumer_cursor 2", || {
+        let server = &server;
+        async move {
+            server
+                .metrics()
+                .await
+                .get("outbox_consumer_cursor", &labels)
+                == Some(2.0)
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retiring_one_served_project_stops_only_that_project() {
+    let db = fresh_db().await;
+    let mut server = ServeProcess::start_with_env(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--project",
+            "p2",
+            "--consumer-id",
+            "feed",
+            "--admin-operator",
+            "alice",
+        ]),
+        &[("OUTBOX_ADMIN_TOKEN", "s3cret-token")],
+    )
+    .await;
+    ready(&server).await;
+    let addr = server.addr;
+    let p2 = SseClient::open(addr, "/v1/projects/p2/events", &[]).await;
+    let good = [("authorization", "Bearer s3cret-token")];
+    let retire = json!({"project": "p1", "consumer_id": "feed", "reason": "moved"});
+    let (status, _, text) = post(addr, "/v1/admin/retire", &good, &retire)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    // p1's consumer stops at its next check; p2's goes on and the server stays ready.
+    write_event(&db, "p1", "T-1").await;
+    eventually(Duration::from_secs(10), "p1's consumer stopped", || {
+        let stderr = server.stderr();
+        async move { stderr.contains("is retired") }
+    })
+    .await;
+    write_event(&db, "p2", "T-2").await;
+    eventually(Duration::from_secs(10), "p2's event", || {
+        let done = p2.sequences() == vec![1];
+        async move { done }
+    })
+    .await;
+    assert!(!p2.ended());
+    let (status, _, body) = get(addr, "/readyz", &[]).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    server.signal("TERM");
+    assert_eq!(server.wait().await, 4, "stderr:\n{}", server.stderr());
+    let stderr = server.stderr();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("outbox serve --project p2 --project p1 --consumer-id feed --reactivate"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn http_edges_scheme_query_long_ids_slow_headers_host_names_and_standby() {
+    let db = fresh_db().await;
+    let common = args(&[
+        "--project",
+        "p1",
+        "--consumer-id",
+        "edge",
+        "--admin-operator",
+        "alice",
+        "--header-read-timeout",
+        "300ms",
+    ]);
+    let token = [("OUTBOX_ADMIN_TOKEN", "s3cret-token")];
+    let first = ServeProcess::start_on("localhost", &db.url, &common, &token).await;
+    ready(&first).await;
+    let addr = first.addr;
+
+    // The scheme of Authorization is case-insensitive.
+    let replay = json!({"project": "p1", "consumer_id": "edge", "all": true});
+    for scheme in ["bearer", "BEARER"] {
+        let header = format!("{scheme} s3cret-token");
+        let (status, _, text) = post(
+            addr,
+            "/v1/admin/replay",
+            &[("authorization", &header)],
+            &replay,
+        )
+        .await
+        .unwrap();
+        assert_ne!(status, 401, "{scheme}: {text}");
+    }
+
+    // A repeated query key is a JSON 400.
+    let (status, _, body) = get(addr, "/v1/projects/p1/events?after=1&after=2", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+    assert!(error["error"].as_str().unwrap().contains("after"), "{body}");
+
+    // A long ID is not echoed whole.
+    let long = "x".repeat(5000);
+    for path in [format!("/v1/projects/{long}/events"), format!("/{long}")] {
+        let (status, _, body) = get(addr, &path, &[]).await.unwrap();
+        assert_eq!(status, 404);
+        assert!(body.len() < 300, "{} bytes: {body:.200}", body.len());
+        assert!(body.contains("characters)"), "{body}");
+    }
+
+    // A client that never finishes its headers is disconnected.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection stayed open");
+
+    // A standby process (the lease is held by the first) refuses SSE clients with 503.
+    let second = ServeProcess::start_with_env(&db.url, &common, &token).await;
+    let (status, headers, body) = get(second.addr, "/v1/projects/p1/events", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(headers["retry-after"].parse::<u64>().unwrap() >= 1);
+    assert!(body.contains("standby"), "{body}");
+}
+
+#[tokio::test]
+async fn help_texts_say_what_serve_and_the_relay_take() {
+    let (code, out, err) = run_outbox(&["serve", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("--exit-when-caught-up"), "{out}");
+    assert!(out.contains("--header-read-timeout"), "{out}");
+    let (code, out, err) = run_outbox(&["relay", "nats", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("every `consume` option"), "{out}");
+    assert!(out.contains("once each"), "{out}");
+    let (code, _, err) = run_outbox(&[
+        "relay",
+        "nats",
+        "--project",
+        "p1",
+        "--consumer-id",
+        "r",
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "--publish-timeout",
+        "-1s",
+    ])
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must be greater than zero"), "{err}");
 }

@@ -28,8 +28,9 @@ use auth::resolve_security;
 #[derive(Debug, Subcommand)]
 pub enum RelayCommand {
     /// Relay the project's events into a NATS JetStream stream: one message per event on
-    /// <prefix>.<project>.task_deleted, acknowledged only after JetStream confirms it. Takes
-    /// every `consume` option.
+    /// <prefix>.<project>.task_deleted, acknowledged only after JetStream confirms it. Relays
+    /// one project as one consumer (--project and --consumer-id once each; run one relay per
+    /// project) and takes the other `consume` options, except --child.
     Nats(Box<NatsArgs>),
 }
 
@@ -58,7 +59,8 @@ impl From<RetentionArg> for RetentionPolicy {
 /// `outbox relay nats`.
 #[derive(Debug, Args)]
 pub struct NatsArgs {
-    /// Every `outbox consume` option (--child does not apply).
+    /// The `outbox consume` options: --project and --consumer-id once each, --child does not
+    /// apply.
     #[command(flatten)]
     pub consume: ConsumeArgs,
     /// NATS server, nats://HOST:PORT (tls://HOST:PORT for TLS, with USER:PASSWORD@ or TOKEN@
@@ -77,14 +79,14 @@ pub struct NatsArgs {
     pub subject_prefix: String,
     /// JetStream duplicate window: a repeat of an event within it is dropped. At least the
     /// longest relay outage or crash-restart you expect.
-    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10m")]
     pub duplicate_window: Duration,
     /// Retention policy of the stream.
     #[arg(long, value_enum, default_value_t = RetentionArg::Limits)]
     pub stream_retention: RetentionArg,
     /// Maximum age of a message in the stream ("unlimited" for none). At least the duplicate
     /// window.
-    #[arg(long, value_parser = parse_max_age, default_value = "7d")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_max_age, default_value = "7d")]
     pub stream_max_age: Duration,
     /// Replicas of the stream (3 on a 3-node cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
@@ -99,13 +101,13 @@ pub struct NatsArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub max_in_flight: u32,
     /// How long one publish may wait for JetStream's confirmation before it counts as failed.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub publish_timeout: Duration,
     /// How long one connection attempt to NATS may take.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub nats_connect_timeout: Duration,
     /// How often the client pings NATS (a dead connection is noticed after two missed pongs).
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub nats_ping_interval: Duration,
 }
 

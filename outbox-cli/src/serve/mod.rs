@@ -18,6 +18,9 @@ use crate::start::Started;
 
 /// `outbox serve`.
 #[derive(Debug, Args)]
+// A server runs until it is stopped: the one consume option that ends a run is not offered
+// (and refused when given).
+#[command(mut_arg("exit_when_caught_up", |a| a.hide(true)))]
 pub struct ServeArgs {
     /// A project to follow; repeat to follow several (one durable consumer each, all under
     /// one consumer ID).
@@ -29,9 +32,10 @@ pub struct ServeArgs {
     /// Every other `outbox consume` option.
     #[command(flatten)]
     pub consume: ConsumerOptions,
-    /// Address to serve HTTP on.
+    /// Address to serve HTTP on: IP:PORT, or HOST:PORT with a name that resolves
+    /// (localhost:8080).
     #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    pub listen: String,
     /// Most SSE clients at once, over all projects; past it, 503 with Retry-After.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_clients: u64,
@@ -44,20 +48,24 @@ pub struct ServeArgs {
     pub client_queue: u64,
     /// How long a dropped (lagging) client may take to read its final `lagged` message before
     /// its connection is closed.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "2s")]
     pub lagged_grace: Duration,
     /// Interval of SSE keep-alive comments.
-    #[arg(long, value_parser = parse_duration, default_value = "15s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "15s")]
     pub keep_alive: Duration,
     /// /readyz fails when a consumer has not polled successfully for this long.
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "30s")]
     pub ready_max_poll_age: Duration,
     /// How often the dashboard's status, dead letters and audit trail refresh.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "2s")]
     pub dashboard_refresh: Duration,
     /// How long open connections may take to finish at shutdown.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub drain_timeout: Duration,
+    /// How long a client may take to send a request's headers; a slower connection is closed
+    /// (it would otherwise hold a connection open by trickling them).
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
+    pub header_read_timeout: Duration,
     /// Enables admin actions (replay, resolve, retire) for requests that carry this token in
     /// `Authorization: Bearer`. Prefer the environment variable.
     #[arg(long, env = "OUTBOX_ADMIN_TOKEN", hide_env_values = true)]
@@ -67,9 +75,48 @@ pub struct ServeArgs {
     pub admin_operator: Option<String>,
 }
 
+/// The address `--listen` names: an IP address and port, or a host name and port resolved
+/// here (the first address it resolves to).
+async fn listen_addr(listen: &str) -> Result<SocketAddr, Failure> {
+    if let Ok(addr) = listen.parse() {
+        return Ok(addr);
+    }
+    let invalid = |reason: String| {
+        Failure::usage(format!(
+            "invalid --listen {listen:?}: {reason} (expected IP:PORT or HOST:PORT, such as \
+             127.0.0.1:8080 or localhost:8080)"
+        ))
+    };
+    let Some((host, port)) = listen.rsplit_once(':') else {
+        return Err(invalid("no port".to_owned()));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(invalid(format!("{port:?} is not a port")));
+    }
+    let mut addrs = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| invalid(format!("cannot resolve {host:?}: {e}")))?;
+    addrs
+        .next()
+        .ok_or_else(|| invalid(format!("{host:?} resolves to no address")))
+}
+
+/// Refuses a project named twice: one durable consumer per project.
+fn distinct_projects(projects: &[ProjectId]) -> Result<(), Failure> {
+    let mut seen = std::collections::BTreeSet::new();
+    for project in projects {
+        if !seen.insert(project) {
+            return Err(Failure::usage(format!(
+                "--project {project} is given more than once: each project is served once"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The admin credentials `args` ask for; refuses half or unsafe configurations.
-fn admin_auth(args: &ServeArgs) -> Result<Option<AdminAuth>, Failure> {
-    let loopback = args.listen.ip().is_loopback();
+fn admin_auth(args: &ServeArgs, listen: SocketAddr) -> Result<Option<AdminAuth>, Failure> {
+    let loopback = listen.ip().is_loopback();
     match (&args.admin_token, &args.admin_operator) {
         (None, None) => Ok(None),
         (None, Some(_)) => Err(Failure::usage(
@@ -83,7 +130,7 @@ fn admin_auth(args: &ServeArgs) -> Result<Option<AdminAuth>, Failure> {
             format!(
                 "refusing to serve admin actions on non-loopback address {} without a token: \
                  the admin token is empty",
-                args.listen
+                listen
             )
         })),
         (Some(_), None) => Err(Failure::usage(
@@ -100,8 +147,16 @@ fn admin_auth(args: &ServeArgs) -> Result<Option<AdminAuth>, Failure> {
 
 /// Runs `outbox serve`.
 pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
-    let admin = admin_auth(&args)?;
+    distinct_projects(&args.project)?;
     let consume = &args.consume;
+    if consume.exit_when_caught_up {
+        return Err(Failure::usage(
+            "outbox serve runs until it is stopped: --exit-when-caught-up is an option of \
+             outbox consume",
+        ));
+    }
+    let listen = listen_addr(&args.listen).await?;
+    let admin = admin_auth(&args, listen)?;
     let template = delivery_settings(consume)?;
     let duties = duties(global, consume)?;
     if (args.client_queue as i64) < consume.batch_size {
@@ -112,7 +167,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         )));
     }
     // Bind first: a used address is a usage error, reported before anything else happens.
-    let listener = outbox_service::http::bind(args.listen, "--listen")
+    let listener = outbox_service::http::bind(listen, "--listen")
         .await
         .map_err(|e| Failure::usage(e.to_string()))?;
     let started = Started::open(global, consume).await?;
@@ -126,6 +181,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         ready_max_poll_age: args.ready_max_poll_age,
         dashboard_refresh: args.dashboard_refresh,
         drain_timeout: args.drain_timeout,
+        header_read_timeout: args.header_read_timeout,
         admin,
         ..ServerSettings::new(args.consumer_id.clone())
     };
@@ -171,7 +227,18 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     };
     started.close().await;
     result.map_err(|e| match e {
-        ServeError::Consumer(e) => classify(e, consume.live_query.is_some(), "outbox serve"),
+        ServeError::Consumer(e) => {
+            // The reactivation command names every served project: `serve` runs them as one.
+            let mut command = "outbox serve".to_owned();
+            let retired = match &e {
+                outbox_consumer::ConsumerError::Retired { project, .. } => Some(project),
+                _ => None,
+            };
+            for project in args.project.iter().filter(|p| Some(*p) != retired) {
+                command.push_str(&format!(" --project {project}"));
+            }
+            classify(e, consume.live_query.is_some(), &command)
+        }
         other => Failure::runtime(other.to_string()),
     })
 }

@@ -32,6 +32,10 @@ pub(super) struct Progress {
 impl Progress {
     /// The state of a run that claimed the lease with `cursor`.
     pub fn new(config: &ConsumerConfig, cursor: Option<i64>, new_consumer: bool) -> Self {
+        let meters = Meters::new(config);
+        if let Some(cursor) = cursor {
+            meters.cursor.set(cursor as f64);
+        }
         Self {
             position: Position::at(cursor),
             bounds_checked: false,
@@ -39,8 +43,15 @@ impl Progress {
             delivered: 0,
             new_consumer,
             prefetched: None,
-            meters: Meters::new(config),
+            meters,
         }
+    }
+
+    /// Records a cursor moved without delivery (a reconciliation to the head) in the
+    /// position and the cursor gauge, which otherwise would still show the old position.
+    pub fn moved_to(&mut self, cursor: i64) {
+        self.position.moved_to(cursor);
+        self.meters.cursor.set(cursor as f64);
     }
 
     /// Records an acknowledged prefix in the position and the metrics.

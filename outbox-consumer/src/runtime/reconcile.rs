@@ -55,7 +55,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             if floor == 0 {
                 store::set_cursor(&mut client, statements, lease, 0, None).await?;
                 tracing::info!("new consumer starts from the earliest event");
-                progress.position.moved_to(0);
+                progress.moved_to(0);
                 progress.bounds_checked = false;
                 return Ok(());
             }
@@ -129,7 +129,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             reason = reason.as_str(),
             "reconciled"
         );
-        progress.position.moved_to(head);
+        progress.moved_to(head);
         progress.bounds_checked = false;
         Ok(())
     }

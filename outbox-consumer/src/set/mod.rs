@@ -133,7 +133,8 @@ impl<F: PairFactory> ConsumerSet<F> {
     }
 
     /// Stops every pair (as a shutdown does) once one pair ends with an error, for a process
-    /// that serves all its pairs as one whole; by default the others go on.
+    /// that serves all its pairs as one whole; by default the others go on. A pair that an
+    /// operator retired is not a failure: it stops alone.
     pub fn stop_on_failure(mut self) -> Self {
         self.stop_on_failure = true;
         self
@@ -226,7 +227,13 @@ impl<F: PairFactory> ConsumerSet<F> {
                 }
                 Some(joined) = pairs.join_next() => {
                     let outcome = ended(joined);
-                    let stops_all = self.stops_all(&outcome);
+                    // A retired pair stopped by an operator's decision, not by a failure:
+                    // under `stop_on_failure` the other pairs go on.
+                    let retired = matches!(outcome.result, Err(ConsumerError::Retired { .. }));
+                    if retired {
+                        self.probes.mark_retired(&outcome.project_id, &outcome.consumer_id);
+                    }
+                    let stops_all = !retired && self.stops_all(&outcome);
                     outcomes.push(outcome);
                     if stops_all {
                         shutdown.cancel();

@@ -2,7 +2,7 @@
 //! for readiness) and, when the set samples gauges, the same lag and dead-letter gauges a
 //! lone consumer samples while it holds its lease.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,20 +18,44 @@ use crate::probe::Probe;
 #[derive(Debug, Clone, Default)]
 pub struct PairProbes(Arc<Mutex<ByPair>>);
 
-/// Probes by (project, consumer).
-type ByPair = HashMap<(ProjectId, ConsumerId), Arc<Probe>>;
+/// A (project, consumer) pair.
+type Pair = (ProjectId, ConsumerId);
+
+/// Probes by pair, and the pairs that stopped because an operator retired them.
+#[derive(Debug, Default)]
+struct ByPair {
+    probes: HashMap<Pair, Arc<Probe>>,
+    retired: HashSet<Pair>,
+}
 
 impl PairProbes {
     /// The probe of the pair (`project`, `consumer`); `None` until the set has started it.
     pub fn get(&self, project: &ProjectId, consumer: &ConsumerId) -> Option<Arc<Probe>> {
         self.lock()
+            .probes
             .get(&(project.clone(), consumer.clone()))
             .cloned()
     }
 
-    pub(super) fn insert(&self, project: &ProjectId, consumer: &ConsumerId, probe: Arc<Probe>) {
+    /// Whether the pair stopped because an operator retired it: it holds no lease by
+    /// decision, which a readiness check does not count against the process.
+    pub fn retired(&self, project: &ProjectId, consumer: &ConsumerId) -> bool {
         self.lock()
-            .insert((project.clone(), consumer.clone()), probe);
+            .retired
+            .contains(&(project.clone(), consumer.clone()))
+    }
+
+    pub(super) fn insert(&self, project: &ProjectId, consumer: &ConsumerId, probe: Arc<Probe>) {
+        let mut by_pair = self.lock();
+        let pair = (project.clone(), consumer.clone());
+        by_pair.retired.remove(&pair);
+        by_pair.probes.insert(pair, probe);
+    }
+
+    pub(super) fn mark_retired(&self, project: &ProjectId, consumer: &ConsumerId) {
+        self.lock()
+            .retired
+            .insert((project.clone(), consumer.clone()));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ByPair> {

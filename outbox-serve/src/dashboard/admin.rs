@@ -28,7 +28,7 @@ fn authorize<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Operato
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
         Some(token) if auth.accepts(token.trim()) => Ok(&auth.operator),
         _ => {
@@ -43,6 +43,13 @@ fn authorize<'a>(state: &'a AppState, headers: &HeaderMap) -> Result<&'a Operato
             Err(response)
         }
     }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme is case-insensitive
+/// (RFC 9110, section 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 fn bad_request(message: String) -> Response {
@@ -181,4 +188,19 @@ pub(crate) async fn retire(
         Ok(axum::Json(done).into_response())
     };
     run.await.unwrap_or_else(|r| r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer t0k", "bearer t0k", "BEARER t0k", "  bEaReR t0k"] {
+            assert_eq!(bearer_token(value), Some("t0k"), "{value:?}");
+        }
+        for value in ["Basic t0k", "Bearert0k", "t0k", ""] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
 }

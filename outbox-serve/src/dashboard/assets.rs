@@ -41,8 +41,12 @@ pub(super) const SCRIPT: &str = r#"
     feed.insertBefore(li, feed.firstChild);
     while (feed.children.length > 200) { feed.removeChild(feed.lastChild); }
   }
-  projects.forEach(function (p) {
+  // A refused stream (503 from a standby server) is not retried by EventSource itself.
+  function follow(p) {
     var es = new EventSource('/v1/projects/' + encodeURIComponent(p) + '/events');
+    es.onerror = function () {
+      if (es.readyState === EventSource.CLOSED) { setTimeout(function () { follow(p); }, 5000); }
+    };
     es.addEventListener('task:deleted', function (e) {
       var ev = JSON.parse(e.data);
       add('#' + ev.sequence + ' ' + ev.project_id + ' task ' + ev.task_id + ' deleted at ' +
@@ -54,7 +58,8 @@ pub(super) const SCRIPT: &str = r#"
           r.live_task_ids.length + ' live tasks');
     });
     es.addEventListener('lagged', function () { add('feed of ' + p + ' fell behind; reconnecting'); });
-  });
+  }
+  projects.forEach(follow);
   var admin = document.getElementById('admin');
   if (!admin) { return; }
   var result = document.getElementById('admin-result');
