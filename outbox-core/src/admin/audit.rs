@@ -1,5 +1,5 @@
 //! The audit trail: who parked, replayed, resolved, retired, reactivated, reconciled or pruned
-//! what. [`Admin::audit_trail`] reads it; [`AuditLog`](crate::AuditLog) (in `audit_log.rs`,
+//! what. [`Admin::audit_trail`] reads it; [`AuditLog`](crate::admin::AuditLog) (in `audit_log.rs`,
 //! below both the operator surface and the retention sweep) appends to it.
 
 use chrono::{DateTime, Utc};

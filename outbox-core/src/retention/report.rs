@@ -25,7 +25,7 @@ pub struct ProjectPrune {
     pub held_by: Option<HoldBack>,
 }
 
-/// What a sweep did. See [`Pruner`].
+/// What a sweep did. See [`Pruner`](crate::retention::Pruner).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PruneReport {
     /// Nothing was deleted; the figures say what would have been.

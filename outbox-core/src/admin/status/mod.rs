@@ -1,6 +1,7 @@
 //! `status`: per project the head, unsequenced backlog, retention floor and pruning backlog;
-//! per consumer the cursor, lag, lease and failures; each judged into bounded [`Health`]
-//! codes by pure functions of the figures and the [`HealthThresholds`].
+//! per consumer the cursor, lag, lease and failures; each judged into bounded
+//! [`Health`](crate::states::Health) codes by pure functions of the figures and the
+//! [`HealthThresholds`].
 //!
 //! The rules live in `health`, the per-project and per-consumer results in `report`; this
 //! module holds the query that gathers the figures and its SQL.
