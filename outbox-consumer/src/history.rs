@@ -3,7 +3,7 @@
 //! never move a durable consumer's cursor or take its lease.
 
 use outbox_core::{ConsumerId, ProjectId, Schema};
-use tokio_postgres::{Client, GenericClient, IsolationLevel};
+use tokio_postgres::{Client, GenericClient};
 
 use crate::error::ConsumerError;
 use crate::event::ObservedEvent;
@@ -104,12 +104,7 @@ impl History {
         live_query: &str,
         reason: ReconcileReason,
     ) -> Result<LiveSet, ConsumerError> {
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = outbox_core::read_only_snapshot(client).await?;
         let (head, _) = self.bounds(&tx, project).await?;
         let mut task_ids = Vec::new();
         for row in tx.query(live_query, &[&project.as_str()]).await? {

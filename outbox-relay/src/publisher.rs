@@ -257,8 +257,14 @@ impl Publisher {
             }
             Err(e) => {
                 state.connect_failures = state.connect_failures.saturating_add(1);
-                let delay = connect_backoff(state.connect_failures);
-                tracing::warn!(error = %e, retry_in = ?delay, "NATS unavailable");
+                // The consumers' one backoff: doubling, capped, with jitter so that restarted
+                // relays do not reconnect in lock-step.
+                let delay = outbox_consumer::backoff(state.connect_failures - 1, rand::random());
+                tracing::warn!(
+                    error = %e,
+                    retry_in = %humantime::format_duration(delay),
+                    "NATS unavailable"
+                );
                 state.retry_connect_at = Some(Instant::now() + delay);
                 Err(class("nats_unavailable"))
             }
@@ -432,13 +438,6 @@ impl Publisher {
     }
 }
 
-/// Delay before the next connection attempt after `failures` failed ones: doubling from
-/// 100 ms, capped at 10 s (attempt 1 → 100 ms, 2 → 200 ms, ..., 8+ → 10 s).
-pub fn connect_backoff(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(7);
-    Duration::from_millis(100u64 << exp).min(Duration::from_secs(10))
-}
-
 impl Handler for Publisher {
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
         let mut state = self.state.lock().await;
@@ -512,19 +511,5 @@ impl Reconciler for Publisher {
             .await?;
         let outcome = tokio::time::timeout(self.settings.publish_timeout, ack).await;
         Self::outcome(&mut state, &subject, live.head_sequence, outcome).map(drop)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_a_cap() {
-        assert_eq!(connect_backoff(1), Duration::from_millis(100));
-        assert_eq!(connect_backoff(2), Duration::from_millis(200));
-        assert_eq!(connect_backoff(7), Duration::from_millis(6400));
-        assert_eq!(connect_backoff(8), Duration::from_secs(10));
-        assert_eq!(connect_backoff(u32::MAX), Duration::from_secs(10));
     }
 }

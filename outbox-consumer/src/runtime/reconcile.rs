@@ -2,7 +2,6 @@
 //! without a cursor, and full reconciliation when history is missing.
 
 use outbox_core::Sequencer;
-use tokio_postgres::IsolationLevel;
 use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
@@ -150,15 +149,10 @@ impl<D, R: Reconciler> Consumer<D, R> {
                 .drain(client)
                 .await?;
         }
-        let tx = client
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        let (head, _) = store::bounds(&*tx, statements, project).await?;
+        let tx = outbox_core::read_only_snapshot(client).await?;
+        let (head, _) = store::bounds(&tx, statements, project).await?;
         let live_query = self.config.delivery.live_query.sql();
-        let task_ids = crate::live_query::task_ids(&*tx, live_query, project).await?;
+        let task_ids = crate::live_query::task_ids(&tx, live_query, project).await?;
         tx.commit().await?;
         Ok((head, task_ids))
     }
