@@ -32,27 +32,61 @@ pub struct Relay {
 
 impl Relay {
     /// Connects to NATS as `publisher` and checks `stream` (creating it when missing), before
-    /// anything is claimed in the database: fails fast when NATS cannot be reached or the
-    /// stream is wrong. Once running, the relay rides out NATS outages through the consumer's
-    /// retry schedule instead.
+    /// anything is claimed in the database: fails fast when NATS cannot be reached at all,
+    /// refuses the relay, or the stream is wrong. A check that NATS did not answer (a node
+    /// died in the middle of it, a cluster between leaders) is asked again, through a new
+    /// connection and with backoff, until it is answered; drop the future to stop waiting.
+    /// Once running, the relay rides out NATS outages through the consumer's retry schedule.
     pub async fn connect(
         publisher: PublisherSettings,
         stream: &StreamSpec,
     ) -> Result<Self, RelayError> {
         let publish_timeout = publisher.publish_timeout;
         let publisher = Publisher::new(publisher);
-        let (js, permissions) = publisher
-            .connect_now()
-            .await
-            .map_err(RelayError::Unreachable)?;
-        match ensure(&js, stream).await? {
-            Ensured::Created => tracing::info!(stream = %stream.name, "created the stream"),
-            Ensured::Verified => tracing::info!(stream = %stream.name, "stream matches"),
+        let mut unanswered = 0;
+        loop {
+            let (js, permissions) = match publisher.connect_now().await {
+                Ok(link) => link,
+                // Reached before, so its credentials and TLS were fine: a node is down.
+                Err(e) if unanswered > 0 => {
+                    unanswered = Self::wait_before_asking_again(unanswered, &e).await;
+                    continue;
+                }
+                Err(e) => return Err(RelayError::Unreachable(e)),
+            };
+            match ensure(&js, stream).await {
+                Ok(Ensured::Created) => tracing::info!(stream = %stream.name, "created the stream"),
+                Ok(Ensured::Verified) => tracing::info!(stream = %stream.name, "stream matches"),
+                Err(e) if e.is_transient() => {
+                    unanswered = Self::wait_before_asking_again(unanswered, &e.to_string()).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            probe_publish(&js, publisher.subject(), &permissions, publish_timeout)
+                .await
+                .map_err(RelayError::Refused)?;
+            if unanswered > 0 {
+                tracing::info!(stream = %stream.name, "NATS answered the stream check");
+            }
+            return Ok(Self { publisher });
         }
-        probe_publish(&js, publisher.subject(), &permissions, publish_timeout)
-            .await
-            .map_err(RelayError::Refused)?;
-        Ok(Self { publisher })
+    }
+
+    /// Logs the first of a run of unanswered start-up checks (the rest at debug level),
+    /// sleeps the consumers' backoff, and returns the new count.
+    async fn wait_before_asking_again(unanswered: u32, error: &str) -> u32 {
+        let delay = outbox_consumer::backoff(unanswered, rand::random());
+        if unanswered == 0 {
+            tracing::warn!(
+                error,
+                "NATS did not answer the stream check; asking again until it does"
+            );
+        } else {
+            tracing::debug!(error, retry_in = ?delay, "NATS still does not answer");
+        }
+        tokio::time::sleep(delay).await;
+        unanswered.saturating_add(1)
     }
 
     /// Relays as consumer `config` on `connections` until `shutdown`, or until the consumer

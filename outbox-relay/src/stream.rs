@@ -42,7 +42,7 @@ pub enum StreamError {
         /// One line per difference.
         differences: Vec<String>,
     },
-    /// JetStream refused or did not answer (exit 1).
+    /// JetStream refused or did not answer (exit 1 unless `transient`).
     #[error("cannot {action} stream {name}: {detail}")]
     Nats {
         /// What was being done.
@@ -51,7 +51,35 @@ pub enum StreamError {
         name: String,
         /// The server's or client's words.
         detail: String,
+        /// Whether asking again can succeed: no answer in time, a connection lost in the
+        /// middle of the request, or a cluster between leaders (a node just died). A refusal
+        /// (a bad configuration, too few servers for the replicas) is not.
+        transient: bool,
     },
+}
+
+impl StreamError {
+    /// Whether the check may succeed when asked again (see [`StreamError::Nats`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Nats {
+                transient: true,
+                ..
+            }
+        )
+    }
+}
+
+/// JetStream's answers that mean "no leader to answer right now", which a cluster gives while
+/// it elects one.
+fn between_leaders(error: &async_nats::jetstream::Error) -> bool {
+    [
+        ErrorCode::CLUSTER_NOT_AVAILABLE,
+        ErrorCode::CLUSTER_NOT_LEADER,
+        ErrorCode::CLUSTER_NOT_ACTIVE,
+    ]
+    .contains(&error.error_code())
 }
 
 /// Whether the stream was made now or found.
@@ -138,10 +166,13 @@ pub async fn ensure(js: &Context, spec: &StreamSpec) -> Result<Ensured, StreamEr
     for _ in 0..2 {
         match js.get_stream(&spec.name).await {
             Ok(mut stream) => {
+                // Every failure to read a stream that was just found is the server not
+                // answering (timed out, no responders, the connection gone).
                 let info = stream.info().await.map_err(|e| StreamError::Nats {
                     action: "read",
                     name: spec.name.clone(),
                     detail: e.to_string(),
+                    transient: true,
                 })?;
                 let differences = spec.differences(&info.config);
                 return if differences.is_empty() {
@@ -156,11 +187,17 @@ pub async fn ensure(js: &Context, spec: &StreamSpec) -> Result<Ensured, StreamEr
             Err(e) => match e.kind() {
                 GetStreamErrorKind::JetStream(js_err)
                     if js_err.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
-                _ => {
+                kind => {
+                    let transient = match kind {
+                        GetStreamErrorKind::Request => true,
+                        GetStreamErrorKind::JetStream(js_err) => between_leaders(&js_err),
+                        _ => false,
+                    };
                     return Err(StreamError::Nats {
                         action: "look up",
                         name: spec.name.clone(),
                         detail: e.to_string(),
+                        transient,
                     });
                 }
             },
@@ -170,11 +207,19 @@ pub async fn ensure(js: &Context, spec: &StreamSpec) -> Result<Ensured, StreamEr
             Err(e) => match e.kind() {
                 CreateStreamErrorKind::JetStream(js_err)
                     if js_err.error_code() == ErrorCode::STREAM_NAME_EXIST => {}
-                _ => {
+                kind => {
+                    let transient = match kind {
+                        CreateStreamErrorKind::JetStreamUnavailable
+                        | CreateStreamErrorKind::TimedOut
+                        | CreateStreamErrorKind::Response => true,
+                        CreateStreamErrorKind::JetStream(js_err) => between_leaders(&js_err),
+                        _ => false,
+                    };
                     return Err(StreamError::Nats {
                         action: "create",
                         name: spec.name.clone(),
                         detail: e.to_string(),
+                        transient,
                     });
                 }
             },
@@ -183,7 +228,8 @@ pub async fn ensure(js: &Context, spec: &StreamSpec) -> Result<Ensured, StreamEr
     Err(StreamError::Nats {
         action: "create",
         name: spec.name.clone(),
-        detail: "it appeared and disappeared while starting; try again".into(),
+        detail: "it appeared and disappeared while starting".into(),
+        transient: true,
     })
 }
 

@@ -2,14 +2,15 @@
 //! live writers on two projects: kill -9 of the stream's leader in the middle of the stream,
 //! its restart, later kill -9 of a follower. Every committed event is in the stream exactly
 //! once and in per-project order, read back through every node with the Rust client and
-//! through a durable pull consumer.
+//! through a durable pull consumer. And a relay started while the cluster cannot answer (two
+//! of its three nodes down, so no leader) waits for it instead of exiting.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_tests::cluster_kit::try_write;
-use outbox_tests::consumer_kit::eventually;
+use outbox_tests::consumer_kit::{cursor, eventually, write_event};
 use outbox_tests::nats_cluster_kit::NatsCluster;
 use outbox_tests::nats_kit::{self, assert_exactly_once_in_order, consume_durable, read_stream};
 use outbox_tests::process_kit::OutboxProcess;
@@ -95,6 +96,43 @@ async fn grows_past(cluster: &NatsCluster, n: u64) {
     .await
 }
 
+/// Waits until every committed event is sequenced and acknowledged by both relays; when that
+/// does not happen, fails with what the relays logged last, which says why.
+async fn settled(client: &tokio_postgres::Client, relays: &[OutboxProcess]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let row = client
+            .query_one(
+                "SELECT (SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL), \
+                        (SELECT count(*) FROM outbox.lifecycle_project_heads h \
+                         LEFT JOIN outbox.lifecycle_consumer_cursors c \
+                           ON c.project_id = h.project_id \
+                         WHERE c.last_acked_sequence IS DISTINCT FROM h.head_sequence)",
+                &[],
+            )
+            .await;
+        if matches!(row, Ok(ref row) if row.get::<_, i64>(0) == 0 && row.get::<_, i64>(1) == 0) {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let logs: Vec<String> = relays
+                .iter()
+                .map(|relay| {
+                    let stderr = relay.stderr();
+                    let lines: Vec<&str> = stderr.lines().collect();
+                    lines[lines.len().saturating_sub(60)..].join("\n")
+                })
+                .collect();
+            panic!(
+                "timed out waiting for every committed event sequenced and acknowledged \
+                 ({row:?}); the relays' last lines:\n{}",
+                logs.join("\n-----\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_once_in_order() {
     let db = fresh_db().await;
@@ -143,24 +181,7 @@ async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_onc
         writer.await.unwrap();
     }
     let client = db.connect().await;
-    eventually(
-        Duration::from_secs(60),
-        "every committed event sequenced and acknowledged",
-        || async {
-            let row = client
-                .query_one(
-                    "SELECT (SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL), \
-                            (SELECT count(*) FROM outbox.lifecycle_project_heads h \
-                             LEFT JOIN outbox.lifecycle_consumer_cursors c \
-                               ON c.project_id = h.project_id \
-                             WHERE c.last_acked_sequence IS DISTINCT FROM h.head_sequence)",
-                    &[],
-                )
-                .await;
-            matches!(row, Ok(row) if row.get::<_, i64>(0) == 0 && row.get::<_, i64>(1) == 0)
-        },
-    )
-    .await;
+    settled(&client, &relays).await;
     cluster.wait_replicas_current(STREAM).await;
 
     let mut expected = Vec::new();
@@ -194,4 +215,48 @@ async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_onc
         relay.signal("TERM");
         assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_started_while_the_cluster_has_no_leader_waits_for_one() {
+    let db = fresh_db().await;
+    let mut cluster = NatsCluster::start().await;
+    let urls = cluster.urls();
+    // n0 alone accepts connections, but without a quorum JetStream cannot answer the relay's
+    // stream check (it times out or says the cluster is unavailable).
+    cluster.nodes[1].kill_9();
+    cluster.nodes[2].kill_9();
+    let mut relay = spawn_relay(&db, &urls, "p1");
+    let event = write_event(&db, "p1", "T-1").await;
+    eventually(
+        Duration::from_secs(30),
+        "the relay saying it waits for NATS",
+        || async {
+            relay
+                .stderr()
+                .contains("NATS did not answer the stream check; asking again until it does")
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(relay.exited(), None, "still waiting:\n{}", relay.stderr());
+
+    cluster.nodes[1].launch().await;
+    cluster.nodes[2].launch().await;
+    eventually(
+        Duration::from_secs(60),
+        "the event relayed once the cluster answers",
+        || async { cursor(&db, "p1", "relay-p1").await == Some(1) },
+    )
+    .await;
+    let messages = read_stream(&cluster.jetstream().await, STREAM).await;
+    assert_eq!(
+        messages
+            .iter()
+            .map(|m| m.msg_id.clone())
+            .collect::<Vec<_>>(),
+        vec![event]
+    );
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }

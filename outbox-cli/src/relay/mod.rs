@@ -191,7 +191,13 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         ping_interval: args.nats_ping_interval,
     };
     // NATS and the stream first: a wrong stream is refused before the database is touched.
-    let relay = match Relay::connect(publisher, &spec).await {
+    // A signal while NATS is still being asked is a clean stop: nothing was claimed yet.
+    let stop = shutdown.token();
+    let connected = tokio::select! {
+        connected = Relay::connect(publisher, &spec) => connected,
+        () = stop.cancelled() => return Ok(()),
+    };
+    let relay = match connected {
         Ok(relay) => relay,
         Err(e @ RelayError::Stream(StreamError::Mismatch { .. })) => {
             return Err(Failure::usage(e.to_string()));
