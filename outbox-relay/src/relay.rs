@@ -83,7 +83,11 @@ impl Relay {
                 "NATS did not answer the stream check; asking again until it does"
             );
         } else {
-            tracing::debug!(error, retry_in = ?delay, "NATS still does not answer");
+            tracing::debug!(
+                error,
+                retry_in = %humantime::format_duration(delay),
+                "NATS still does not answer"
+            );
         }
         tokio::time::sleep(delay).await;
         unanswered.saturating_add(1)
