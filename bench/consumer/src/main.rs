@@ -23,6 +23,7 @@ mod pgq;
 mod pooler;
 mod report;
 mod scaling;
+mod stamp;
 
 use std::path::PathBuf;
 
@@ -61,6 +62,9 @@ enum Internal {
     /// Catch-up through a transaction-mode pooler beside a direct connection (bench/pooler.sh);
     /// the markdown report goes to stdout.
     PoolerCompare(pooler::PoolerArgs),
+    /// Timestamp `outbox consume` event lines read from stdin (bench/old-snapshot.sh).
+    #[command(hide = true)]
+    StampLines(stamp::StampArgs),
 }
 
 /// Options of a benchmark run.
@@ -121,6 +125,7 @@ fn main() -> std::process::ExitCode {
             Some(Internal::PgqDrain(args)) => pgq::drain(args).await,
             Some(Internal::ScaleCatchUp(args)) => scaling::catch_up(args).await,
             Some(Internal::ScaleLatency(args)) => scaling::latency(args).await,
+            Some(Internal::StampLines(args)) => stamp::stamp(args),
             Some(Internal::PoolerCompare(args)) => pooler::compare(args).await.map(|report| {
                 println!("{report}");
             }),
