@@ -406,13 +406,16 @@ pub(crate) async fn heartbeat(
         match result {
             Ok(()) => {
                 lease.renewed(sent_at);
+                crate::outage::availability().reached();
                 next = tokio::time::Instant::now() + interval;
             }
             Err(ConsumerError::LeaseLost { .. } | ConsumerError::Retired { .. }) => return,
             Err(e) => {
                 // Keep trying more often than usual; the local deadline stops dispatch if the
-                // database stays unreachable.
-                tracing::warn!(error = %e, "heartbeat failed; retrying");
+                // database stays unreachable. An outage is logged once for the process.
+                if !crate::outage::noted(crate::outage::is_outage(&e), &e) {
+                    tracing::warn!(error = %e, "heartbeat failed; retrying");
+                }
                 next = tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50));
             }
         }

@@ -55,6 +55,9 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if state.shutdown.is_cancelled() {
         reasons.push("shutting down".to_owned());
     }
+    if !outbox_consumer::availability().is_up() {
+        reasons.push(outbox_service::metrics::DATABASE_UNAVAILABLE.to_owned());
+    }
     for project in &state.projects {
         if state.probes.retired(project, &state.consumer_id) {
             // Retired by an operator: the project is no longer served, by decision.

@@ -170,7 +170,9 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let listener = outbox_service::http::bind(listen, "--listen")
         .await
         .map_err(|e| Failure::usage(e.to_string()))?;
-    let started = Started::open(global, consume).await?;
+    let Some(started) = Started::open(global, consume).await? else {
+        return Ok(());
+    };
     let read_pool = started.database.pool(4)?;
     let settings = ServerSettings {
         ring_size: args.ring_size as usize,

@@ -195,11 +195,16 @@ impl Shared {
                 _ = tokio::time::sleep_until(next) => {}
             }
             next = match self.renew_all(&pool, ttl).await {
-                Ok(()) => tokio::time::Instant::now() + interval,
+                Ok(()) => {
+                    crate::outage::availability().reached();
+                    tokio::time::Instant::now() + interval
+                }
                 Err(e) => {
                     // As a lone consumer does: try more often; each local deadline stops its
                     // member if the database stays unreachable.
-                    tracing::warn!(error = %e, "set heartbeat failed; retrying");
+                    if !crate::outage::noted(crate::outage::is_outage(&e), &e) {
+                        tracing::warn!(error = %e, "set heartbeat failed; retrying");
+                    }
                     tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50))
                 }
             };
