@@ -272,6 +272,14 @@ impl OutboxProcess {
         send_signal(self.pid(), name);
     }
 
+    /// The exit code if the process has ended (-1 for a signal), without waiting.
+    pub fn exited(&mut self) -> Option<i32> {
+        self.child
+            .try_wait()
+            .expect("check the process")
+            .map(|status| status.code().unwrap_or(-1))
+    }
+
     /// Waits for exit (after output is drained) and returns the exit code (-1 for a signal).
     pub async fn wait(&mut self) -> i32 {
         let status = self.child.wait().await.expect("wait for outbox");
