@@ -120,7 +120,6 @@ impl<'a> Repeat<'a> {
         self.delay = match outcome {
             Ok(next) => {
                 self.failures = 0;
-                crate::outage::availability().reached();
                 next
             }
             Err(e) => {

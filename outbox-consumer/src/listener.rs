@@ -148,6 +148,7 @@ async fn session(
         .await
         .map_err(|e| SessionError::new("LISTEN", &e))?;
     tracing::debug!(channel, "listening");
+    crate::outage::availability().reached();
     // Anything committed while we were not listening must be scanned now.
     wake.connected();
     let mut ping = tokio::time::interval(PING_INTERVAL);

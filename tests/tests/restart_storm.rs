@@ -408,15 +408,35 @@ async fn a_process_started_while_postgres_is_down_begins_when_it_comes_up() {
             &metrics_addr.to_string(),
         ],
     );
-    eventually(
-        Duration::from_secs(20),
-        "/readyz answers 503 database_unavailable while PostgreSQL is down",
-        || async {
-            matches!(readyz(metrics_addr).await,
-                Some((503, body)) if body.contains("database_unavailable"))
-        },
-    )
-    .await;
+    let serve_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut serve = OutboxProcess::spawn_command(
+        &url,
+        "serve",
+        &[
+            "--listen",
+            &serve_addr.to_string(),
+            "--project",
+            "p",
+            "--consumer-id",
+            "web",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    for (what, addr) in [
+        ("consume --metrics-addr", metrics_addr),
+        ("serve", serve_addr),
+    ] {
+        eventually(
+            Duration::from_secs(20),
+            &format!("/readyz of {what} answers 503 database_unavailable while PostgreSQL is down"),
+            || async {
+                matches!(readyz(addr).await,
+                    Some((503, body)) if body.contains("database_unavailable"))
+            },
+        )
+        .await;
+    }
     let (_, _, body) = get(metrics_addr, "/metrics", &[]).await.expect("/metrics");
     assert_eq!(
         Metrics::parse(&body).get("outbox_database_up", &[]),
@@ -426,6 +446,7 @@ async fn a_process_started_while_postgres_is_down_begins_when_it_comes_up() {
     // Several attempts fail meanwhile; the log says so once.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(consumer.exited(), None, "{}", consumer.stderr());
+    assert_eq!(serve.exited(), None, "{}", serve.stderr());
 
     cluster.resume();
     let id = try_write(&config, "p", "t1")
@@ -444,6 +465,14 @@ async fn a_process_started_while_postgres_is_down_begins_when_it_comes_up() {
         Metrics::parse(&body).get("outbox_database_up", &[]),
         Some(1.0)
     );
+    eventually(
+        Duration::from_secs(20),
+        "serve's /readyz answers 200",
+        || async { matches!(readyz(serve_addr).await, Some((200, _))) },
+    )
+    .await;
+    serve.signal("TERM");
+    assert_eq!(serve.wait().await, 0, "{}", serve.stderr());
     let stderr = consumer.stderr();
     assert_eq!(
         stderr.matches("the database is unavailable").count(),

@@ -68,7 +68,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 {
                     Ok(step) => {
                         self.probe.polled();
-                        outage::availability().reached();
                         failures = 0;
                         if step == Step::More {
                             continue;

@@ -195,10 +195,7 @@ impl Shared {
                 _ = tokio::time::sleep_until(next) => {}
             }
             next = match self.renew_all(&pool, ttl).await {
-                Ok(()) => {
-                    crate::outage::availability().reached();
-                    tokio::time::Instant::now() + interval
-                }
+                Ok(()) => tokio::time::Instant::now() + interval,
                 Err(e) => {
                     // As a lone consumer does: try more often; each local deadline stops its
                     // member if the database stays unreachable.
@@ -243,6 +240,7 @@ impl Shared {
                 ],
             )
             .await?;
+        crate::outage::availability().reached();
         drop(writing);
         let mut renewed = HashSet::with_capacity(rows.len());
         for row in &rows {
@@ -282,6 +280,7 @@ impl Shared {
                 .query_unnamed(&self.poll_set, &[&self.listed, &self.consumer_ids])
                 .await?
         };
+        crate::outage::availability().reached();
         for row in &rows {
             let project: String = row.try_get("project_id")?;
             let head: i64 = row.try_get("head_sequence")?;
