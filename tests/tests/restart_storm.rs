@@ -79,9 +79,13 @@ impl Role {
         }
     }
 
-    fn kill_and_restart(&mut self, url: &str) {
+    /// Kills the running incarnation (-9), waits for it to be gone (it may still hold its
+    /// listening socket for a moment), and starts a new one.
+    async fn kill_and_restart(&mut self, url: &str) {
         self.assert_running();
-        self.runs.last().expect("started").signal("KILL");
+        let run = self.runs.last_mut().expect("started");
+        run.signal("KILL");
+        run.wait().await;
         self.start(url);
     }
 
@@ -286,14 +290,14 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
             false => cluster.stop(),
         }
         if kill_while_down {
-            roles[victim].kill_and_restart(&url);
+            roles[victim].kill_and_restart(&url).await;
         }
         tokio::time::sleep(down_for).await;
         cluster.resume();
         restarts += 1;
         let other = (victim + 1 + restarts % (roles.len() - 1)) % roles.len();
         tokio::time::sleep(up_for / 2).await;
-        roles[other].kill_and_restart(&url);
+        roles[other].kill_and_restart(&url).await;
         tokio::time::sleep(up_for / 2).await;
         for role in &mut roles {
             role.assert_running();
@@ -419,6 +423,8 @@ async fn a_process_started_while_postgres_is_down_begins_when_it_comes_up() {
             "p",
             "--consumer-id",
             "web",
+            "--start-from",
+            "earliest",
             "--poll-interval",
             "100ms",
         ],
@@ -471,6 +477,15 @@ async fn a_process_started_while_postgres_is_down_begins_when_it_comes_up() {
         || async { matches!(readyz(serve_addr).await, Some((200, _))) },
     )
     .await;
+    assert_eq!(
+        serve
+            .stderr()
+            .matches("the database is unavailable")
+            .count(),
+        1,
+        "{}",
+        serve.stderr()
+    );
     serve.signal("TERM");
     assert_eq!(serve.wait().await, 0, "{}", serve.stderr());
     let stderr = consumer.stderr();
