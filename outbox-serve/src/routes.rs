@@ -32,11 +32,15 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 }
 
 /// The probes alone, answered while the server waits for its database before it starts:
-/// `/healthz` (alive) and `/readyz` (503, `database_unavailable`, while the database does not
-/// answer; a 503 saying the server is starting once it does). Every other path is a 503.
+/// `/healthz` (200, alive, with the status `starting`) and `/readyz` (503,
+/// `database_unavailable`, while the database does not answer; `starting` once it does).
+/// Every other path is a 503.
 pub fn waiting_router() -> Router {
     Router::new()
-        .route("/healthz", get(healthz))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({ "status": "starting" })).into_response() }),
+        )
         .route("/readyz", get(waiting_readyz))
         .fallback(starting)
 }
