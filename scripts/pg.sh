@@ -2,7 +2,7 @@
 # A disposable PostgreSQL cluster for the demo, the tests and the benchmarks.
 #
 #   scripts/pg.sh up      start (initialising if needed); prints the connection URL
-#   scripts/pg.sh down    stop
+#   scripts/pg.sh down    stop (fast shutdown; `down immediate` for an immediate one, as a crash)
 #   scripts/pg.sh reset   stop, wipe, start fresh; prints the connection URL
 #   scripts/pg.sh url     print the connection URL
 #   scripts/pg.sh status  exit 0 when running
@@ -123,13 +123,13 @@ down() {
     ensure_binaries
     prepare_dir
     if running; then
-        as_owner "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+        as_owner "$bindir/pg_ctl" -D "$dir/data" -m "${1:-fast}" -w stop >/dev/null
     fi
 }
 
 case "${1:-}" in
     up) up ;;
-    down) down ;;
+    down) down "${2:-fast}" ;;
     reset) down; rm -rf "${dir:?}/data" "${dir:?}/run"; up ;;
     url) ensure_binaries; prepare_dir; url ;;
     status) ensure_binaries; prepare_dir; running ;;

@@ -106,6 +106,10 @@ pub struct SequenceArgs {
     /// Output format of a single drain (with --every nothing is printed; logs go to stderr).
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+    /// With --every: exit (code 1) once the database has been unavailable this long; by
+    /// default the process waits for the database however long it takes.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_long_duration, requires = "every")]
+    pub give_up_after: Option<std::time::Duration>,
 }
 
 /// The longest time knob a running process takes (a lease, a retry delay, an interval, a
@@ -359,9 +363,15 @@ pub struct ConsumerOptions {
     /// Retention period of the sweep (see `outbox prune --help`).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
-    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464), with /healthz
+    /// and /readyz (503 while the database is unavailable).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Exit (code 1) once the database has been unavailable this long, for a supervisor to
+    /// restart the process; by default the process waits for the database however long it
+    /// takes.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_long_duration)]
+    pub give_up_after: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -133,10 +133,14 @@ impl Cli {
     pub fn init_logging(&self) {
         // async_nats is silenced: the relay lets each NATS client give up after its one
         // connection (relay/publisher.rs), which the client reports as an error, and the relay
-        // logs the loss and its own reconnect instead.
+        // logs the loss and its own reconnect instead. deadpool's warnings (a connection that
+        // could not be recycled, one that broke) come once per pooled connection in an outage,
+        // which the consumer runtime reports once for the process.
         let filter =
             tracing_subscriber::EnvFilter::try_from_env("OUTBOX_LOG").unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,tokio_postgres=warn,async_nats=off")
+                tracing_subscriber::EnvFilter::new(
+                    "info,tokio_postgres=warn,deadpool=error,async_nats=off",
+                )
             });
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -24,7 +24,9 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         consumer_id: consumer.clone(),
     };
     let config = build_config(global, &consumer, options)?;
-    let started = Started::open(global, options).await?;
+    let Some(started) = Started::open(global, options).await? else {
+        return Ok(());
+    };
     let connections = &started.connections;
 
     let consumer_id = consumer.consumer_id.to_string();
@@ -76,7 +78,9 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         true => Projects::All,
         false => Projects::Listed(targets.projects.clone()),
     };
-    let started = Started::open(global, options).await?;
+    let Some(started) = Started::open(global, options).await? else {
+        return Ok(());
+    };
     let sink = std::sync::Arc::new(StdoutSink::new(String::new()));
     let out = sink.for_consumer(String::new());
     let factory = move |_: &ProjectId, consumer: &ConsumerId| {

@@ -92,9 +92,23 @@ impl DatabaseUrl {
     /// Opens one connection (its driver task ends when the client is dropped) and, unless
     /// this is `migrate`, checks that the schema matches this build.
     pub async fn connect(&self) -> Result<Client, Failure> {
-        let client = self.settings.connect().await.map_err(|e| self.failure(e))?;
+        self.try_connect().await.map_err(|failed| failed.failure)
+    }
+
+    /// As [`DatabaseUrl::connect`], saying whether a failure found the database unavailable
+    /// for now (which a long-running command waits out) rather than refusing for good.
+    pub async fn try_connect(&self) -> Result<Client, ConnectFailed> {
+        let client = self.settings.connect().await.map_err(|e| ConnectFailed {
+            outage: e.is_outage(),
+            failure: self.failure(e),
+        })?;
         if let Some(schema) = &self.check_schema {
-            outbox_core::check_schema_version(&client, schema).await?;
+            outbox_core::check_schema_version(&client, schema)
+                .await
+                .map_err(|e| ConnectFailed {
+                    outage: e.is_outage(),
+                    failure: e.into(),
+                })?;
         }
         Ok(client)
     }
@@ -107,6 +121,58 @@ impl DatabaseUrl {
                 Failure::usage(format!("invalid database URL {}: {message}", self.redacted))
             }
             other => Failure::runtime(format!("cannot connect to {}: {other}", self.redacted)),
+        }
+    }
+}
+
+/// A failed [`DatabaseUrl::try_connect`].
+#[derive(Debug)]
+pub struct ConnectFailed {
+    /// The command's failure, naming the database and the cause.
+    pub failure: Failure,
+    /// Whether the database was unavailable for now ([`outbox_core::is_outage`]).
+    pub outage: bool,
+}
+
+impl std::fmt::Display for ConnectFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.failure.fmt(f)
+    }
+}
+
+/// Connects as [`DatabaseUrl::try_connect`], waiting out an unavailable database (one log
+/// line when it is, one when it is back; `--give-up-after` ends the wait with its failure):
+/// `None` when `shutdown` came first. Any other failure is returned at once.
+pub async fn connect_waiting(
+    database: &DatabaseUrl,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<Option<Client>, Failure> {
+    let availability = outbox_consumer::availability();
+    let mut failures: u32 = 0;
+    loop {
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            attempt = database.try_connect() => attempt,
+        };
+        match attempt {
+            Ok(client) => {
+                availability.reached();
+                return Ok(Some(client));
+            }
+            Err(failed) if failed.outage => {
+                if let Err(gave_up) = availability.unreachable(&failed) {
+                    return Err(Failure::runtime(format!(
+                        "{gave_up} (connecting to {})",
+                        database.redacted
+                    )));
+                }
+            }
+            Err(failed) => return Err(failed.failure),
+        }
+        failures = failures.saturating_add(1);
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(outbox_consumer::outage_backoff(failures)) => {}
         }
     }
 }

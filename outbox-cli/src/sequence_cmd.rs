@@ -4,6 +4,9 @@
 //! embedded sequencer: a dedicated sequencer process beside consumers does not add a second
 //! poller, and when it dies a consumer takes over. A single drain (no `--every`) takes no part
 //! in the election: it numbers what is pending and exits, safe beside a running leader.
+//!
+//! With `--every` an unavailable database is waited for, at the start as later (see
+//! `db::connect_waiting`); a single drain fails at once, like every one-shot command.
 
 use std::time::Duration;
 
@@ -11,7 +14,7 @@ use outbox_core::{ElectedSequencer, MIN_SEQUENCER_LEASE_TTL, Sequencer, owner_to
 use serde::Serialize;
 
 use crate::cli::{Global, SequenceArgs};
-use crate::db::DatabaseUrl;
+use crate::db::connect_waiting;
 use crate::failure::Failure;
 use crate::output::{Render, print};
 use crate::shutdown::Shutdown;
@@ -50,7 +53,8 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         )));
     }
     let shutdown = Shutdown::install()?;
-    let Some(mut client) = connect(&database, every, &shutdown, true).await? else {
+    outbox_consumer::availability().set_give_up_after(args.give_up_after);
+    let Some(mut client) = connect_waiting(&database, &shutdown.token()).await? else {
         return Ok(());
     };
     // A paused leader inside its tick is cut off by the server within the lease TTL.
@@ -77,8 +81,16 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
             Ok(next) => delay = next,
             Err(e) if !e.is_retryable() => return Err(e.into()),
             Err(e) => {
-                tracing::warn!(error = %e, "sequencer step failed; reconnecting");
-                match connect(&database, every, &shutdown, false).await? {
+                // An unavailable database is said once (and may end the wait with
+                // --give-up-after); the reconnect below waits it out.
+                if e.is_outage() {
+                    outbox_consumer::availability()
+                        .unreachable(&e)
+                        .map_err(|gave_up| Failure::runtime(gave_up.to_string()))?;
+                } else {
+                    tracing::warn!(error = %e, "sequencer step failed; reconnecting");
+                }
+                match connect_waiting(&database, &shutdown.token()).await? {
                     Some(reconnected) => client = reconnected,
                     None => return Ok(()),
                 }
@@ -89,30 +101,4 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
     // Hand over at once rather than after the lease runs out.
     elected.release(&client).await;
     Ok(())
-}
-
-/// Connects, and while the database is unreachable tries again every `every` (at least every
-/// 500 ms) until it answers or shutdown is requested (`None`). The `first` connection fails
-/// at once instead, naming the database, so a wrong URL is not retried forever.
-async fn connect(
-    database: &DatabaseUrl,
-    every: Duration,
-    shutdown: &Shutdown,
-    first: bool,
-) -> Result<Option<tokio_postgres::Client>, Failure> {
-    loop {
-        let attempt = tokio::select! {
-            _ = shutdown.requested() => return Ok(None),
-            attempt = database.connect() => attempt,
-        };
-        match attempt {
-            Ok(client) => return Ok(Some(client)),
-            Err(e) if first => return Err(e),
-            Err(_) => {}
-        }
-        tokio::select! {
-            _ = shutdown.requested() => return Ok(None),
-            _ = tokio::time::sleep(every.max(Duration::from_millis(500))) => {}
-        }
-    }
 }

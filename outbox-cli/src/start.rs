@@ -1,12 +1,14 @@
 //! The start-up every consumer command shares (`consume`, `relay nats`, `serve`), written
-//! once: signal handlers first, then the database checked (fail fast, naming the redacted
-//! URL, when it cannot be reached or its schema does not match this build; once running, the
-//! consumers ride out outages instead), the consumers' connections, and `--metrics-addr`.
+//! once: signal handlers first, `--metrics-addr` (so `/readyz` answers while the database is
+//! awaited), then the database checked: an unavailable database is waited for (with
+//! `--give-up-after` as the limit), anything else fails at once naming the redacted URL (a
+//! wrong password, an unknown database, a schema that does not match this build). Then the
+//! consumers' connections; once running, the consumers ride out outages the same way.
 
 use outbox_service::{Connections, MetricsEndpoint, MetricsError};
 
 use crate::cli::{ConsumerOptions, Global};
-use crate::db::DatabaseUrl;
+use crate::db::{DatabaseUrl, connect_waiting};
 use crate::failure::Failure;
 use crate::shutdown::Shutdown;
 
@@ -23,8 +25,9 @@ pub struct Started {
 }
 
 impl Started {
-    /// Starts a command running consumers with `options`.
-    pub async fn open(global: &Global, options: &ConsumerOptions) -> Result<Self, Failure> {
+    /// Starts a command running consumers with `options`: `None` when a shutdown was
+    /// requested while the database was awaited.
+    pub async fn open(global: &Global, options: &ConsumerOptions) -> Result<Option<Self>, Failure> {
         Self::open_after(Shutdown::install()?, global, options).await
     }
 
@@ -34,9 +37,9 @@ impl Started {
         shutdown: Shutdown,
         global: &Global,
         options: &ConsumerOptions,
-    ) -> Result<Self, Failure> {
+    ) -> Result<Option<Self>, Failure> {
         let database = global.database()?;
-        drop(database.connect().await?);
+        outbox_consumer::availability().set_give_up_after(options.give_up_after);
         let connections = Connections::new(
             &database.settings,
             usize::from(options.pool_size),
@@ -49,12 +52,23 @@ impl Started {
                 MetricsError::Bind(e) => Failure::usage(e.to_string()),
                 other => Failure::runtime(other.to_string()),
             })?;
-        Ok(Self {
+        match connect_waiting(&database, &shutdown.token()).await {
+            Ok(Some(client)) => drop(client),
+            Ok(None) => {
+                metrics.stop().await;
+                return Ok(None);
+            }
+            Err(failure) => {
+                metrics.stop().await;
+                return Err(failure);
+            }
+        }
+        Ok(Some(Self {
             shutdown,
             database,
             connections,
             metrics,
-        })
+        }))
     }
 
     /// Stops `--metrics-addr` (whichever way the run ended) once the consumers have stopped.

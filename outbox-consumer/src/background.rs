@@ -192,6 +192,7 @@ async fn sweep_and_report(
                 metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
             }
         }
+        Err(e) if crate::outage::noted(crate::outage::is_outage(&e), &e) => {}
         Err(e) => tracing::warn!(
             error = %e, retry_in = ?interval,
             "retention sweep failed; will try again at the next interval"

@@ -2,8 +2,9 @@
 //! reconnect backoff, the "step, back off on failure, until stopped" loop, and the rule that
 //! decides whether a process may LISTEN at all.
 //!
-//! This module is the base layer: it uses nothing else of the crate, so the listener, the
-//! background tasks, the runtime and the consumer set can all build on it.
+//! This module is the base layer: it uses nothing else of the crate but the outage record
+//! (`outage`), so the listener, the background tasks, the runtime and the consumer set can
+//! all build on it.
 
 use std::fmt::Display;
 use std::sync::atomic::AtomicBool;
@@ -113,19 +114,28 @@ impl<'a> Repeat<'a> {
     }
 
     /// Records a step's outcome: `Ok` with the delay before the next step, or the failure.
-    pub fn done<E: Display>(&mut self, outcome: Result<Duration, E>) {
+    /// A failure that found the database unavailable is said once for the whole process
+    /// (`outage`), not here.
+    pub fn done<E: crate::outage::MaybeOutage>(&mut self, outcome: Result<Duration, E>) {
         self.delay = match outcome {
             Ok(next) => {
                 self.failures = 0;
                 next
             }
             Err(e) => {
+                let outage = crate::outage::noted(e.is_outage(), &e);
                 match self.failures {
-                    0 => tracing::warn!(error = %e, "{} failed; backing off", self.what),
+                    0 if !outage => {
+                        tracing::warn!(error = %e, "{} failed; backing off", self.what)
+                    }
                     n => tracing::debug!(error = %e, failures = n, "{} failed again", self.what),
                 }
                 self.failures = self.failures.saturating_add(1);
-                backoff(self.failures, rand::random()).max(self.floor)
+                match outage {
+                    true => crate::outage::outage_backoff(self.failures),
+                    false => backoff(self.failures, rand::random()),
+                }
+                .max(self.floor)
             }
         };
     }

@@ -77,6 +77,19 @@ pub enum ConsumerError {
         /// Consumer.
         consumer: ConsumerId,
     },
+    /// The database stayed unavailable longer than the process was told to wait
+    /// ([`crate::Availability::set_give_up_after`]).
+    #[error(
+        "giving up: the database has been unavailable for longer than {} (--give-up-after); \
+         last error: {error}",
+        humantime_secs(*.limit)
+    )]
+    GaveUp {
+        /// The limit.
+        limit: std::time::Duration,
+        /// The error the outage began with.
+        error: String,
+    },
     /// The consumer was retired by an operator.
     #[error(
         "consumer {consumer} of project {project} is retired (by {by}: {reason}); start it with \
@@ -109,6 +122,11 @@ impl ConsumerError {
             _ => false,
         }
     }
+}
+
+/// A duration as the flags take it (`10s`, `1.5s`).
+fn humantime_secs(d: std::time::Duration) -> String {
+    format!("{}s", d.as_secs_f64())
 }
 
 /// What went wrong getting a pooled connection, naming the cause (the database's own error

@@ -295,7 +295,11 @@ pub(crate) async fn claim(
         let holder: String = row.lease_owner.unwrap_or_default();
         let generation = row.lease_generation;
         let expires_in = row.expires_in;
-        if owner::holder_is_gone(&holder) {
+        // This very process run holds it when a claim committed but its answer was lost to a
+        // dropped connection (the claim is then retried): take it over at once, as from a
+        // holder that is gone, rather than wait for our own lease to expire.
+        let ours = holder == owner;
+        if ours || owner::holder_is_gone(&holder) {
             let sent_at = Instant::now();
             let taken = client
                 .query_opt_unnamed(
@@ -304,10 +308,18 @@ pub(crate) async fn claim(
                 )
                 .await?;
             if let Some(taken) = taken {
-                tracing::warn!(
-                    project, consumer, holder = %holder, generation, expires_in,
-                    "the lease holder no longer exists on this host; taking the lease over"
-                );
+                match ours {
+                    true => tracing::info!(
+                        project,
+                        consumer,
+                        generation,
+                        "this process's own claim lost its answer; taking the lease over"
+                    ),
+                    false => tracing::warn!(
+                        project, consumer, holder = %holder, generation, expires_in,
+                        "the lease holder no longer exists on this host; taking the lease over"
+                    ),
+                }
                 return claimed(&taken, sent_at, config, owner).map(Some);
             }
             // The row moved on since it was read: look again.
@@ -406,13 +418,16 @@ pub(crate) async fn heartbeat(
         match result {
             Ok(()) => {
                 lease.renewed(sent_at);
+                crate::outage::availability().reached();
                 next = tokio::time::Instant::now() + interval;
             }
             Err(ConsumerError::LeaseLost { .. } | ConsumerError::Retired { .. }) => return,
             Err(e) => {
                 // Keep trying more often than usual; the local deadline stops dispatch if the
-                // database stays unreachable.
-                tracing::warn!(error = %e, "heartbeat failed; retrying");
+                // database stays unreachable. An outage is logged once for the process.
+                if !crate::outage::noted(crate::outage::is_outage(&e), &e) {
+                    tracing::warn!(error = %e, "heartbeat failed; retrying");
+                }
                 next = tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50));
             }
         }

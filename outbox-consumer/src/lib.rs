@@ -69,6 +69,7 @@ mod lease;
 mod listener;
 mod live_query;
 mod metric_help;
+mod outage;
 mod probe;
 mod retry;
 mod runtime;
@@ -88,6 +89,7 @@ pub use handler::{
 };
 pub use history::History;
 pub use metric_help::describe_metrics;
+pub use outage::{Availability, availability, is_outage, outage_backoff, wait_out};
 pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};

@@ -94,6 +94,35 @@ pub(crate) async fn listen(
     }
 }
 
+/// Why a listener session could not be set up.
+struct SessionError {
+    /// What failed, for the log.
+    message: String,
+    /// Whether it found the database unavailable.
+    outage: bool,
+}
+
+impl SessionError {
+    fn new(step: &str, e: &tokio_postgres::Error) -> Self {
+        Self {
+            message: format!("{step}: {}", outbox_core::describe(e)),
+            outage: outbox_core::is_outage(e),
+        }
+    }
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl crate::outage::MaybeOutage for SessionError {
+    fn is_outage(&self) -> bool {
+        self.outage
+    }
+}
+
 /// One connection's lifetime. `Ok` when a working session ended (the connection died after
 /// LISTEN succeeded), `Err` when it could not be set up.
 async fn session(
@@ -101,10 +130,9 @@ async fn session(
     tls: Option<&outbox_core::Connector>,
     channel: &str,
     wake: &dyn Wake,
-) -> Result<(), String> {
+) -> Result<(), SessionError> {
     let (tx, mut notifications) = mpsc::unbounded_channel();
-    let connect_error =
-        |e: tokio_postgres::Error| format!("connect: {}", outbox_core::describe(&e));
+    let connect_error = |e: tokio_postgres::Error| SessionError::new("connect", &e);
     let (client, _driver) = match tls {
         Some(tls) => {
             let (client, connection) = config.connect(tls.tls()).await.map_err(connect_error)?;
@@ -118,8 +146,9 @@ async fn session(
     client
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
-        .map_err(|e| format!("LISTEN: {}", outbox_core::describe(&e)))?;
+        .map_err(|e| SessionError::new("LISTEN", &e))?;
     tracing::debug!(channel, "listening");
+    crate::outage::availability().reached();
     // Anything committed while we were not listening must be scanned now.
     wake.connected();
     let mut ping = tokio::time::interval(PING_INTERVAL);

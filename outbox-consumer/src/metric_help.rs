@@ -45,6 +45,10 @@ pub fn describe_metrics() {
         "Age of the oldest committed event not numbered yet, 0 when none (sampled)."
     );
     describe_gauge!(
+        "outbox_database_up",
+        "1 while this process reaches its database, 0 while it waits for it to come back."
+    );
+    describe_gauge!(
         "outbox_lease_held",
         "1 while this process holds the consumer's lease, 0 once it lost or released it."
     );

@@ -109,6 +109,9 @@ pub fn is_retryable_db(e: &tokio_postgres::Error) -> bool {
                 SqlState::ADMIN_SHUTDOWN,
                 SqlState::CRASH_SHUTDOWN,
                 SqlState::CANNOT_CONNECT_NOW,
+                // A standby not promoted yet (after a failover, `target_session_attrs` finds
+                // the new primary once it is).
+                SqlState::READ_ONLY_SQL_TRANSACTION,
             ]
             .contains(code)
                 || code.code().starts_with("08")

@@ -80,7 +80,7 @@ pub use admin::{
 };
 pub use connect::{
     ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
-    explain as explain_connect_error,
+    explain as explain_connect_error, is_outage,
 };
 pub use election::{
     Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,

@@ -51,4 +51,5 @@ mod stream;
 
 pub use auth::AdminAuth;
 pub use fan_out::{FanOut, FanOutSink};
+pub use routes::waiting_router;
 pub use server::{Direct, ServeError, Server, ServerSettings};

@@ -31,6 +31,46 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The probes alone, answered while the server waits for its database before it starts:
+/// `/healthz` (200, alive, with the status `starting`) and `/readyz` (503,
+/// `database_unavailable`, while the database does not answer; `starting` once it does).
+/// Every other path is a 503.
+pub fn waiting_router() -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({ "status": "starting" })).into_response() }),
+        )
+        .route("/readyz", get(waiting_readyz))
+        .fallback(starting)
+}
+
+/// `/readyz` before the server has started.
+async fn waiting_readyz() -> Response {
+    let reason = match outbox_consumer::availability().is_up() {
+        true => "starting",
+        false => outbox_service::metrics::DATABASE_UNAVAILABLE,
+    };
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        reason.to_owned(),
+        json!({ "ready": false, "reasons": [reason] }),
+    );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Any other path before the server has started.
+async fn starting() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server is starting: it waits for its database".to_owned(),
+        json!({}),
+    )
+}
+
 async fn not_found(uri: axum::http::Uri) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -54,6 +94,9 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let mut reasons = Vec::new();
     if state.shutdown.is_cancelled() {
         reasons.push("shutting down".to_owned());
+    }
+    if !outbox_consumer::availability().is_up() {
+        reasons.push(outbox_service::metrics::DATABASE_UNAVAILABLE.to_owned());
     }
     for project in &state.projects {
         if state.probes.retired(project, &state.consumer_id) {

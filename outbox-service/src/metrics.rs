@@ -53,6 +53,8 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
         .and_then(|b| b.install_recorder())
         .map_err(|e| MetricsError::Recorder(e.to_string()))?;
     outbox_consumer::describe_metrics();
+    // Gauges set before the recorder existed are lost: this one is known from the start.
+    outbox_consumer::availability().publish();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         loop {
@@ -73,8 +75,28 @@ pub fn render(handle: &PrometheusHandle) -> Response {
     response
 }
 
-/// `--metrics-addr` of `consume`, `relay nats` and `serve`: `/metrics` (and `/healthz`) on an
-/// address of its own, or nothing when no address is given.
+/// `/readyz` of the metrics endpoint: 200 while the database answers, 503 with the reason
+/// `database_unavailable` while it does not (the process waits for it).
+fn readyz() -> Response {
+    match outbox_consumer::availability().is_up() {
+        true => axum::Json(serde_json::json!({ "ready": true })).into_response(),
+        false => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CACHE_CONTROL, HeaderValue::from_static("no-store"))],
+            axum::Json(serde_json::json!({
+                "ready": false,
+                "reasons": [DATABASE_UNAVAILABLE],
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// The readiness reason while the database is unavailable.
+pub const DATABASE_UNAVAILABLE: &str = "database_unavailable";
+
+/// `--metrics-addr` of `consume`, `relay nats` and `serve`: `/metrics`, `/healthz` and
+/// `/readyz` on an address of its own, or nothing when no address is given.
 pub struct MetricsEndpoint {
     /// Stops the endpoint (a child of the command's shutdown token), and the serving task.
     running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
@@ -100,7 +122,8 @@ impl MetricsEndpoint {
                     async move { render(&handle) }
                 }),
             )
-            .route("/healthz", axum::routing::get(|| async { "ok" }));
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route("/readyz", axum::routing::get(|| async { readyz() }));
         tracing::info!(%addr, "serving /metrics");
         let stop = shutdown.child_token();
         let task = tokio::spawn(serve(

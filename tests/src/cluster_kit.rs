@@ -36,6 +36,12 @@ impl PrivateCluster {
         pg(&self.dir, "down");
     }
 
+    /// Stops the server at once (`pg_ctl -m immediate`: no checkpoint, clients cut off, crash
+    /// recovery at the next start).
+    pub fn crash(&self) {
+        pg(&self.dir, "down immediate");
+    }
+
     /// Starts the server again.
     pub fn resume(&self) {
         pg(&self.dir, "up");
@@ -93,7 +99,7 @@ impl Drop for PrivateCluster {
 fn pg(dir: &str, action: &str) -> String {
     let output = Command::new("bash")
         .arg(SCRIPT)
-        .arg(action)
+        .args(action.split(' '))
         .env("OUTBOX_PG_DIR", dir)
         .env("OUTBOX_PG_PORT", PORT)
         .output()

@@ -272,10 +272,12 @@ impl OutboxProcess {
         send_signal(self.pid(), name);
     }
 
-    /// The exit code if the process has exited (-1 for a signal), without waiting.
+    /// The exit code if the process has ended (-1 for a signal), without waiting.
     pub fn exited(&mut self) -> Option<i32> {
-        let status = self.child.try_wait().expect("poll outbox")?;
-        Some(status.code().unwrap_or(-1))
+        self.child
+            .try_wait()
+            .expect("check the process")
+            .map(|status| status.code().unwrap_or(-1))
     }
 
     /// Waits for exit (after output is drained) and returns the exit code (-1 for a signal).

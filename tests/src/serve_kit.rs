@@ -62,7 +62,10 @@ impl ServeProcess {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             for addr in &candidates {
-                if let Ok((200, _, _)) = get(*addr, "/healthz", &[]).await {
+                // `{"status": "starting"}` while it waits for its database.
+                if let Ok((200, _, body)) = get(*addr, "/healthz", &[]).await
+                    && body.contains("\"ok\"")
+                {
                     server.addr = *addr;
                     return server;
                 }

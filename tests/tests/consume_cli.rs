@@ -177,7 +177,7 @@ async fn usage_errors_exit_2_with_a_clear_message() {
 }
 
 #[tokio::test]
-async fn an_unreachable_database_exits_1_naming_the_redacted_url() {
+async fn an_unreachable_database_is_waited_for_until_give_up_after_naming_the_redacted_url() {
     let (code, _, stderr) = run_outbox(&[
         "consume",
         "--database-url",
@@ -186,9 +186,12 @@ async fn an_unreachable_database_exits_1_naming_the_redacted_url() {
         "p",
         "--consumer-id",
         "c",
+        "--give-up-after",
+        "1s",
     ])
     .await;
     assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("giving up"), "{stderr}");
     assert!(stderr.contains("app:***@127.0.0.1:1"), "{stderr}");
     assert!(!stderr.contains("hunter2"));
 }

@@ -557,7 +557,8 @@ async fn a_stream_that_does_not_match_exits_2_and_is_left_alone() {
         "left alone"
     );
 
-    // Matching flags are accepted (the database is then unreachable: exit 1, not 2).
+    // Matching flags are accepted (the database is then unreachable, and waited for until
+    // --give-up-after: exit 1, not 2).
     let (code, stderr) = relay_refuses(&[
         "--nats-url",
         &url,
@@ -567,8 +568,11 @@ async fn a_stream_that_does_not_match_exits_2_and_is_left_alone() {
         "elsewhere",
         "--duplicate-window",
         "1m",
+        "--give-up-after",
+        "1s",
     ])
     .await;
     assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("giving up"), "{stderr}");
     assert!(!stderr.contains("does not match"), "{stderr}");
 }

@@ -204,7 +204,9 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         }
         Err(e) => return Err(Failure::runtime(e.to_string())),
     };
-    let started = Started::open_after(shutdown, global, &args.consume.options).await?;
+    let Some(started) = Started::open_after(shutdown, global, &args.consume.options).await? else {
+        return Ok(());
+    };
     let result = relay
         .run(&started.connections, config, started.shutdown.token())
         .await;

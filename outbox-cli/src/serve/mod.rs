@@ -145,6 +145,38 @@ fn admin_auth(args: &ServeArgs, listen: SocketAddr) -> Result<Option<AdminAuth>,
     }
 }
 
+/// [`Started::open`], with `listener` answering the probes meanwhile
+/// ([`outbox_serve::waiting_router`]: `/readyz` is 503 `database_unavailable` while the
+/// database is awaited); the listener is handed back for the server once the database answers.
+async fn open_answering_probes(
+    global: &Global,
+    consume: &crate::cli::ConsumerOptions,
+    listener: tokio::net::TcpListener,
+    args: &ServeArgs,
+) -> Result<Option<(Started, tokio::net::TcpListener)>, Failure> {
+    let socket = listener
+        .into_std()
+        .map_err(|e| Failure::runtime(format!("--listen: {e}")))?;
+    let probes = socket
+        .try_clone()
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|e| Failure::runtime(format!("--listen: {e}")))?;
+    let listener = tokio::net::TcpListener::from_std(socket)
+        .map_err(|e| Failure::runtime(format!("--listen: {e}")))?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let answering = tokio::spawn(outbox_service::http::serve(
+        probes,
+        outbox_serve::waiting_router(),
+        stop.clone(),
+        std::time::Duration::from_secs(1),
+        args.header_read_timeout,
+    ));
+    let started = Started::open(global, consume).await;
+    stop.cancel();
+    let _ = answering.await;
+    Ok(started?.map(|started| (started, listener)))
+}
+
 /// Runs `outbox serve`.
 pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     distinct_projects(&args.project)?;
@@ -170,7 +202,10 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let listener = outbox_service::http::bind(listen, "--listen")
         .await
         .map_err(|e| Failure::usage(e.to_string()))?;
-    let started = Started::open(global, consume).await?;
+    let Some((started, listener)) = open_answering_probes(global, consume, listener, &args).await?
+    else {
+        return Ok(());
+    };
     let read_pool = started.database.pool(4)?;
     let settings = ServerSettings {
         ring_size: args.ring_size as usize,

@@ -24,6 +24,7 @@ use crate::dispatch::DispatchMode;
 use crate::error::ConsumerError;
 use crate::handler::{ReconcileReason, Reconciler};
 use crate::lease::Lease;
+use crate::outage;
 use crate::store::Statements;
 
 /// How long an idle member of a set waits with no wake-up at all: in effect forever, since
@@ -71,15 +72,32 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         if step == Step::More {
                             continue;
                         }
-                        // A failure while checking is not retried: the run ends with it.
-                        if self.config.delivery.exit_when_caught_up
-                            && self
-                                .caught_up(lease, statements, joined, shutdown, progress)
-                                .await?
-                        {
-                            let cursor = base::ShownCursor(progress.position.cursor());
-                            tracing::info!(cursor = %cursor, "caught up; stopping");
-                            return Ok(());
+                        let caught_up = match self.config.delivery.exit_when_caught_up {
+                            false => Ok(false),
+                            true => {
+                                self.caught_up(lease, statements, joined, shutdown, progress)
+                                    .await
+                            }
+                        };
+                        match caught_up {
+                            Ok(false) => {}
+                            Ok(true) => {
+                                let cursor = base::ShownCursor(progress.position.cursor());
+                                tracing::info!(cursor = %cursor, "caught up; stopping");
+                                return Ok(());
+                            }
+                            // A failed check is a failed round like any other.
+                            Err(e) => {
+                                failures = failures.saturating_add(1);
+                                let delay = match self.after_failure(e, failures, progress) {
+                                    AfterFailure::Exit(e) => return Err(e),
+                                    AfterFailure::Wait(delay) => delay,
+                                };
+                                match wait(lease, shutdown, None, Instant::now() + delay).await {
+                                    Woken::Again => continue,
+                                    Woken::Exit(result) => return result,
+                                }
+                            }
                         }
                     }
                     Err(e) => {
@@ -123,6 +141,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         progress.bounds_checked = false;
         progress.position.drop_pending();
+        if outage::is_outage(&e) {
+            // Said once for the whole process (`outage`), not once per round.
+            if let Err(gave_up) = outage::availability().unreachable(&e) {
+                return AfterFailure::Exit(gave_up);
+            }
+            return AfterFailure::Wait(outage::outage_backoff(failures));
+        }
         let delay = base::backoff(failures, rand::random());
         tracing::warn!(error = %e, retry_in = ?delay, "transient failure; will retry");
         AfterFailure::Wait(delay)
@@ -274,7 +299,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
 }
 
 /// The loop's one wait: until `deadline`, a wake-up (when `signals` are given), shutdown
-/// (the run ends cleanly) or the loss of the lease.
+/// (the run ends cleanly), the loss of the lease, or the process giving up on an
+/// unavailable database.
 async fn wait(
     lease: &Lease,
     shutdown: &CancellationToken,
@@ -291,6 +317,9 @@ async fn wait(
         biased;
         _ = shutdown.cancelled() => Woken::Exit(Ok(())),
         _ = lease.lost() => Woken::Exit(Err(lease.lost_error())),
+        () = outage::availability().given_up() => {
+            Woken::Exit(Err(outage::availability().gave_up_error()))
+        }
         _ = woken => Woken::Again,
         _ = tokio::time::sleep_until(deadline) => Woken::Again,
     }

@@ -28,6 +28,8 @@ impl<D, R> Consumer<D, R> {
             .membership
             .read(request, &mut progress.prefetched)
             .await?;
+        // The database answered (this read, or the shared one it came from).
+        crate::outage::availability().reached();
         let read = progress.position.contiguous(cursor, batch.events);
         let Read::Events { events, cut_short } = &read else {
             return Ok((read, false));

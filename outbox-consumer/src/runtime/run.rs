@@ -15,6 +15,7 @@ use crate::config::ConfigError;
 use crate::dispatch::DispatchMode;
 use crate::error::ConsumerError;
 use crate::handler::Reconciler;
+use crate::outage::{self, wait_out};
 use crate::{lease, sql};
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
@@ -40,15 +41,31 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // holds nothing; the default is checked when it is first needed (a consumer that
         // replays history from the earliest event may never reconcile, and its database need
         // not have a `tasks` table). A consumer set checks it once for all its members.
+        // Each phase before the loop waits out an unavailable database (`outage::wait_out`),
+        // as the loop does: a process started before its database, or during a restart,
+        // begins once the database is back.
         if self.membership.checks_live_query() && self.config.delivery.live_query.is_custom() {
-            let mut client = self.pool.get().await?;
-            crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await?;
+            let checked = wait_out("the live query's check", &shutdown, || async {
+                let mut client = self.pool.get().await?;
+                crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await
+            })
+            .await?;
+            if checked.is_none() {
+                return Ok(RunSummary::default());
+            }
         }
-        if self.config.delivery.reactivate {
-            self.refuse_unknown().await?;
+        if self.config.delivery.reactivate
+            && wait_out("the consumer lookup", &shutdown, || self.refuse_unknown())
+                .await?
+                .is_none()
+        {
+            return Ok(RunSummary::default());
         }
         let owner = self.membership.owner();
-        let Some(claimed) = lease::claim(&self.pool, &self.config, &owner, &shutdown).await? else {
+        let claim = wait_out("the lease claim", &shutdown, || {
+            lease::claim(&self.pool, &self.config, &owner, &shutdown)
+        });
+        let Some(Some(claimed)) = claim.await? else {
             return Ok(RunSummary::default());
         };
         if claimed.created {
@@ -89,7 +106,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .await;
         if result.is_ok() && progress.position.handled().is_some() {
             // One last try, so a clean stop does not leave handled events to be repeated.
-            result = self.ack_handled(&lease, &statements, &mut progress).await;
+            result = self.last_ack(&lease, &statements, &mut progress).await;
         }
 
         stop.cancel();
@@ -105,6 +122,44 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             delivered: progress.delivered,
             cursor: progress.position.cursor(),
         })
+    }
+
+    /// The acknowledgement at the end of a run, retried through an unavailable database
+    /// while the lease is still valid and within the shutdown grace: a stop during an outage
+    /// is not a failure, and what could not be acknowledged is delivered again later.
+    async fn last_ack(
+        &self,
+        lease: &lease::Lease,
+        statements: &crate::store::Statements,
+        progress: &mut Progress,
+    ) -> Result<(), ConsumerError> {
+        let until = tokio::time::Instant::now() + self.config.delivery.shutdown_grace;
+        let mut failures: u32 = 0;
+        loop {
+            match self.ack_handled(lease, statements, progress).await {
+                Ok(()) => {
+                    outage::availability().reached();
+                    return Ok(());
+                }
+                Err(e) if e.is_retryable() && !matches!(e, ConsumerError::LeaseLost { .. }) => {
+                    if outage::is_outage(&e) {
+                        let _ = outage::availability().unreachable(&e);
+                    }
+                    failures = failures.saturating_add(1);
+                    let next = tokio::time::Instant::now() + outage::outage_backoff(failures);
+                    if !lease.is_valid() || next > until {
+                        tracing::warn!(
+                            error = %e,
+                            "the last acknowledgement failed; the handled events after the \
+                             cursor will be delivered again"
+                        );
+                        return Ok(());
+                    }
+                    tokio::time::sleep_until(next).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Reactivation applies to a consumer that exists: refuses one without a row.

@@ -176,9 +176,16 @@ impl<F: PairFactory> ConsumerSet<F> {
             ))
             .into());
         }
+        // The checks before the pairs start wait out an unavailable database, as the pairs do.
         if self.template.live_query.is_custom() {
-            let mut client = self.pool.get().await?;
-            crate::live_query::check(&mut client, self.template.live_query.sql()).await?;
+            let checked = crate::outage::wait_out("the live query's check", &shutdown, || async {
+                let mut client = self.pool.get().await?;
+                crate::live_query::check(&mut client, self.template.live_query.sql()).await
+            })
+            .await?;
+            if checked.is_none() {
+                return Ok(Vec::new());
+            }
         }
         let (discovered_tx, mut discovered) = mpsc::unbounded_channel();
         let (listed, discovering) = match &self.projects {
@@ -204,7 +211,12 @@ impl<F: PairFactory> ConsumerSet<F> {
             }
             // The projects there are now, before anything else; later ones arrive below.
             Projects::All => {
-                shared.poll_once(&self.pool).await?;
+                let polled = crate::outage::wait_out("the set's first poll", &shutdown, || {
+                    shared.poll_once(&self.pool)
+                });
+                if polled.await?.is_none() {
+                    return Ok(Vec::new());
+                }
                 while let Ok(project) = discovered.try_recv() {
                     self.follow(&mut pairs, &shared, &project, &shutdown);
                 }
@@ -217,6 +229,7 @@ impl<F: PairFactory> ConsumerSet<F> {
         // caught up: then it ends with the pairs it has, and with none at once.
         let more_may_come =
             matches!(self.projects, Projects::All) && !self.template.exit_when_caught_up;
+        let mut gave_up = false;
         loop {
             if pairs.is_empty() && !more_may_come {
                 break;
@@ -241,6 +254,12 @@ impl<F: PairFactory> ConsumerSet<F> {
                     }
                 }
                 _ = shutdown.cancelled() => break,
+                // Also with no pair at all (every project, none yet).
+                () = crate::outage::availability().given_up() => {
+                    shutdown.cancel();
+                    gave_up = true;
+                    break;
+                }
             }
         }
         while let Some(joined) = pairs.join_next().await {
@@ -248,7 +267,10 @@ impl<F: PairFactory> ConsumerSet<F> {
         }
         stop.cancel();
         base::join_all(tasks).await;
-        Ok(outcomes)
+        match gave_up && outcomes.iter().all(|o| o.result.is_ok()) {
+            true => Err(crate::outage::availability().gave_up_error()),
+            false => Ok(outcomes),
+        }
     }
 
     /// Whether `outcome` stops every other pair: any failure under `stop_on_failure`, and a
@@ -258,6 +280,8 @@ impl<F: PairFactory> ConsumerSet<F> {
         match &outcome.result {
             Ok(_) => false,
             Err(ConsumerError::LeaseHeld { .. }) if !self.template.wait_for_lease => true,
+            // The process gave up on an unavailable database: every pair has, or will.
+            Err(ConsumerError::GaveUp { .. }) => true,
             Err(_) => self.stop_on_failure,
         }
     }

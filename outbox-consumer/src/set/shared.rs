@@ -199,7 +199,9 @@ impl Shared {
                 Err(e) => {
                     // As a lone consumer does: try more often; each local deadline stops its
                     // member if the database stays unreachable.
-                    tracing::warn!(error = %e, "set heartbeat failed; retrying");
+                    if !crate::outage::noted(crate::outage::is_outage(&e), &e) {
+                        tracing::warn!(error = %e, "set heartbeat failed; retrying");
+                    }
                     tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50))
                 }
             };
@@ -238,6 +240,7 @@ impl Shared {
                 ],
             )
             .await?;
+        crate::outage::availability().reached();
         drop(writing);
         let mut renewed = HashSet::with_capacity(rows.len());
         for row in &rows {
@@ -277,6 +280,7 @@ impl Shared {
                 .query_unnamed(&self.poll_set, &[&self.listed, &self.consumer_ids])
                 .await?
         };
+        crate::outage::availability().reached();
         for row in &rows {
             let project: String = row.try_get("project_id")?;
             let head: i64 = row.try_get("head_sequence")?;

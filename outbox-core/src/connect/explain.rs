@@ -70,7 +70,7 @@ fn describe_roots(settings: &ConnectSettings) -> String {
     }
 }
 
-fn find_rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
+pub(super) fn find_rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
     while let Some(current) = source {
         if let Some(tls) = current.downcast_ref::<rustls::Error>() {

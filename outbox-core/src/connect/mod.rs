@@ -22,10 +22,12 @@
 //! - `error`: [`ConnectError`].
 //! - `explain`: connection failures named by their cause.
 //! - `factory`: [`Connector`], single connections and the deadpool pool.
+//! - `outage`: [`is_outage`], the failures a long-running process waits out.
 
 mod error;
 mod explain;
 mod factory;
+mod outage;
 mod settings;
 mod tls;
 mod verifiers;
@@ -33,4 +35,5 @@ mod verifiers;
 pub use error::ConnectError;
 pub use explain::explain;
 pub use factory::Connector;
+pub use outage::is_outage;
 pub use settings::{ConnectSettings, Pooler, RootCert, SslMode};
