@@ -138,6 +138,9 @@ text_enum!(
         Reconciled => "lifecycle-observation:reconciled" | "reconciled",
         /// The retention sweep pruned events or resolved dead letters.
         Pruned => "lifecycle-observation:pruned" | "pruned",
+        /// A consumer found that the event at its position is not the one it acknowledged
+        /// (a failover lost a tail, or a backup was restored) and reconciled.
+        HistoryDiverged => "lifecycle-observation:history-diverged" | "history-diverged",
     }
 );
 
