@@ -12,6 +12,8 @@ use std::time::Duration;
 use outbox_core::Schema;
 use tokio_postgres::Config;
 
+use crate::TestDb;
+
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
 /// The sockets' port number (each socket lives in its node's own directory).
 pub const PORT: u16 = 54341;
@@ -109,11 +111,27 @@ impl StandbyPair {
         ));
         std::fs::write(&conf, text).expect("write the standby's configuration");
         pg(&pair.standby.dir, "up");
+        // The base backup copied the primary's `synchronous_standby_names`; once promoted, the
+        // standby has no standby of its own to wait for.
+        let standby = crate::connect(&pair.standby_config()).await;
+        standby
+            .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+            .await
+            .expect("reset synchronous_standby_names on the standby");
+        standby
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .expect("reload the standby's configuration");
+        drop(standby);
         let config = pair.primary_config();
         let mut client = crate::connect(&config).await;
         outbox_core::migrate(&mut client, &Schema::default())
             .await
             .expect("migrate the primary");
+        client
+            .batch_execute(crate::TASKS_TABLE)
+            .await
+            .expect("create the tasks table");
         pair.caught_up().await;
         pair
     }
@@ -126,6 +144,42 @@ impl StandbyPair {
     /// The standby's connection configuration.
     pub fn standby_config(&self) -> Config {
         node_config(&self.standby, &self.user)
+    }
+
+    /// The primary as a [`TestDb`] (database `postgres`).
+    pub fn primary_db(&self) -> TestDb {
+        test_db(self.primary_url(), self.primary_config())
+    }
+
+    /// The standby (later the promoted primary) as a [`TestDb`].
+    pub fn standby_db(&self) -> TestDb {
+        test_db(self.standby_url(), self.standby_config())
+    }
+
+    /// Both nodes as one [`TestDb`] whose connections reach whichever accepts writes
+    /// ([`Self::multi_host_url`]).
+    pub fn either_db(&self) -> TestDb {
+        let config = self
+            .multi_host_keywords()
+            .parse()
+            .expect("the multi-host string parses");
+        test_db(self.multi_host_url(), config)
+    }
+
+    fn primary_url(&self) -> String {
+        format!(
+            "postgresql://{}@/postgres?host={}&port={PORT}",
+            self.user,
+            self.primary.run_dir()
+        )
+    }
+
+    fn standby_url(&self) -> String {
+        format!(
+            "postgresql://{}@/postgres?host={}&port={PORT}",
+            self.user,
+            self.standby.run_dir()
+        )
     }
 
     /// The multi-host connection string naming the primary first and the standby second,
@@ -185,9 +239,13 @@ impl StandbyPair {
         self.caught_up().await;
         let standby = crate::connect(&self.standby_config()).await;
         standby
-            .batch_execute("ALTER SYSTEM SET primary_conninfo = ''; SELECT pg_reload_conf();")
+            .batch_execute("ALTER SYSTEM SET primary_conninfo = ''")
             .await
             .expect("clear primary_conninfo");
+        standby
+            .batch_execute("SELECT pg_reload_conf()")
+            .await
+            .expect("reload the standby's configuration");
         for _ in 0..500 {
             let receiving: bool = standby
                 .query_one("SELECT EXISTS (SELECT FROM pg_stat_wal_receiver)", &[])
@@ -247,6 +305,14 @@ impl Drop for StandbyPair {
                 .env("OUTBOX_PG_PORT", PORT.to_string())
                 .status();
         }
+    }
+}
+
+fn test_db(url: String, config: Config) -> TestDb {
+    TestDb {
+        name: "postgres".into(),
+        url,
+        config,
     }
 }
 
