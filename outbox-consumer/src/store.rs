@@ -120,7 +120,7 @@ pub(crate) async fn ack(
             .await?
             .try_get("acked")?;
         if acked != 1 {
-            return Err(rejected(&***client, statements, lease, left_at).await);
+            return rejected(&***client, statements, lease, left_at, sequence).await;
         }
         return Ok(());
     }
@@ -132,32 +132,35 @@ pub(crate) async fn ack(
         client.execute_unnamed(&statements.ack, &params).await?
     };
     if acked != 1 {
-        return Err(rejected(&***client, statements, lease, left_at).await);
+        return rejected(&***client, statements, lease, left_at, sequence).await;
     }
     Ok(())
 }
 
-/// Why a conditional acknowledgement changed nothing: the cursor moved under a lease that is
-/// still ours ([`ConsumerError::CursorMoved`], a divergence of history), or the lease is gone
-/// (marked lost).
+/// Why a conditional acknowledgement from `left_at` through `through` changed nothing. The
+/// cursor already at `through` under a lease that is still ours is this process's own
+/// acknowledgement, sent before and committed although its answer was lost (the connection
+/// died with it): `Ok`. Elsewhere, the cursor moved ([`ConsumerError::CursorMoved`], which
+/// the position check then examines); without the lease, the lease is lost.
 pub(crate) async fn rejected(
     client: &(impl GenericClient + Sync),
     statements: &Statements,
     lease: &Lease,
     left_at: i64,
-) -> ConsumerError {
+    through: i64,
+) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
-    match client
+    let row = client
         .query_opt_unnamed(&statements.cursor_under_lease, &[p, c, o, g])
-        .await
-    {
-        Ok(Some(row)) => match row.try_get::<_, Option<i64>>("last_acked_sequence") {
-            Ok(found) => ConsumerError::CursorMoved { left_at, found },
-            Err(e) => e.into(),
-        },
-        Ok(None) => lease.lose_after_rejection(client).await,
-        Err(e) => e.into(),
+        .await?;
+    let Some(row) = row else {
+        return Err(lease.lose_after_rejection(client).await);
+    };
+    let found: Option<i64> = row.try_get("last_acked_sequence")?;
+    if found == Some(through) {
+        return Ok(());
     }
+    Err(ConsumerError::CursorMoved { left_at, found })
 }
 
 /// What the identity check compares: the database's side of it.
@@ -250,7 +253,16 @@ pub(crate) async fn ack_in(
         .await?
         != 1
     {
-        return Err(rejected(tx, statements, lease, left_at).await);
+        return Err(match rejected(tx, statements, lease, left_at, sequence).await {
+            // Inside this transaction the cursor already at `sequence` is an earlier
+            // transaction's: this one's effects are rolled back, and the check that follows
+            // takes the database's cursor.
+            Ok(()) => ConsumerError::CursorMoved {
+                left_at,
+                found: Some(sequence),
+            },
+            Err(e) => e,
+        });
     }
     if held.is_some_and(|held| held <= sequence) {
         tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &sequence])
@@ -465,7 +477,7 @@ pub(crate) async fn ack_and_retry(
         .await?
         .try_get("acked")?;
     if acked != 1 {
-        return Err(rejected(&***client, statements, lease, left_at).await);
+        return rejected(&***client, statements, lease, left_at, through).await;
     }
     Ok(())
 }

@@ -40,10 +40,18 @@ async fn write_many(db: &TestDb, prefix: &str, count: usize) {
 /// Waits until `consumers` all stand at `at` in `db`.
 async fn all_at(db: &TestDb, consumers: &[&str], at: i64) {
     for consumer in consumers {
-        eventually(FAILOVER_WAIT, &format!("{consumer} at {at}"), || async {
-            cursor(db, "p", consumer).await == Some(at)
-        })
-        .await;
+        let deadline = tokio::time::Instant::now() + FAILOVER_WAIT;
+        loop {
+            let now = cursor(db, "p", consumer).await;
+            if now == Some(at) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {consumer} at {at}: it stands at {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -230,6 +238,12 @@ async fn a_synchronous_failover_under_live_writers_loses_nothing() {
         .unwrap();
     let history = sequenced(&client, "p").await;
     let head = history.last().unwrap().0;
+    let numbers: Vec<i64> = history.iter().map(|(s, _)| *s).collect();
+    assert_eq!(numbers, (1..=head).collect::<Vec<_>>(), "numbered densely");
+    if std::env::var("FAILOVER_DEBUG").is_ok() {
+        eprintln!("lone reconciliations: {:?}", lone.reconciliations());
+        eprintln!("lone delivered: {}", lone.events().len());
+    }
     all_at(&b, &["lone", "set"], head).await;
     let stored: BTreeSet<String> = history.iter().map(|(_, id)| id.clone()).collect();
     let lost: Vec<_> = acknowledged.difference(&stored).collect();
@@ -237,7 +251,13 @@ async fn a_synchronous_failover_under_live_writers_loses_nothing() {
     for (who, recorder) in [("lone", lone.clone()), ("set", recorders.of("p", "set"))] {
         let delivered: BTreeSet<String> =
             recorder.events().into_iter().map(|e| e.event_id).collect();
-        assert_eq!(delivered, stored, "{who} got every event");
+        let missing: Vec<_> = stored.difference(&delivered).collect();
+        let extra: Vec<_> = delivered.difference(&stored).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "{who}: missing {missing:?}, not in the promoted history {extra:?}, reconciled {:?}",
+            recorder.reconciliations()
+        );
         assert!(recorder.reconciliations().is_empty(), "{who} reconciled");
         assert!(divergences(&b, who).await.is_empty());
     }

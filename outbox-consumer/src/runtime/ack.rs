@@ -34,7 +34,7 @@ impl<D, R> Consumer<D, R> {
             GroupedAck::Acknowledged => {}
             GroupedAck::Refused => {
                 let client = self.pool.get().await?;
-                return Err(store::rejected(&**client, statements, lease, left_at).await);
+                store::rejected(&**client, statements, lease, left_at, last).await?;
             }
             GroupedAck::NotGrouped => {
                 let mut client = self.pool.get().await?;

@@ -39,9 +39,10 @@ impl Divergence {
 }
 
 /// The check itself, a pure function of the process's position (`position`, standing on the
-/// event `identity` when known) and what the database has. A cursor the database moved
-/// ahead of the position under this process's lease means the same as a different identity:
-/// the database's history is not the one this process delivered from.
+/// event `identity` when known) and what the database has. A database cursor ahead of the
+/// position, in a history that agrees at the position, is no divergence: only the lease
+/// holder moves the cursor, so it is this process's own acknowledgement whose answer was
+/// lost; the caller takes the database's cursor.
 pub(crate) fn check(
     position: i64,
     identity: Option<&str>,
@@ -56,14 +57,11 @@ pub(crate) fn check(
     if cursor < position {
         return Some(Divergence::CursorBehind);
     }
-    if cursor > position {
-        return Some(Divergence::IdentityDiffers);
-    }
-    let Some(identity) = identity else {
-        return None;
-    };
+    let identity = identity?;
     let differs = |other: &Option<String>| other.as_deref().is_some_and(|o| o != identity);
-    if differs(&database.event_at_position) || differs(&database.cursor_identity) {
+    if differs(&database.event_at_position)
+        || (cursor == position && differs(&database.cursor_identity))
+    {
         return Some(Divergence::IdentityDiffers);
     }
     None
@@ -98,6 +96,21 @@ impl<D, R: Reconciler> Consumer<D, R> {
             .await?;
             return Ok(Some(ReconcileReason::HistoryDiverged));
         }
+        let cursor = match database.cursor {
+            Some(ahead) if ahead > cursor => {
+                tracing::info!(
+                    position = cursor,
+                    cursor = ahead,
+                    "the database's cursor is ahead: an acknowledgement whose answer was lost \
+                     took effect; continuing from it"
+                );
+                progress.position.forget_after_cursor();
+                progress.prefetched = None;
+                progress.moved_to(ahead, database.cursor_identity.clone());
+                ahead
+            }
+            _ => cursor,
+        };
         if cursor < database.floor {
             return Ok(Some(ReconcileReason::BelowRetentionFloor));
         }
@@ -192,6 +205,12 @@ mod tests {
     }
 
     #[test]
+    fn a_cursor_ahead_in_the_same_history_is_an_acknowledgement_whose_answer_was_lost() {
+        let db = database(Some(120), "e120", 150, "e100");
+        assert_eq!(check(100, Some("e100"), &db), None);
+    }
+
+    #[test]
     fn another_identity_at_the_position_is_a_divergence() {
         let db = database(Some(100), "e100", 150, "other");
         assert_eq!(
@@ -203,8 +222,8 @@ mod tests {
             check(100, Some("e100"), &db),
             Some(Divergence::IdentityDiffers)
         );
-        // The cursor moved ahead under this process's lease.
-        let db = database(Some(120), "e120", 150, "e100");
+        // The cursor ahead, in a history that differs at the position.
+        let db = database(Some(120), "e120", 150, "other");
         assert_eq!(
             check(100, Some("e100"), &db),
             Some(Divergence::IdentityDiffers)
