@@ -255,7 +255,7 @@ mod tests {
             Ok(AuditKind::Pruned)
         );
         assert!("retired".parse::<AuditKind>().is_err());
-        assert_eq!(AuditKind::ALL.len(), 8);
+        assert_eq!(AuditKind::ALL.len(), 9);
         assert_eq!(AuditKind::ConsumerRetired.short_name(), "consumer-retired");
         for state in DeliveryState::ALL {
             assert_eq!(state.as_str().parse::<DeliveryState>(), Ok(*state));
