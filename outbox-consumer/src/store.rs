@@ -253,16 +253,18 @@ pub(crate) async fn ack_in(
         .await?
         != 1
     {
-        return Err(match rejected(tx, statements, lease, left_at, sequence).await {
-            // Inside this transaction the cursor already at `sequence` is an earlier
-            // transaction's: this one's effects are rolled back, and the check that follows
-            // takes the database's cursor.
-            Ok(()) => ConsumerError::CursorMoved {
-                left_at,
-                found: Some(sequence),
+        return Err(
+            match rejected(tx, statements, lease, left_at, sequence).await {
+                // Inside this transaction the cursor already at `sequence` is an earlier
+                // transaction's: this one's effects are rolled back, and the check that follows
+                // takes the database's cursor.
+                Ok(()) => ConsumerError::CursorMoved {
+                    left_at,
+                    found: Some(sequence),
+                },
+                Err(e) => e,
             },
-            Err(e) => e,
-        });
+        );
     }
     if held.is_some_and(|held| held <= sequence) {
         tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &sequence])

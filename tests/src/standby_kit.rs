@@ -265,7 +265,15 @@ impl StandbyPair {
     pub fn stop_primary_immediately(&self) {
         let pg_ctl = pg_bin("pg_ctl");
         let data = self.primary.data_dir();
-        run_as_owner(&[pg_ctl.as_str(), "-D", &data, "-m", "immediate", "-w", "stop"]);
+        run_as_owner(&[
+            pg_ctl.as_str(),
+            "-D",
+            &data,
+            "-m",
+            "immediate",
+            "-w",
+            "stop",
+        ]);
     }
 
     /// Promotes the standby and waits until it accepts writes.
@@ -291,7 +299,10 @@ impl StandbyPair {
     /// Runs `sql` on the primary.
     async fn sql_on_primary(&self, sql: &str) {
         let client = crate::connect(&self.primary_config()).await;
-        client.batch_execute(sql).await.expect("statement on the primary");
+        client
+            .batch_execute(sql)
+            .await
+            .expect("statement on the primary");
     }
 }
 

@@ -15,6 +15,8 @@ use outbox_tests::cluster_kit::try_write;
 use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_delivery, fast_duties, start, write_event,
 };
+use outbox_tests::nats_kit::{NatsServer, read_stream, spawn_relay};
+use outbox_tests::serve_kit::{ServeProcess, SseClient, get};
 use outbox_tests::set_kit::{Recorders, SetConfig, listed, start_set};
 use outbox_tests::standby_kit::{Replication, StandbyPair};
 use outbox_tests::{TestDb, sequenced};
@@ -86,7 +88,9 @@ fn delivered_or_reconciled(
     let healed = reconciliations
         .iter()
         .find(|live| live.reason == ReconcileReason::HistoryDiverged)
-        .unwrap_or_else(|| panic!("{who}: no history_diverged reconciliation in {reconciliations:?}"));
+        .unwrap_or_else(|| {
+            panic!("{who}: no history_diverged reconciliation in {reconciliations:?}")
+        });
     let head = healed.head_sequence;
     let delivered: BTreeMap<i64, String> = recorder
         .events()
@@ -124,7 +128,15 @@ async fn an_asynchronous_failover_with_a_lost_tail_is_detected_and_healed() {
         delivery: fast_delivery(),
         duties: fast_duties(),
     };
-    let (stop_set, run_set) = start_set(&either, set_config, listed(&["p"]), &["set"], 4, true, &recorders);
+    let (stop_set, run_set) = start_set(
+        &either,
+        set_config,
+        listed(&["p"]),
+        &["set"],
+        4,
+        true,
+        &recorders,
+    );
     let consumers = ["living", "later", "set"];
 
     write_many(&a, "both", 100).await;
@@ -137,7 +149,11 @@ async fn an_asynchronous_failover_with_a_lost_tail_is_detected_and_healed() {
 
     pair.stop_primary_immediately();
     pair.promote_standby().await;
-    assert_eq!(cursor(&b, "p", "living").await, Some(100), "the tail is lost");
+    assert_eq!(
+        cursor(&b, "p", "living").await,
+        Some(100),
+        "the tail is lost"
+    );
     write_many(&b, "new", 50).await;
     let later_after = Recorder::default();
     let (stop_later, run_later) = start(&either, config("later"), &later_after);
@@ -154,7 +170,10 @@ async fn an_asynchronous_failover_with_a_lost_tail_is_detected_and_healed() {
     for (consumer, head) in [("living", living_head), ("set", set_head)] {
         let rows = divergences(&b, consumer).await;
         assert_eq!(rows.len(), 1, "{consumer}: {rows:?}");
-        assert_eq!(rows[0].0, 200, "{consumer}: the process's position is audited");
+        assert_eq!(
+            rows[0].0, 200,
+            "{consumer}: the process's position is audited"
+        );
         assert!(rows[0].1.contains("database cursor 100"), "{rows:?}");
         assert!(head >= 100, "{consumer} reconciled at {head}");
     }
@@ -192,7 +211,15 @@ async fn a_synchronous_failover_under_live_writers_loses_nothing() {
         delivery: fast_delivery(),
         duties: fast_duties(),
     };
-    let (stop_set, run_set) = start_set(&either, set_config, listed(&["p"]), &["set"], 4, true, &recorders);
+    let (stop_set, run_set) = start_set(
+        &either,
+        set_config,
+        listed(&["p"]),
+        &["set"],
+        4,
+        true,
+        &recorders,
+    );
 
     let stop_writers = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -247,7 +274,10 @@ async fn a_synchronous_failover_under_live_writers_loses_nothing() {
     all_at(&b, &["lone", "set"], head).await;
     let stored: BTreeSet<String> = history.iter().map(|(_, id)| id.clone()).collect();
     let lost: Vec<_> = acknowledged.difference(&stored).collect();
-    assert!(lost.is_empty(), "acknowledged to a writer, then lost: {lost:?}");
+    assert!(
+        lost.is_empty(),
+        "acknowledged to a writer, then lost: {lost:?}"
+    );
     for (who, recorder) in [("lone", lone.clone()), ("set", recorders.of("p", "set"))] {
         let delivered: BTreeSet<String> =
             recorder.events().into_iter().map(|e| e.event_id).collect();
@@ -265,4 +295,184 @@ async fn a_synchronous_failover_under_live_writers_loses_nothing() {
     stop_set.cancel();
     run_lone.await.unwrap().unwrap();
     run_set.await.unwrap().unwrap();
+}
+
+/// Options of `outbox serve` and `outbox relay nats` tuned for tests.
+const FAST: &[&str] = &[
+    "--project",
+    "p",
+    "--lease-ttl",
+    "2s",
+    "--heartbeat-interval",
+    "300ms",
+    "--poll-interval",
+    "100ms",
+    "--shutdown-grace",
+    "1s",
+    "--start-from",
+    "earliest",
+    "--no-prune",
+];
+
+/// Waits until `/readyz` answers 200 (the served consumer holds its lease).
+async fn ready(server: &ServeProcess) {
+    let addr = server.addr;
+    eventually(FAILOVER_WAIT, "/readyz answers 200", || async move {
+        matches!(get(addr, "/readyz", &[]).await, Ok((200, _, _)))
+    })
+    .await;
+}
+
+/// The task events of an SSE stream, as (sequence, event ID).
+fn sse_events(client: &SseClient) -> Vec<(i64, String)> {
+    client
+        .events()
+        .iter()
+        .filter(|m| m.event.as_deref() == Some("task:deleted"))
+        .map(|m| {
+            let data = m.json();
+            (
+                data["sequence"].as_i64().unwrap(),
+                data["event_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The last `event: reconcile` of an SSE stream (reason, head) and the task events after it.
+fn after_last_reconcile(client: &SseClient) -> Option<(String, i64, Vec<(i64, String)>)> {
+    let messages = client.events();
+    let at = messages
+        .iter()
+        .rposition(|m| m.event.as_deref() == Some("reconcile"))?;
+    let data = messages[at].json();
+    let events = messages[at + 1..]
+        .iter()
+        .filter(|m| m.event.as_deref() == Some("task:deleted"))
+        .map(|m| {
+            let data = m.json();
+            (
+                data["sequence"].as_i64().unwrap(),
+                data["event_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    Some((
+        data["reason"].as_str().unwrap().to_owned(),
+        data["head_sequence"].as_i64().unwrap(),
+        events,
+    ))
+}
+
+/// `seen` (what arrived after a reconciliation at `head`) is the events of `history` after
+/// `head`, in order.
+fn covered_after(seen: &[(i64, String)], history: &[(i64, String)], head: i64, who: &str) {
+    let want: Vec<(i64, String)> = history.iter().filter(|(s, _)| *s > head).cloned().collect();
+    assert!(
+        seen == want,
+        "{who}: after the reconciliation at {head}, {} events arrived (first {:?}); the new \
+         history has {} (first {:?})",
+        seen.len(),
+        seen.first(),
+        want.len(),
+        want.first()
+    );
+}
+
+/// The same failover with `outbox serve` and `outbox relay nats` on the multi-host string:
+/// an SSE client that stays connected and one that resumes with its last ID both get
+/// `event: reconcile` and then every event of the new history after it; the relay publishes
+/// its reconcile message (reason `history_diverged`) and then the new history's events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_and_the_relay_reconcile_after_an_asynchronous_failover() {
+    let pair = StandbyPair::start("failover-live", Replication::Asynchronous).await;
+    let (a, b) = (pair.primary_db(), pair.standby_db());
+    let url = pair.multi_host_url();
+    let nats = NatsServer::start().await;
+
+    let mut serve_args = FAST.to_vec();
+    serve_args.extend_from_slice(&["--consumer-id", "feed", "--keep-alive", "1s"]);
+    let server = ServeProcess::start(&url, &serve_args).await;
+    let path = "/v1/projects/p/events";
+    ready(&server).await;
+    let staying = SseClient::open(server.addr, path, &[]).await;
+    let resuming = SseClient::open(server.addr, path, &[]).await;
+    let nats_url = nats.url();
+    let mut relay_args = FAST.to_vec();
+    relay_args.extend_from_slice(&[
+        "--consumer-id",
+        "relay",
+        "--nats-url",
+        &nats_url,
+        "--stream",
+        "FAILOVER",
+        "--retry-delays",
+        "100ms,200ms,400ms",
+        "--max-attempts",
+        "1000",
+        "--publish-timeout",
+        "1s",
+    ]);
+    let _relay = spawn_relay(&url, &relay_args);
+
+    write_many(&a, "both", 100).await;
+    all_at(&a, &["feed", "relay"], 100).await;
+    pair.stop_wal_receipt().await;
+    write_many(&a, "lost", 100).await;
+    all_at(&a, &["feed", "relay"], 200).await;
+    eventually(FAILOVER_WAIT, "the resuming client at 200", || async {
+        sse_events(&resuming).last().map(|(s, _)| *s) == Some(200)
+    })
+    .await;
+    let last_id = resuming.events().last().unwrap().id.clone().unwrap();
+    drop(resuming);
+
+    pair.stop_primary_immediately();
+    pair.promote_standby().await;
+    write_many(&b, "new", 50).await;
+    ready(&server).await;
+    let resumed = SseClient::open(server.addr, path, &[("last-event-id", &last_id)]).await;
+    write_many(&b, "more", 60).await;
+    all_at(&b, &["feed", "relay"], 210).await;
+    let history = sequenced(&b.connect().await, "p").await;
+    assert_eq!(history.len(), 210);
+
+    for (who, client) in [("staying", &staying), ("resumed", &resumed)] {
+        eventually(FAILOVER_WAIT, &format!("{who} at 210"), || async {
+            sse_events(client).last().map(|(s, _)| *s) == Some(210)
+        })
+        .await;
+        let (reason, head, events) =
+            after_last_reconcile(client).unwrap_or_else(|| panic!("{who}: no event: reconcile"));
+        assert!(
+            ["history_diverged", "above_head"].contains(&reason.as_str()),
+            "{who}: {reason}"
+        );
+        covered_after(&events, &history, head, who);
+    }
+    assert_eq!(divergences(&b, "feed").await.len(), 1);
+    assert_eq!(divergences(&b, "relay").await.len(), 1);
+
+    let js = nats.jetstream().await;
+    eventually(FAILOVER_WAIT, "the relay's messages", || async {
+        read_stream(&js, "FAILOVER")
+            .await
+            .last()
+            .is_some_and(|m| m.body["event_id"] == history[209].1.as_str())
+    })
+    .await;
+    let messages = read_stream(&js, "FAILOVER").await;
+    let reconcile = messages
+        .iter()
+        .find(|m| m.subject == "lifecycle.p.reconcile")
+        .expect("the relay published its reconcile message");
+    assert_eq!(reconcile.body["reason"], "history_diverged");
+    let head = reconcile.body["head_sequence"].as_i64().unwrap();
+    let after: Vec<(i64, String)> = messages
+        .iter()
+        .skip_while(|m| m.subject != "lifecycle.p.reconcile")
+        .filter(|m| m.subject == "lifecycle.p.task_deleted")
+        .map(|m| (m.outbox_sequence, m.msg_id.clone()))
+        .collect();
+    covered_after(&after, &history, head, "relay");
 }

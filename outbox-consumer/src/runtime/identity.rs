@@ -201,7 +201,10 @@ mod tests {
         assert_eq!(check(100, Some("e100"), &db), None);
         // Nothing known to compare with (a reconciliation to an empty head, or pruned).
         assert_eq!(check(100, None, &database(Some(100), "", 150, "")), None);
-        assert_eq!(check(100, Some("e100"), &database(Some(100), "", 100, "")), None);
+        assert_eq!(
+            check(100, Some("e100"), &database(Some(100), "", 100, "")),
+            None
+        );
     }
 
     #[test]

@@ -139,7 +139,14 @@ async fn send(
         &client,
         cached,
         statement,
-        &[&projects, &consumers, &generations, &through, &owner, &left_at],
+        &[
+            &projects,
+            &consumers,
+            &generations,
+            &through,
+            &owner,
+            &left_at,
+        ],
     )
     .await?;
     rows.iter()
