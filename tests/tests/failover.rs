@@ -339,8 +339,11 @@ fn sse_events(client: &SseClient) -> Vec<(i64, String)> {
         .collect()
 }
 
+/// Events as (sequence, event ID).
+type Seen = Vec<(i64, String)>;
+
 /// The last `event: reconcile` of an SSE stream (reason, head) and the task events after it.
-fn after_last_reconcile(client: &SseClient) -> Option<(String, i64, Vec<(i64, String)>)> {
+fn after_last_reconcile(client: &SseClient) -> Option<(String, i64, Seen)> {
     let messages = client.events();
     let at = messages
         .iter()
