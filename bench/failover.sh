@@ -62,13 +62,13 @@ user=${user%%@*}
 node_url() { echo "postgresql://$user@/postgres?host=$1/run&port=$pg_port"; }
 multi="postgresql://$user@/postgres?host=$base-a/run,$base-b/run&port=$pg_port,$pg_port&target_session_attrs=read-write"
 
-# new_pair: a fresh primary (synchronous_standby_names = '*') and a standby made from it.
+# new_pair: a fresh primary and a standby made from it, then synchronous_standby_names = '*'
+# on the primary (the standby, promoted, has none).
 new_pair() {
     standby down >/dev/null 2>&1 || true
     rm -rf "$base-b"
     DATABASE_URL=$(pg reset)
     export DATABASE_URL
-    sql -c "ALTER SYSTEM SET synchronous_standby_names = '*'" -c "SELECT pg_reload_conf()" >/dev/null
     "$outbox" migrate >/dev/null
     sql -c "CREATE TABLE tasks (id text PRIMARY KEY, project_id text NOT NULL, deleted_at timestamptz)"
     mkdir -p "$base-b/run"
@@ -77,8 +77,8 @@ new_pair() {
         -h "$base-a/run" -p "$pg_port" -U "$user"
     echo "unix_socket_directories = '$base-b/run'" >>"$base-b/data/postgresql.conf"
     standby up >/dev/null
-    psql "$(node_url "$base-b")" -X -q -c "ALTER SYSTEM RESET synchronous_standby_names" \
-        -c "SELECT pg_reload_conf()" >/dev/null
+    # Synchronous from now on (before, a commit would wait for a standby that is not there).
+    sql -c "ALTER SYSTEM SET synchronous_standby_names = '*'" -c "SELECT pg_reload_conf()" >/dev/null
 }
 
 # writer N: commits events through the multi-host URL until killed, retrying across the
@@ -93,7 +93,7 @@ writer() {
     done
 }
 
-delivered() { grep -c '"type":"event"' "$work/consume.out" 2>/dev/null || echo 0; }
+delivered() { grep -c '"type":"event"' "$work/consume.out" 2>/dev/null || true; }
 
 latencies=()
 duplicates=()
