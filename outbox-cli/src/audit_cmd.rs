@@ -20,7 +20,7 @@ pub struct AuditArgs {
     /// Only these kinds (repeat or separate with commas), with or without the
     /// `lifecycle-observation:` prefix: consumer-poisoned, consumer-replayed,
     /// dead-letter-replay-requested, dead-letter-resolved, consumer-retired,
-    /// consumer-reactivated, reconciled, pruned.
+    /// consumer-reactivated, reconciled, pruned, history-diverged.
     #[arg(long, value_delimiter = ',')]
     pub kind: Vec<AuditKind>,
     /// Only rows about this event.

@@ -90,6 +90,20 @@ pub enum ConsumerError {
         /// The error the outage began with.
         error: String,
     },
+    /// A conditional acknowledgement found the database's cursor elsewhere than this process
+    /// left it, under a lease that is still ours: the database's history is not the one this
+    /// process delivered from (a failover lost a tail, a backup was restored). The run checks
+    /// its position again, which finds the divergence and reconciles.
+    #[error(
+        "the cursor is at {} in the database, not at {left_at} where this process left it",
+        crate::base::ShownCursor(*found)
+    )]
+    CursorMoved {
+        /// Where this process left the cursor.
+        left_at: i64,
+        /// Where the database has it.
+        found: Option<i64>,
+    },
     /// The consumer was retired by an operator.
     #[error(
         "consumer {consumer} of project {project} is retired (by {by}: {reason}); start it with \

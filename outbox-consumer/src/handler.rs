@@ -96,6 +96,10 @@ pub enum ReconcileReason {
     AboveHead,
     /// A gap appeared in the retained history after the cursor.
     GapInHistory,
+    /// The database's history is not the one the consumer's position came from: the event at
+    /// the position has another identity, or the database's cursor is behind the position or
+    /// beyond the head (after a failover that lost a tail, or a restore from backup).
+    HistoryDiverged,
 }
 
 impl ReconcileReason {
@@ -106,6 +110,7 @@ impl ReconcileReason {
             ReconcileReason::BelowRetentionFloor => "below_retention_floor",
             ReconcileReason::AboveHead => "above_head",
             ReconcileReason::GapInHistory => "gap_in_history",
+            ReconcileReason::HistoryDiverged => "history_diverged",
         }
     }
 }

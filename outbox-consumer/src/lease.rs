@@ -246,6 +246,8 @@ pub(crate) struct Claimed {
     pub lease: Lease,
     /// The stored cursor; `None` when missing.
     pub cursor: Option<i64>,
+    /// The identity the stored cursor records (the event ID it stands on).
+    pub identity: Option<String>,
     /// Whether this claim created the consumer row (a brand-new consumer).
     pub created: bool,
 }
@@ -359,6 +361,7 @@ fn claimed(
 ) -> Result<Claimed, ConsumerError> {
     let generation: i64 = row.try_get("lease_generation")?;
     let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
+    let identity: Option<String> = row.try_get("last_acked_event_id")?;
     let created: bool = row.try_get("created")?;
     tracing::info!(
         project = %config.project_id, consumer = %config.consumer_id, generation,
@@ -379,6 +382,7 @@ fn claimed(
             config.duties.schema.render(sql::CONSUMER_ROW),
         ),
         cursor,
+        identity,
         created,
     })
 }

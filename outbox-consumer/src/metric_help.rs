@@ -20,6 +20,11 @@ pub fn describe_metrics() {
         "outbox_dead_letters_parked_total",
         "Events parked as dead letters after their last attempt."
     );
+    describe_counter!(
+        "outbox_history_divergences_total",
+        "Times a consumer found its position missing from the database's history (a failover \
+         lost a tail, a backup was restored) and reconciled."
+    );
     describe_gauge!(
         "outbox_dead_letters",
         "Unresolved dead letters of a consumer (sampled by the lease holder)."

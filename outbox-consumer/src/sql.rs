@@ -17,7 +17,8 @@ SET lease_owner = EXCLUDED.lease_owner,
     heartbeat_at = EXCLUDED.heartbeat_at
 WHERE c.state = 'active'
   AND (c.lease_owner IS NULL OR c.lease_expires_at <= now())
-RETURNING c.lease_generation, c.last_acked_sequence, (c.xmax = 0) AS created";
+RETURNING c.lease_generation, c.last_acked_sequence, c.last_acked_event_id,
+          (c.xmax = 0) AS created";
 
 /// Takes a lease over from a holder known to be gone before it expired. `$5`, `$6`: the
 /// holder and generation just read; if either moved since, nothing changes (the claim looks
@@ -28,7 +29,7 @@ SET lease_owner = $3, lease_generation = lease_generation + 1,
     lease_expires_at = now() + make_interval(secs => $4), heartbeat_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
   AND lease_owner = $5 AND lease_generation = $6
-RETURNING lease_generation, last_acked_sequence, false AS created";
+RETURNING lease_generation, last_acked_sequence, last_acked_event_id, false AS created";
 
 /// Why a claim found nothing: who holds the row, until when, and whether it is retired.
 pub const CONSUMER_ROW: &str = "
@@ -44,7 +45,7 @@ WHERE project_id = $1 AND consumer_id = $2";
 /// rather than overlap with a holder that has not noticed yet.
 pub const REACTIVATE: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
-SET state = 'active', last_acked_sequence = NULL, retired_at = NULL, retired_by = NULL,
+SET state = 'active', last_acked_sequence = NULL, last_acked_event_id = NULL, retired_at = NULL, retired_by = NULL,
     retired_reason = NULL, lease_generation = lease_generation + 1
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retired'";
 
@@ -72,12 +73,17 @@ WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_genera
   AND state = 'active'
 FOR NO KEY UPDATE";
 
-/// Advances the cursor. `$5`: the new last acknowledged sequence.
+/// Advances the cursor. `$5`: the new last acknowledged sequence; `$6`: the cursor this
+/// process left (the acknowledgement changes nothing unless the database's cursor is still
+/// there: after a failover that lost a tail it is not). The cursor records the identity of
+/// the event it now stands on.
 pub const ACK: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
-SET last_acked_sequence = $5, last_acked_at = now()
+SET last_acked_sequence = $5, last_acked_at = now(),
+    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+                           WHERE o.project_id = $1 AND o.sequence = $5)
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-  AND state = 'active'";
+  AND state = 'active' AND last_acked_sequence = $6";
 
 /// Whether project `$1` has committed events still waiting for a number, read from the
 /// sequencer's work list (a small partial index).
@@ -98,14 +104,18 @@ SELECT EXISTS (SELECT FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox
 /// an earliest start). `$5`: the new cursor.
 pub const MOVE_CURSOR: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
-SET last_acked_sequence = $5
+SET last_acked_sequence = $5,
+    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+                           WHERE o.project_id = $1 AND o.sequence = $5)
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
 
 /// Records a reconciliation's cursor. `$5`: the snapshot's head.
 pub const RECORD_RECONCILED: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors
-SET last_acked_sequence = $5, reconciled_at = now()
+SET last_acked_sequence = $5, reconciled_at = now(),
+    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+                           WHERE o.project_id = $1 AND o.sequence = $5)
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
 
@@ -170,9 +180,11 @@ WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <
 pub const ACK_CLEARING: &str = "
 WITH acked AS (
     UPDATE {{schema}}.lifecycle_consumer_cursors
-    SET last_acked_sequence = $5, last_acked_at = now()
+    SET last_acked_sequence = $5, last_acked_at = now(),
+        last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+                               WHERE o.project_id = $1 AND o.sequence = $5)
     WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-      AND state = 'active'
+      AND state = 'active' AND last_acked_sequence = $6
     RETURNING 1
 ),
 cleared AS (
@@ -192,9 +204,11 @@ WITH acked AS (
     UPDATE {{schema}}.lifecycle_consumer_cursors
     SET last_acked_sequence = $5,
         last_acked_at = CASE WHEN $5 IS DISTINCT FROM last_acked_sequence THEN now()
-                             ELSE last_acked_at END
+                             ELSE last_acked_at END,
+        last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+                               WHERE o.project_id = $1 AND o.sequence = $5)
     WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-      AND state = 'active'
+      AND state = 'active' AND last_acked_sequence = $11
     RETURNING 1
 ),
 cleared AS (
@@ -270,11 +284,14 @@ RETURNING c.project_id, c.consumer_id";
 /// process acknowledges for a lease this set holds.
 pub const ACK_SET: &str = "
 UPDATE {{schema}}.lifecycle_consumer_cursors AS c
-SET last_acked_sequence = a.through, last_acked_at = now()
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-     AS a(project_id, consumer_id, generation, through)
+SET last_acked_sequence = a.through, last_acked_at = now(),
+    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+                           WHERE o.project_id = a.project_id AND o.sequence = a.through)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $6::bigint[])
+     AS a(project_id, consumer_id, generation, through, left_at)
 WHERE c.project_id = a.project_id AND c.consumer_id = a.consumer_id
   AND c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
+  AND c.last_acked_sequence = a.left_at
 RETURNING c.project_id, c.consumer_id";
 
 /// A consumer set's fallback poll, one statement for all its consumers: the head of every
@@ -326,6 +343,31 @@ SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
        (SELECT GREATEST(extract(epoch FROM now() - occurred_at), 0)::float8
         FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL
         ORDER BY id LIMIT 1) AS oldest_unsequenced";
+
+/// What the identity check compares, in one snapshot: the consumer's cursor and the identity
+/// it records, the project's head and floor, and the identity of the event at `$3` (the
+/// process's position; NULL when no retained event has that number).
+pub const POSITION_CHECK: &str = "
+SELECT c.last_acked_sequence, c.last_acked_event_id,
+       COALESCE(h.head_sequence, 0) AS head_sequence,
+       COALESCE(h.pruned_through, 0) AS pruned_through,
+       (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+        WHERE o.project_id = $1 AND o.sequence = $3) AS event_at_position
+FROM {{schema}}.lifecycle_consumer_cursors AS c
+LEFT JOIN {{schema}}.lifecycle_project_heads AS h ON h.project_id = c.project_id
+WHERE c.project_id = $1 AND c.consumer_id = $2";
+
+/// The identity of event `$2` of project `$1` (none when no retained event has that number).
+pub const EVENT_AT: &str = "
+SELECT event_id FROM {{schema}}.lifecycle_outbox WHERE project_id = $1 AND sequence = $2";
+
+/// The consumer's cursor when this lease is still ours: after a rejected conditional
+/// acknowledgement, whether the lease was lost or the cursor moved under it.
+pub const CURSOR_UNDER_LEASE: &str = "
+SELECT last_acked_sequence
+FROM {{schema}}.lifecycle_consumer_cursors
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'";
 
 /// A consumer's acknowledged cursor (NULL while missing), read without taking its lease.
 pub const CURSOR: &str = "

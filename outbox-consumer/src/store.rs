@@ -35,6 +35,9 @@ pub(crate) struct Statements {
     pub mark_replay_failed: String,
     pub ack_clearing: String,
     pub ack_and_retry: String,
+    pub position_check: String,
+    pub event_at: String,
+    pub cursor_under_lease: String,
     pub audit: AuditLog,
     /// Whether the hot-path statements (batch read, acknowledgement) may be prepared once per
     /// connection and cached: only on direct connections, never behind a transaction pooler.
@@ -62,6 +65,9 @@ impl Statements {
             mark_replay_failed: schema.render(sql::MARK_REPLAY_FAILED),
             ack_clearing: schema.render(sql::ACK_CLEARING),
             ack_and_retry: schema.render(sql::ACK_AND_RETRY),
+            position_check: schema.render(sql::POSITION_CHECK),
+            event_at: schema.render(sql::EVENT_AT),
+            cursor_under_lease: schema.render(sql::CURSOR_UNDER_LEASE),
             audit: AuditLog::new(schema),
             cached: pooler == Pooler::None,
         }
@@ -87,12 +93,14 @@ pub(crate) async fn lock_fence(
 }
 
 /// Acknowledges through `sequence` in one fenced statement, which also clears saved retry
-/// state when the held event (`held`) is among them.
+/// state when the held event (`held`) is among them. Conditional on the database's cursor
+/// still standing at `left_at`, where this process left it.
 pub(crate) async fn ack(
     client: &mut deadpool_postgres::Client,
     statements: &Statements,
     lease: &Lease,
     held: Option<i64>,
+    left_at: i64,
     sequence: i64,
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
@@ -106,16 +114,17 @@ pub(crate) async fn ack(
                     (o, Type::TEXT),
                     (g, Type::INT8),
                     (&sequence, Type::INT8),
+                    (&left_at, Type::INT8),
                 ],
             )
             .await?
             .try_get("acked")?;
         if acked != 1 {
-            return Err(lease.lose_after_rejection(&***client).await);
+            return rejected(&***client, statements, lease, left_at, sequence).await;
         }
         return Ok(());
     }
-    let params: [&(dyn ToSql + Sync); 5] = [p, c, o, g, &sequence];
+    let params: [&(dyn ToSql + Sync); 6] = [p, c, o, g, &sequence, &left_at];
     let acked = if statements.cached {
         let statement = client.prepare_cached(&statements.ack).await?;
         client.execute(&statement, &params).await?
@@ -123,9 +132,92 @@ pub(crate) async fn ack(
         client.execute_unnamed(&statements.ack, &params).await?
     };
     if acked != 1 {
-        return Err(lease.lose_after_rejection(&***client).await);
+        return rejected(&***client, statements, lease, left_at, sequence).await;
     }
     Ok(())
+}
+
+/// Why a conditional acknowledgement from `left_at` through `through` changed nothing. The
+/// cursor already at `through` under a lease that is still ours is this process's own
+/// acknowledgement, sent before and committed although its answer was lost (the connection
+/// died with it): `Ok`. Elsewhere, the cursor moved ([`ConsumerError::CursorMoved`], which
+/// the position check then examines); without the lease, the lease is lost.
+pub(crate) async fn rejected(
+    client: &(impl GenericClient + Sync),
+    statements: &Statements,
+    lease: &Lease,
+    left_at: i64,
+    through: i64,
+) -> Result<(), ConsumerError> {
+    let [p, c, o, g] = lease.fence.params();
+    let row = client
+        .query_opt_unnamed(&statements.cursor_under_lease, &[p, c, o, g])
+        .await?;
+    let Some(row) = row else {
+        return Err(lease.lose_after_rejection(client).await);
+    };
+    let found: Option<i64> = row.try_get("last_acked_sequence")?;
+    if found == Some(through) {
+        return Ok(());
+    }
+    Err(ConsumerError::CursorMoved { left_at, found })
+}
+
+/// What the identity check compares: the database's side of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DatabasePosition {
+    /// The consumer row's cursor (`None`: missing).
+    pub cursor: Option<i64>,
+    /// The identity the cursor records.
+    pub cursor_identity: Option<String>,
+    /// The project's head.
+    pub head: i64,
+    /// The project's retention floor.
+    pub floor: i64,
+    /// The identity of the retained event at the process's position, if there is one.
+    pub event_at_position: Option<String>,
+}
+
+/// Reads the database's side of the identity check for a process standing at `position`.
+pub(crate) async fn position_check(
+    client: &(impl GenericClient + Sync),
+    statements: &Statements,
+    lease: &Lease,
+    position: i64,
+) -> Result<DatabasePosition, ConsumerError> {
+    let row = client
+        .query_opt_unnamed(
+            &statements.position_check,
+            &[&lease.fence.project, &lease.fence.consumer, &position],
+        )
+        .await?;
+    let Some(row) = row else {
+        // The consumer row is gone: the lease with it.
+        return Err(lease.lose_after_rejection(client).await);
+    };
+    Ok(DatabasePosition {
+        cursor: row.try_get("last_acked_sequence")?,
+        cursor_identity: row.try_get("last_acked_event_id")?,
+        head: row.try_get("head_sequence")?,
+        floor: row.try_get("pruned_through")?,
+        event_at_position: row.try_get("event_at_position")?,
+    })
+}
+
+/// The identity of event `sequence` of `project`, if a retained event has that number.
+pub(crate) async fn event_at(
+    client: &(impl GenericClient + Sync),
+    statements: &Statements,
+    project: &str,
+    sequence: i64,
+) -> Result<Option<String>, ConsumerError> {
+    let row = client
+        .query_opt_unnamed(&statements.event_at, &[&project, &sequence])
+        .await?;
+    Ok(match row {
+        Some(row) => Some(row.try_get("event_id")?),
+        None => None,
+    })
 }
 
 /// Runs one of the hot path's queries (batch reads, grouped acknowledgements): prepared once
@@ -145,7 +237,8 @@ pub(crate) async fn query_hot(
     }
 }
 
-/// Acknowledges through `sequence` inside a fenced transaction.
+/// Acknowledges event `sequence` inside a fenced transaction, conditional on the cursor
+/// standing right before it (events are dispatched contiguously after the cursor).
 pub(crate) async fn ack_in(
     tx: &Transaction<'_>,
     statements: &Statements,
@@ -154,12 +247,24 @@ pub(crate) async fn ack_in(
     sequence: i64,
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
+    let left_at = sequence - 1;
     if tx
-        .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence])
+        .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence, &left_at])
         .await?
         != 1
     {
-        return Err(lease.lose_after_rejection(tx).await);
+        return Err(
+            match rejected(tx, statements, lease, left_at, sequence).await {
+                // Inside this transaction the cursor already at `sequence` is an earlier
+                // transaction's: this one's effects are rolled back, and the check that follows
+                // takes the database's cursor.
+                Ok(()) => ConsumerError::CursorMoved {
+                    left_at,
+                    found: Some(sequence),
+                },
+                Err(e) => e,
+            },
+        );
     }
     if held.is_some_and(|held| held <= sequence) {
         tx.execute_unnamed(&statements.clear_passed_retries, &[p, c, &sequence])
@@ -193,6 +298,9 @@ pub(crate) struct Batch {
     /// Whether more may follow at once (a full batch), so the caller reads again without
     /// waiting for a wake-up.
     pub full: bool,
+    /// When the connection it was read on was opened: one opened after the last identity
+    /// check may reach another server (a promoted standby), so the check runs again first.
+    pub connected_at: std::time::Instant,
 }
 
 /// An event with saved retry state, holding the cursor.
@@ -339,6 +447,7 @@ pub(crate) async fn ack_and_retry(
     client: &deadpool_postgres::Client,
     statements: &Statements,
     lease: &Lease,
+    left_at: i64,
     through: i64,
     event: &ObservedEvent,
     attempts: u32,
@@ -364,12 +473,13 @@ pub(crate) async fn ack_and_retry(
                 (&attempts, Type::INT4),
                 (&delay, Type::FLOAT8),
                 (&class.as_str(), Type::TEXT),
+                (&left_at, Type::INT8),
             ],
         )
         .await?
         .try_get("acked")?;
     if acked != 1 {
-        return Err(lease.lose_after_rejection(&***client).await);
+        return rejected(&***client, statements, lease, left_at, through).await;
     }
     Ok(())
 }
@@ -442,6 +552,29 @@ pub(crate) async fn audit(
         actor,
         count,
         reason: None,
+    };
+    statements.audit.record(client, &record).await?;
+    Ok(())
+}
+
+/// Appends the `lifecycle-observation:history-diverged` row: the process's position (as the
+/// count) and identity (as the event), with what the database has in `detail`.
+pub(crate) async fn audit_divergence(
+    client: &(impl GenericClient + Sync),
+    statements: &Statements,
+    lease: &Lease,
+    position: i64,
+    identity: Option<String>,
+    detail: &str,
+) -> Result<(), ConsumerError> {
+    let record = AuditRecord {
+        kind: AuditKind::HistoryDiverged,
+        project_id: lease.fence.project.as_str(),
+        consumer_id: Some(lease.fence.consumer.as_str()),
+        event_id: identity.as_deref(),
+        actor: None,
+        count: Some(position),
+        reason: Some(detail),
     };
     statements.audit.record(client, &record).await?;
     Ok(())

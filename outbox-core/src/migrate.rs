@@ -76,6 +76,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "deleted_at_lower_bound",
         template: include_str!("../../sql/0008_deleted_at_lower_bound.sql"),
     },
+    Migration {
+        version: 9,
+        name: "cursor_identity",
+        template: include_str!("../../sql/0009_cursor_identity.sql"),
+    },
 ];
 
 /// What a migration run did.

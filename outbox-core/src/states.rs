@@ -138,6 +138,9 @@ text_enum!(
         Reconciled => "lifecycle-observation:reconciled" | "reconciled",
         /// The retention sweep pruned events or resolved dead letters.
         Pruned => "lifecycle-observation:pruned" | "pruned",
+        /// A consumer found that the event at its position is not the one it acknowledged
+        /// (a failover lost a tail, or a backup was restored) and reconciled.
+        HistoryDiverged => "lifecycle-observation:history-diverged" | "history-diverged",
     }
 );
 
@@ -252,7 +255,7 @@ mod tests {
             Ok(AuditKind::Pruned)
         );
         assert!("retired".parse::<AuditKind>().is_err());
-        assert_eq!(AuditKind::ALL.len(), 8);
+        assert_eq!(AuditKind::ALL.len(), 9);
         assert_eq!(AuditKind::ConsumerRetired.short_name(), "consumer-retired");
         for state in DeliveryState::ALL {
             assert_eq!(state.as_str().parse::<DeliveryState>(), Ok(*state));

@@ -457,7 +457,12 @@ impl Client {
             return Ok(());
         };
         if batch.reconcile {
-            if self.last_sent.is_none_or(|sent| sent < first.sequence) {
+            // Sent unless the client has this very reconciliation already (from its own
+            // resume). A head below what the client was sent is no repeat: the durable
+            // consumer found the database's history diverged from the one those events came
+            // from (a failover lost a tail), and the client must not wait for numbers the new
+            // history has used for other events.
+            if self.last_sent != Some(first.sequence) {
                 self.last_sent = Some(first.sequence);
                 self.out.push_back(first.bytes.clone());
             }

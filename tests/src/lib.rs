@@ -16,6 +16,7 @@ pub mod pgbouncer;
 pub mod process_kit;
 pub mod serve_kit;
 pub mod set_kit;
+pub mod standby_kit;
 pub mod stats_kit;
 pub mod tls_cluster;
 

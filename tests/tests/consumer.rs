@@ -170,7 +170,7 @@ async fn a_cursor_below_the_retention_floor_reconciles() {
 }
 
 #[tokio::test]
-async fn a_cursor_above_the_head_reconciles() {
+async fn a_cursor_above_the_head_is_a_divergence_and_reconciles() {
     let db = fresh_db().await;
     write_event(&db, "p", "t0").await;
     db.connect()
@@ -189,8 +189,21 @@ async fn a_cursor_above_the_head_reconciles() {
     .await;
     assert_eq!(
         recorder.reconciliations()[0].reason,
-        ReconcileReason::AboveHead
+        ReconcileReason::HistoryDiverged
     );
+    let diverged: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_audit \
+             WHERE kind = 'lifecycle-observation:history-diverged' AND consumer_id = 'c1' \
+               AND count = 40",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(diverged, 1, "the divergence is audited once");
     shutdown.cancel();
     run.await.unwrap().unwrap();
     assert_eq!(cursor(&db, "p", "c1").await, Some(1));

@@ -390,7 +390,7 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
     );
 }
 
-/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2, 5, 6 and 7,
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2, 5, 6, 7, 8 and 9,
 /// and the roles can then use what 3 and 4 added (their grants are column by column).
 #[tokio::test]
 async fn roles_added_after_later_migrations_get_their_grants() {
@@ -405,9 +405,9 @@ async fn roles_added_after_later_migrations_get_their_grants() {
         .await
         .unwrap();
     let report = dry_run(&db).await;
-    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8]);
+    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8, 9]);
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(report.applied, vec![2, 5, 6, 7, 8]);
+    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9]);
     let row = client
         .query_one(
             "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_cursors', \

@@ -17,29 +17,33 @@ impl<D, R> Consumer<D, R> {
         statements: &Statements,
         progress: &mut Progress,
     ) -> Result<(), ConsumerError> {
-        let Some(handled) = progress.position.handled() else {
+        let Some(last) = progress.position.handled().map(|h| h.last) else {
+            return Ok(());
+        };
+        let Some(left_at) = progress.position.cursor() else {
             return Ok(());
         };
         let held = progress.position.held_sequence();
         // An acknowledgement that also clears saved retry state takes the run's own statement.
-        let clears_retry = held.is_some_and(|held| held <= handled.last);
+        let clears_retry = held.is_some_and(|held| held <= last);
         let grouped = match clears_retry {
             true => GroupedAck::NotGrouped,
-            false => self.membership.ack(&lease.fence, handled.last).await,
+            false => self.membership.ack(&lease.fence, left_at, last).await,
         };
         match grouped {
             GroupedAck::Acknowledged => {}
             GroupedAck::Refused => {
                 let client = self.pool.get().await?;
-                return Err(lease.lose_after_rejection(&**client).await);
+                store::rejected(&**client, statements, lease, left_at, last).await?;
             }
             GroupedAck::NotGrouped => {
                 let mut client = self.pool.get().await?;
-                store::ack(&mut client, statements, lease, held, handled.last).await?;
+                store::ack(&mut client, statements, lease, held, left_at, last).await?;
             }
         }
-        progress.position.take_handled();
-        progress.advance(handled);
+        if let Some(handled) = progress.position.take_handled() {
+            progress.advance(handled);
+        }
         Ok(())
     }
 }

@@ -113,6 +113,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if handled > 0 {
             let prefix = Handled {
                 last: events[handled - 1].sequence,
+                identity: events[handled - 1].event_id.clone(),
                 count: handled as u64,
             };
             if acked {

@@ -136,6 +136,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         failures: u32,
         progress: &mut Progress,
     ) -> AfterFailure {
+        if let ConsumerError::CursorMoved { .. } = e {
+            // A conditional acknowledgement found the cursor moved: nothing handled since is
+            // acknowledged; the position check that follows finds the divergence.
+            tracing::warn!(error = %e, "acknowledgement refused; checking the position");
+            progress.bounds_checked = false;
+            progress.position.forget_after_cursor();
+            progress.prefetched = None;
+            return AfterFailure::Wait(Duration::ZERO);
+        }
         if matches!(e, ConsumerError::LeaseLost { .. }) || !e.is_retryable() {
             return AfterFailure::Exit(e);
         }
@@ -199,13 +208,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .await?;
             return Ok(Step::More);
         };
+        if self.heal(lease, statements, progress, shutdown).await? {
+            return Ok(Step::More);
+        }
         if progress.position.handled().is_some() {
             self.ack_handled(lease, statements, progress).await?;
             return Ok(Step::More);
         }
         if !progress.bounds_checked {
             if let Some(reason) = self
-                .check_bounds(lease, statements, progress, cursor)
+                .check_position(lease, statements, progress, cursor)
                 .await?
             {
                 self.reconcile(lease, statements, progress, reason, shutdown)
@@ -234,7 +246,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .dispatch_batch(lease, statements, shutdown, progress, events, true)
                 .await;
         }
-        match self.read_batch(statements, progress, cursor).await? {
+        let Some(read) = self.read_batch(statements, progress, cursor).await? else {
+            return Ok(Step::More);
+        };
+        match read {
             (Read::Empty, _) => Ok(Step::Idle),
             (Read::Gap, _) => {
                 let reason = ReconcileReason::GapInHistory;

@@ -43,11 +43,12 @@ impl<D, R> Consumer<D, R> {
             return Ok(());
         };
         let through = progress.position.handled().map_or(cursor, |h| h.last);
+        let left_at = progress.position.cursor().unwrap_or(cursor);
         let attempts = event.attempt;
         {
             let client = self.pool.get().await?;
             store::ack_and_retry(
-                &client, statements, lease, through, event, attempts, &class, delay,
+                &client, statements, lease, left_at, through, event, attempts, &class, delay,
             )
             .await?;
         }
@@ -110,7 +111,9 @@ impl<D, R> Consumer<D, R> {
                     class = %class, "event parked as a dead letter; the stream moves on"
                 );
                 progress.meters.dead_letters.increment(1);
-                progress.position.moved_to(event.sequence);
+                progress
+                    .position
+                    .moved_to(event.sequence, Some(event.event_id.clone()));
             }
         }
         Ok(())

@@ -118,6 +118,7 @@ fn after(
     let (project, consumer) = (project.clone(), consumer.clone());
     async move {
         let client = pool.get().await?;
+        let connected_at = deadpool_postgres::Object::metrics(&client).created;
         let rows = store::query_hot(
             &client,
             cached,
@@ -133,6 +134,7 @@ fn after(
         Ok(Batch {
             full: events.len() as i64 == limit,
             events,
+            connected_at,
         })
     }
 }

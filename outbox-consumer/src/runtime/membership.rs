@@ -82,8 +82,10 @@ pub(crate) trait Membership: Send + Sync + 'static {
         ahead: &'a mut Option<Prefetch>,
     ) -> BoxFuture<'a, Result<Fetched, ConsumerError>>;
 
-    /// Acknowledges through `through` together with others, if the membership groups.
-    fn ack<'a>(&'a self, fence: &'a Fence, through: i64) -> BoxFuture<'a, GroupedAck>;
+    /// Acknowledges through `through` together with others, if the membership groups; the
+    /// acknowledgement is conditional on the cursor still standing at `left_at`.
+    fn ack<'a>(&'a self, fence: &'a Fence, left_at: i64, through: i64)
+    -> BoxFuture<'a, GroupedAck>;
 
     /// The run numbered `project`'s committed events itself: shared copies read before are
     /// stale.
@@ -134,7 +136,7 @@ impl Membership for Lone {
         fetch::alone(read, ahead).boxed()
     }
 
-    fn ack<'a>(&'a self, _: &'a Fence, _: i64) -> BoxFuture<'a, GroupedAck> {
+    fn ack<'a>(&'a self, _: &'a Fence, _: i64, _: i64) -> BoxFuture<'a, GroupedAck> {
         std::future::ready(GroupedAck::NotGrouped).boxed()
     }
 

@@ -15,6 +15,7 @@ mod batch;
 mod deliver;
 mod failures;
 mod fetch;
+mod identity;
 mod membership;
 mod position;
 mod progress;

@@ -8,10 +8,12 @@ use crate::event::{FailureClass, ObservedEvent};
 use crate::store::{Decoded, Held};
 
 /// Events handled by this run whose acknowledgement is still to be written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Handled {
     /// The last of them.
     pub last: i64,
+    /// The last one's event ID: the cursor's identity once they are acknowledged.
+    pub identity: String,
     /// How many.
     pub count: u64,
 }
@@ -21,6 +23,9 @@ pub(super) struct Handled {
 pub(super) struct Position {
     /// Last acknowledged sequence; `None` while missing.
     cursor: Option<i64>,
+    /// The event ID of the event at the cursor, as this process knows it (`None` when it
+    /// knows none: at 0, or at a head with no retained event).
+    identity: Option<String>,
     /// The failed event holding the cursor, if any.
     held: Option<Held>,
     /// The handled prefix still to be acknowledged.
@@ -51,6 +56,7 @@ pub(super) enum Read {
 
 impl Position {
     /// A position at `cursor` (`None`: the consumer has none yet).
+    #[cfg(test)]
     pub fn at(cursor: Option<i64>) -> Self {
         Self {
             cursor,
@@ -58,9 +64,31 @@ impl Position {
         }
     }
 
+    /// A position at `cursor`, standing on the event with ID `identity`.
+    pub fn on(cursor: Option<i64>, identity: Option<String>) -> Self {
+        Self {
+            cursor,
+            identity,
+            ..Self::default()
+        }
+    }
+
     /// The last acknowledged sequence.
     pub fn cursor(&self) -> Option<i64> {
         self.cursor
+    }
+
+    /// The event ID of the event at the cursor, if known.
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
+
+    /// Forgets everything handled, held or kept after the cursor: the database's history is
+    /// not the one it came from, so nothing of it may be dispatched or acknowledged.
+    pub fn forget_after_cursor(&mut self) {
+        self.held = None;
+        self.handled = None;
+        self.pending.clear();
     }
 
     /// The failed event holding the cursor.
@@ -74,8 +102,8 @@ impl Position {
     }
 
     /// The handled prefix still to be acknowledged.
-    pub fn handled(&self) -> Option<Handled> {
-        self.handled
+    pub fn handled(&self) -> Option<&Handled> {
+        self.handled.as_ref()
     }
 
     /// Whether nothing is held back: no failed event waiting, nothing handled unacknowledged.
@@ -98,19 +126,22 @@ impl Position {
         self.handled.take()
     }
 
-    /// The cursor moved to `last` by an acknowledgement; a failed event at or before it has
-    /// been handled since.
-    pub fn acknowledged(&mut self, last: i64) {
+    /// The cursor moved to `last` (event `identity`) by an acknowledgement; a failed event at
+    /// or before it has been handled since.
+    pub fn acknowledged(&mut self, last: i64, identity: String) {
         self.cursor = Some(last);
+        self.identity = Some(identity);
         if self.held.as_ref().is_some_and(|h| h.sequence <= last) {
             self.held = None;
         }
     }
 
-    /// The cursor was set to `cursor` without delivery (reconciliation, the start from the
-    /// earliest event, a parked event): nothing is held any more.
-    pub fn moved_to(&mut self, cursor: i64) {
+    /// The cursor was set to `cursor` (the event `identity`, if any) without delivery
+    /// (reconciliation, the start from the earliest event, a parked event): nothing is held
+    /// any more.
+    pub fn moved_to(&mut self, cursor: i64, identity: Option<String>) {
         self.cursor = Some(cursor);
+        self.identity = identity;
         self.held = None;
     }
 
@@ -340,7 +371,7 @@ mod tests {
         let mut position = Position::at(Some(4));
         position.keep(vec![event(5), event(6)]);
         // The event was parked meanwhile: the cursor moved past the kept rest's start.
-        position.moved_to(5);
+        position.moved_to(5, None);
         assert!(position.take_pending().is_none());
         assert!(!position.has_pending(), "dropped");
     }
@@ -357,9 +388,9 @@ mod tests {
     fn an_acknowledgement_through_the_held_event_releases_it() {
         let mut position = Position::at(Some(4));
         position.hold(Some(held(6, 1)));
-        position.acknowledged(5);
+        position.acknowledged(5, "e5".into());
         assert_eq!(position.held_sequence(), Some(6), "not yet handled");
-        position.acknowledged(6);
+        position.acknowledged(6, "e6".into());
         assert_eq!(position.held_sequence(), None);
         assert_eq!(position.cursor(), Some(6));
     }
@@ -368,12 +399,17 @@ mod tests {
     fn a_position_is_settled_with_nothing_held_or_handled() {
         let mut position = Position::at(Some(4));
         assert!(position.is_settled());
-        position.handled_through(Handled { last: 5, count: 1 });
+        let handled = Handled {
+            last: 5,
+            identity: "e5".into(),
+            count: 1,
+        };
+        position.handled_through(handled.clone());
         assert!(!position.is_settled());
-        assert_eq!(position.take_handled(), Some(Handled { last: 5, count: 1 }));
+        assert_eq!(position.take_handled(), Some(handled));
         position.hold(Some(held(5, 1)));
         assert!(!position.is_settled());
-        position.moved_to(5);
+        position.moved_to(5, None);
         assert!(position.is_settled());
     }
 }

@@ -7,13 +7,20 @@ use super::fetch::Prefetch;
 use super::position::{Handled, Position};
 use crate::config::ConsumerConfig;
 use crate::event::FailureClass;
+use crate::handler::ReconcileReason;
 
 /// Per-run delivery state.
 pub(super) struct Progress {
     /// Where the run stands in the stream.
     pub position: Position,
-    /// Whether the cursor was checked against head and floor since the last (re)start.
+    /// Whether the position was checked (identity, head, floor) since the last (re)start.
     pub bounds_checked: bool,
+    /// When the position was last found to agree with the database: a read on a connection
+    /// opened since may reach another server, so the check runs again first.
+    pub checked_at: std::time::Instant,
+    /// A reconciliation that must run before anything else is dispatched (the history
+    /// diverged; the divergence is already audited).
+    pub must_reconcile: Option<ReconcileReason>,
     /// When to look for replay requests next.
     pub next_replay_check: Instant,
     /// Events delivered in order.
@@ -31,14 +38,21 @@ pub(super) struct Progress {
 
 impl Progress {
     /// The state of a run that claimed the lease with `cursor`.
-    pub fn new(config: &ConsumerConfig, cursor: Option<i64>, new_consumer: bool) -> Self {
+    pub fn new(
+        config: &ConsumerConfig,
+        cursor: Option<i64>,
+        identity: Option<String>,
+        new_consumer: bool,
+    ) -> Self {
         let meters = Meters::new(config);
         if let Some(cursor) = cursor {
             meters.cursor.set(cursor as f64);
         }
         Self {
-            position: Position::at(cursor),
+            position: Position::on(cursor, identity),
             bounds_checked: false,
+            checked_at: std::time::Instant::now(),
+            must_reconcile: None,
             next_replay_check: Instant::now(),
             delivered: 0,
             new_consumer,
@@ -49,14 +63,14 @@ impl Progress {
 
     /// Records a cursor moved without delivery (a reconciliation to the head) in the
     /// position and the cursor gauge, which otherwise would still show the old position.
-    pub fn moved_to(&mut self, cursor: i64) {
-        self.position.moved_to(cursor);
+    pub fn moved_to(&mut self, cursor: i64, identity: Option<String>) {
+        self.position.moved_to(cursor, identity);
         self.meters.cursor.set(cursor as f64);
     }
 
     /// Records an acknowledged prefix in the position and the metrics.
     pub fn advance(&mut self, handled: Handled) {
-        self.position.acknowledged(handled.last);
+        self.position.acknowledged(handled.last, handled.identity);
         self.delivered += handled.count;
         self.meters.delivered.increment(handled.count);
         self.meters.cursor.set(handled.last as f64);
@@ -74,6 +88,9 @@ pub(super) struct Meters {
     cursor: metrics::Gauge,
     /// `outbox_dead_letters_parked_total`: events parked.
     pub dead_letters: metrics::Counter,
+    /// `outbox_history_divergences_total`: positions found not to exist in the database's
+    /// history.
+    pub divergences: metrics::Counter,
     /// `outbox_commit_to_dispatch_seconds`: writer's transaction start to first dispatch.
     pub commit_to_dispatch: metrics::Histogram,
 }
@@ -88,6 +105,7 @@ impl Meters {
             delivered: metrics::counter!("outbox_events_delivered_total", &labels),
             cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
             dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
+            divergences: metrics::counter!("outbox_history_divergences_total", &labels),
             commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
             labels,
         }

@@ -12,12 +12,15 @@ impl<D, R> Consumer<D, R> {
     /// Read and decode: the contiguous run of events after `cursor`, up to the first
     /// undecodable one; `more` when the loop should go round again at once (after a full
     /// batch, one cut short, or one read ahead, which may predate events numbered since).
+    /// `None` when the read came over a connection opened since the position was last
+    /// checked: it may reach another server, so nothing of it is dispatched before the
+    /// check runs again.
     pub(super) async fn read_batch(
         &self,
         statements: &Statements,
         progress: &mut Progress,
         cursor: i64,
-    ) -> Result<(Read, bool), ConsumerError> {
+    ) -> Result<Option<(Read, bool)>, ConsumerError> {
         let request = ReadAfter {
             pool: &self.pool,
             statements,
@@ -30,9 +33,13 @@ impl<D, R> Consumer<D, R> {
             .await?;
         // The database answered (this read, or the shared one it came from).
         crate::outage::availability().reached();
+        if batch.connected_at > progress.checked_at {
+            progress.bounds_checked = false;
+            return Ok(None);
+        }
         let read = progress.position.contiguous(cursor, batch.events);
         let Read::Events { events, cut_short } = &read else {
-            return Ok((read, false));
+            return Ok(Some((read, false)));
         };
         for event in events.iter().filter(|e| e.attempt == 1) {
             // Writer's transaction start to dispatch (which follows this read), on this
@@ -44,6 +51,6 @@ impl<D, R> Consumer<D, R> {
                 .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
         }
         let more = batch.full || *cut_short || read_ahead;
-        Ok((read, more))
+        Ok(Some((read, more)))
     }
 }

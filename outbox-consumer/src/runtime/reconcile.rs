@@ -1,5 +1,5 @@
-//! Settling the cursor: the bounds check after every (re)start, the start of a consumer
-//! without a cursor, and full reconciliation when history is missing.
+//! Settling the cursor: the start of a consumer without a cursor, and full reconciliation
+//! when history is missing or diverged (the check after every (re)start is `identity.rs`'s).
 
 use outbox_core::Sequencer;
 use tokio_util::sync::CancellationToken;
@@ -14,30 +14,6 @@ use crate::lease::Lease;
 use crate::store::{self, Statements};
 
 impl<D, R: Reconciler> Consumer<D, R> {
-    /// Bounds check: a cursor below the retention floor or above the head means history is
-    /// missing (reconcile); otherwise loads the saved retry state of the next event.
-    pub(super) async fn check_bounds(
-        &self,
-        lease: &Lease,
-        statements: &Statements,
-        progress: &mut Progress,
-        cursor: i64,
-    ) -> Result<Option<ReconcileReason>, ConsumerError> {
-        let client = self.pool.get().await?;
-        let project = self.config.project_id.as_str();
-        let (head, floor) = store::bounds(&**client, statements, project).await?;
-        if cursor < floor {
-            return Ok(Some(ReconcileReason::BelowRetentionFloor));
-        }
-        if cursor > head {
-            return Ok(Some(ReconcileReason::AboveHead));
-        }
-        let held = store::load_held(&**client, statements, lease, cursor).await?;
-        progress.position.hold(held);
-        progress.bounds_checked = true;
-        Ok(None)
-    }
-
     /// A consumer without a cursor reconciles, or replays retained history when asked to and
     /// nothing has been pruned yet.
     pub(super) async fn start_without_cursor(
@@ -54,7 +30,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             if floor == 0 {
                 store::set_cursor(&mut client, statements, lease, 0, None).await?;
                 tracing::info!("new consumer starts from the earliest event");
-                progress.moved_to(0);
+                progress.moved_to(0, None);
                 progress.bounds_checked = false;
                 return Ok(());
             }
@@ -92,7 +68,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             tracing::warn!("shutdown grace ran out while reading the live set; abandoned");
             return Ok(());
         };
-        let (head, task_ids) = snapshot?;
+        let (head, identity, task_ids) = snapshot?;
         drop(client);
         if shutdown.is_cancelled() {
             return Ok(());
@@ -128,18 +104,19 @@ impl<D, R: Reconciler> Consumer<D, R> {
             reason = reason.as_str(),
             "reconciled"
         );
-        progress.moved_to(head);
+        progress.moved_to(head, identity);
+        progress.must_reconcile = None;
         progress.bounds_checked = false;
         Ok(())
     }
 
-    /// The head and the live task set, read in one snapshot after numbering what has
-    /// committed.
+    /// The head, the identity of the event there and the live task set, read in one snapshot
+    /// after numbering what has committed.
     async fn snapshot(
         &self,
         client: &mut deadpool_postgres::Client,
         statements: &Statements,
-    ) -> Result<(i64, Vec<String>), ConsumerError> {
+    ) -> Result<(i64, Option<String>, Vec<String>), ConsumerError> {
         let project = self.config.project_id.as_str();
         // The run then ends with the error, releasing its lease.
         crate::live_query::check(client, self.config.delivery.live_query.sql()).await?;
@@ -151,9 +128,10 @@ impl<D, R: Reconciler> Consumer<D, R> {
         }
         let tx = outbox_core::read_only_snapshot(client).await?;
         let (head, _) = store::bounds(&tx, statements, project).await?;
+        let identity = store::event_at(&tx, statements, project, head).await?;
         let live_query = self.config.delivery.live_query.sql();
         let task_ids = crate::live_query::task_ids(&tx, live_query, project).await?;
         tx.commit().await?;
-        Ok((head, task_ids))
+        Ok((head, identity, task_ids))
     }
 }

@@ -93,7 +93,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             stop: &stop,
         };
         let mut joined = self.membership.join(&context, &lease);
-        let mut progress = Progress::new(&self.config, claimed.cursor, claimed.created);
+        let mut progress = Progress::new(
+            &self.config,
+            claimed.cursor,
+            claimed.identity,
+            claimed.created,
+        );
         let span = tracing::info_span!(
             "consumer",
             project = %self.config.project_id,

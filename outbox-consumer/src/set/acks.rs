@@ -33,6 +33,8 @@ struct Request {
     fence: Fence,
     /// The new cursor.
     through: i64,
+    /// Where the consumer left its cursor: the acknowledgement is conditional on it.
+    left_at: i64,
     /// How it went.
     reply: oneshot::Sender<GroupedAck>,
 }
@@ -51,14 +53,15 @@ impl GroupAcks {
         (Self { requests }, AckQueue(queue))
     }
 
-    /// Acknowledges through `through` for the lease `fence` in the next group; not grouped
-    /// when the group's statement failed (or the set is stopping): the caller then
-    /// acknowledges on its own, which reports the error properly.
-    pub async fn ack(&self, fence: &Fence, through: i64) -> GroupedAck {
+    /// Acknowledges through `through` for the lease `fence` in the next group, if the cursor
+    /// is still at `left_at`; not grouped when the group's statement failed (or the set is
+    /// stopping): the caller then acknowledges on its own, which reports the error properly.
+    pub async fn ack(&self, fence: &Fence, left_at: i64, through: i64) -> GroupedAck {
         let (reply, answer) = oneshot::channel();
         let request = Request {
             fence: fence.clone(),
             through,
+            left_at,
             reply,
         };
         if self.requests.send(request).is_err() {
@@ -128,6 +131,7 @@ async fn send(
     let consumers: Vec<&str> = group.iter().map(|r| r.fence.consumer.as_str()).collect();
     let generations: Vec<i64> = group.iter().map(|r| r.fence.generation).collect();
     let through: Vec<i64> = group.iter().map(|r| r.through).collect();
+    let left_at: Vec<i64> = group.iter().map(|r| r.left_at).collect();
     // Prepared once per pooled connection where that is safe: under load this runs hundreds
     // of times a second.
     let client = pool.get().await?;
@@ -135,7 +139,14 @@ async fn send(
         &client,
         cached,
         statement,
-        &[&projects, &consumers, &generations, &through, &owner],
+        &[
+            &projects,
+            &consumers,
+            &generations,
+            &through,
+            &owner,
+            &left_at,
+        ],
     )
     .await?;
     rows.iter()

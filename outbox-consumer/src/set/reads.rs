@@ -37,6 +37,8 @@ struct Recent {
     events: Vec<Decoded>,
     /// Whether it returned fewer than it asked for: then it reached the head of the moment.
     complete: bool,
+    /// When the connection it was read on was opened.
+    connected_at: std::time::Instant,
 }
 
 impl Recent {
@@ -94,17 +96,19 @@ impl SharedReads {
             .is_some_and(|r| r.epoch == reads.epoch.load(Ordering::SeqCst) && r.covers(cursor));
         if !current {
             let epoch = reads.epoch.load(Ordering::SeqCst);
-            let rows = {
+            let (rows, connected_at) = {
                 // Prepared once per pooled connection where that is safe: this read runs on
                 // every wake-up.
                 let client = pool.get().await?;
-                store::query_hot(
+                let connected_at = deadpool_postgres::Object::metrics(&client).created;
+                let rows = store::query_hot(
                     &client,
                     statements.cached,
                     &statements.read_batch,
                     &[&project.as_str(), &cursor, &limit],
                 )
-                .await?
+                .await?;
+                (rows, connected_at)
             };
             let events = rows
                 .iter()
@@ -115,6 +119,7 @@ impl SharedReads {
                 from: cursor,
                 complete: (events.len() as i64) < limit,
                 events,
+                connected_at,
             });
         }
         let recent = recent.as_ref().expect("filled above");
@@ -130,6 +135,10 @@ impl SharedReads {
             })
             .collect();
         let full = events.len() as i64 == limit || !recent.complete;
-        Ok(Batch { events, full })
+        Ok(Batch {
+            events,
+            full,
+            connected_at: recent.connected_at,
+        })
     }
 }

@@ -387,8 +387,13 @@ impl Membership for Shared {
         .boxed()
     }
 
-    fn ack<'a>(&'a self, fence: &'a Fence, through: i64) -> BoxFuture<'a, GroupedAck> {
-        self.acks.ack(fence, through).boxed()
+    fn ack<'a>(
+        &'a self,
+        fence: &'a Fence,
+        left_at: i64,
+        through: i64,
+    ) -> BoxFuture<'a, GroupedAck> {
+        self.acks.ack(fence, left_at, through).boxed()
     }
 
     fn numbered(&self, project: &ProjectId) {
