@@ -141,7 +141,7 @@ async fn run_sequencer(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    let mut repeat = base::Repeat::new(&stop, "sequencer step", interval);
+    let mut repeat = crate::outage::Repeat::new(&stop, "sequencer step", interval);
     while repeat.next().await {
         let step = async {
             let mut client = pool.get().await?;

@@ -1,10 +1,8 @@
 //! Plumbing shared by every part of the consumer: a run's wake-up signals, owned tasks, the
-//! reconnect backoff, the "step, back off on failure, until stopped" loop, and the rule that
-//! decides whether a process may LISTEN at all.
+//! reconnect backoff, and the rule that decides whether a process may LISTEN at all.
 //!
-//! This module is the base layer: it uses nothing else of the crate but the outage record
-//! (`outage`), so the listener, the background tasks, the runtime and the consumer set can
-//! all build on it.
+//! This module is the base layer: it uses nothing else of the crate, so the outage record,
+//! the listener, the background tasks, the runtime and the consumer set can all build on it.
 
 use std::fmt::Display;
 use std::sync::atomic::AtomicBool;
@@ -72,72 +70,6 @@ pub(crate) fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Task {
 pub(crate) async fn join_all(tasks: Vec<Task>) {
     for task in tasks {
         let _ = task.await;
-    }
-}
-
-/// The loop "step, wait, back off after a failure, until stopped", shared by every
-/// reconnecting task: `while repeat.next().await { repeat.done(step().await) }`.
-///
-/// The first step runs at once; each later one after the delay the previous step returned,
-/// or after a failure after [`backoff`] (at least `floor`). A failing step is logged once,
-/// when it starts failing, as `"{what} failed; backing off"`, and at debug level after that.
-/// A running step is not interrupted by `stop`: it ends first.
-pub(crate) struct Repeat<'a> {
-    stop: &'a CancellationToken,
-    what: &'static str,
-    floor: Duration,
-    failures: u32,
-    delay: Duration,
-}
-
-impl<'a> Repeat<'a> {
-    /// A loop stopped by `stop`, whose failures wait at least `floor`.
-    pub fn new(stop: &'a CancellationToken, what: &'static str, floor: Duration) -> Self {
-        Self {
-            stop,
-            what,
-            floor,
-            failures: 0,
-            delay: Duration::ZERO,
-        }
-    }
-
-    /// Waits until the next step is due: `false` once stopped.
-    pub async fn next(&mut self) -> bool {
-        if self.stop.is_cancelled() {
-            return false;
-        }
-        tokio::select! {
-            _ = self.stop.cancelled() => false,
-            _ = tokio::time::sleep(self.delay) => true,
-        }
-    }
-
-    /// Records a step's outcome: `Ok` with the delay before the next step, or the failure.
-    /// A failure that found the database unavailable is said once for the whole process
-    /// (`outage`), not here.
-    pub fn done<E: crate::outage::MaybeOutage>(&mut self, outcome: Result<Duration, E>) {
-        self.delay = match outcome {
-            Ok(next) => {
-                self.failures = 0;
-                next
-            }
-            Err(e) => {
-                let outage = crate::outage::noted(e.is_outage(), &e);
-                match self.failures {
-                    0 if !outage => {
-                        tracing::warn!(error = %e, "{} failed; backing off", self.what)
-                    }
-                    n => tracing::debug!(error = %e, failures = n, "{} failed again", self.what),
-                }
-                self.failures = self.failures.saturating_add(1);
-                match outage {
-                    true => crate::outage::outage_backoff(self.failures),
-                    false => backoff(self.failures, rand::random()),
-                }
-                .max(self.floor)
-            }
-        };
     }
 }
 

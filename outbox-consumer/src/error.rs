@@ -96,7 +96,7 @@ pub enum ConsumerError {
     /// its position again, which finds the divergence and reconciles.
     #[error(
         "the cursor is at {} in the database, not at {left_at} where this process left it",
-        crate::base::ShownCursor(*found)
+        found.map_or_else(|| "none".to_owned(), |at| at.to_string())
     )]
     CursorMoved {
         /// Where this process left the cursor.

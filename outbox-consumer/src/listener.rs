@@ -16,7 +16,8 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use crate::base::{self, Repeat, Signals, Task};
+use crate::base::{self, Signals, Task};
+use crate::outage::Repeat;
 
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);

@@ -164,7 +164,7 @@ pub(crate) fn noted(outage: bool, error: &dyn std::fmt::Display) -> bool {
     outage
 }
 
-/// A failure that may be an outage, for [`crate::base::Repeat`].
+/// A failure that may be an outage, for [`Repeat`].
 pub(crate) trait MaybeOutage: std::fmt::Display {
     /// Whether it found the database unavailable.
     fn is_outage(&self) -> bool;
@@ -213,6 +213,72 @@ where
             () = availability.given_up() => return Err(availability.gave_up_error()),
             _ = tokio::time::sleep(outage_backoff(failures)) => {}
         }
+    }
+}
+
+/// The loop "step, wait, back off after a failure, until stopped", shared by every
+/// reconnecting task: `while repeat.next().await { repeat.done(step().await) }`.
+///
+/// The first step runs at once; each later one after the delay the previous step returned,
+/// or after a failure after [`crate::backoff`] (or [`outage_backoff`] while the database is away) (at least `floor`). A failing step is logged once,
+/// when it starts failing, as `"{what} failed; backing off"`, and at debug level after that.
+/// A running step is not interrupted by `stop`: it ends first.
+pub(crate) struct Repeat<'a> {
+    stop: &'a CancellationToken,
+    what: &'static str,
+    floor: Duration,
+    failures: u32,
+    delay: Duration,
+}
+
+impl<'a> Repeat<'a> {
+    /// A loop stopped by `stop`, whose failures wait at least `floor`.
+    pub fn new(stop: &'a CancellationToken, what: &'static str, floor: Duration) -> Self {
+        Self {
+            stop,
+            what,
+            floor,
+            failures: 0,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// Waits until the next step is due: `false` once stopped.
+    pub async fn next(&mut self) -> bool {
+        if self.stop.is_cancelled() {
+            return false;
+        }
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            _ = tokio::time::sleep(self.delay) => true,
+        }
+    }
+
+    /// Records a step's outcome: `Ok` with the delay before the next step, or the failure.
+    /// A failure that found the database unavailable is said once for the whole process
+    /// (`outage`), not here.
+    pub fn done<E: MaybeOutage>(&mut self, outcome: Result<Duration, E>) {
+        self.delay = match outcome {
+            Ok(next) => {
+                self.failures = 0;
+                next
+            }
+            Err(e) => {
+                let outage = noted(e.is_outage(), &e);
+                match self.failures {
+                    0 if !outage => {
+                        tracing::warn!(error = %e, "{} failed; backing off", self.what)
+                    }
+                    n => tracing::debug!(error = %e, failures = n, "{} failed again", self.what),
+                }
+                self.failures = self.failures.saturating_add(1);
+                match outage {
+                    true => outage_backoff(self.failures),
+                    false => crate::backoff(self.failures, rand::random()),
+                }
+                .max(self.floor)
+            }
+        };
     }
 }
 

@@ -62,7 +62,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 return Ok(());
             }
             if lease.is_valid() {
-                match self
+                let round = match self
                     .step(lease, statements, joined, shutdown, progress)
                     .await
                 {
@@ -72,44 +72,34 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         if step == Step::More {
                             continue;
                         }
-                        let caught_up = match self.config.delivery.exit_when_caught_up {
-                            false => Ok(false),
-                            true => {
-                                self.caught_up(lease, statements, joined, shutdown, progress)
-                                    .await
-                            }
-                        };
-                        match caught_up {
-                            Ok(false) => {}
-                            Ok(true) => {
-                                let cursor = base::ShownCursor(progress.position.cursor());
-                                tracing::info!(cursor = %cursor, "caught up; stopping");
-                                return Ok(());
-                            }
-                            // A failed check is a failed round like any other.
-                            Err(e) => {
-                                failures = failures.saturating_add(1);
-                                let delay = match self.after_failure(e, failures, progress) {
-                                    AfterFailure::Exit(e) => return Err(e),
-                                    AfterFailure::Wait(delay) => delay,
-                                };
-                                match wait(lease, shutdown, None, Instant::now() + delay).await {
-                                    Woken::Again => continue,
-                                    Woken::Exit(result) => return result,
+                        // A failed caught-up check is a failed round like any other.
+                        match self.config.delivery.exit_when_caught_up {
+                            false => Ok(()),
+                            true => match self
+                                .caught_up(lease, statements, joined, shutdown, progress)
+                                .await
+                            {
+                                Ok(false) => Ok(()),
+                                Ok(true) => {
+                                    let cursor = base::ShownCursor(progress.position.cursor());
+                                    tracing::info!(cursor = %cursor, "caught up; stopping");
+                                    return Ok(());
                                 }
-                            }
+                                Err(e) => Err(e),
+                            },
                         }
                     }
-                    Err(e) => {
-                        failures = failures.saturating_add(1);
-                        let delay = match self.after_failure(e, failures, progress) {
-                            AfterFailure::Exit(e) => return Err(e),
-                            AfterFailure::Wait(delay) => delay,
-                        };
-                        match wait(lease, shutdown, None, Instant::now() + delay).await {
-                            Woken::Again => continue,
-                            Woken::Exit(result) => return result,
-                        }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = round {
+                    failures = failures.saturating_add(1);
+                    let delay = match self.after_failure(e, failures, progress) {
+                        AfterFailure::Exit(e) => return Err(e),
+                        AfterFailure::Wait(delay) => delay,
+                    };
+                    match wait(lease, shutdown, None, Instant::now() + delay).await {
+                        Woken::Again => continue,
+                        Woken::Exit(result) => return result,
                     }
                 }
             }

@@ -23,11 +23,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckQueue, GroupAcks};
 use super::reads::SharedReads;
-use crate::base::{self, Repeat, Signals};
+use crate::base::{self, Signals};
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::lease::{Fence, Lease};
 use crate::listener::Wake;
+use crate::outage::Repeat;
 use crate::runtime::{Fetched, GroupedAck, Joined, Membership, ReadAfter, RunContext};
 use crate::sql;
 use crate::store::Statements;
