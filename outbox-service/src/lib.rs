@@ -7,6 +7,43 @@
 //! - [`metrics`]: the Prometheus recorder, `/metrics`, and the `--metrics-addr` endpoint;
 //! - [`http`]: binding and the accept loop with per-connection close and drain;
 //! - [`lines`]: the JSON lines that describe events and reconciliations.
+//!
+//! A service of one's own, printing what `outbox consume` prints, with `/metrics` and
+//! `/readyz` beside it:
+//!
+//! ```no_run
+//! use outbox_consumer::{
+//!     ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
+//! };
+//! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
+//! use outbox_service::{Connections, MetricsEndpoint, lines};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! struct Stdout;
+//! impl Handler for Stdout {
+//!     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+//!         println!("{}", lines::event_line(event));
+//!         Ok(())
+//!     }
+//! }
+//! impl Reconciler for Stdout {
+//!     async fn reconcile(&self, live: &LiveSet) -> Result<(), HandlerFailure> {
+//!         println!("{}", lines::reconcile_line(live, "printer"));
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let settings = ConnectSettings::parse("postgresql://app@localhost/app")?;
+//! let connections = Connections::new(&settings, 4, true)?;
+//! let shutdown = CancellationToken::new();
+//! let metrics = MetricsEndpoint::start(Some("127.0.0.1:9464".parse()?), &shutdown).await?;
+//! let config = ConsumerConfig::new(ProjectId::new("p1")?, ConsumerId::new("printer")?);
+//! connections.consumer(config, Stdout).run(shutdown).await?;
+//! metrics.stop().await;
+//! # Ok(())
+//! # }
+//! ```
 
 #![forbid(unsafe_code)]
 
