@@ -107,3 +107,50 @@ bench_cleanup() {
     [ -z "${work:-}" ] || rm -rf "$work"
     exit "$status"
 }
+
+# start_call NAME STATEMENT: runs a long procedure call in the background on its own session,
+# named NAME (the PgQ ticker, a numbering prototype).
+start_call() {
+    PGAPPNAME=$1 sql -c "$2" >/dev/null 2>"$work/$1.err" &
+    background_pid=$!
+    sleep 0.3
+}
+
+# stop_call NAME: cancels it; anything but the cancellation in its output is a failure.
+stop_call() {
+    sql -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = '$1'" >/dev/null
+    wait "$background_pid" 2>/dev/null || true
+    background_pid=
+    grep -q 'canceling statement' "$work/$1.err" || { cat "$work/$1.err" >&2; die "$1 failed"; }
+}
+
+# hold_start KIND: a session named `<bench>-hold` that holds an old snapshot (`snapshot`:
+# REPEATABLE READ after one SELECT) or a transaction ID (`xid`: read committed, one INSERT into
+# the bench's `bench_hold` table, then idle in transaction); hold_stop commits it.
+hold_start() {
+    mkfifo "$work/hold.fifo"
+    PGAPPNAME=${bench_name%.sh}-hold psql "$DATABASE_URL" -X -q -v ON_ERROR_STOP=1 \
+        <"$work/hold.fifo" >"$work/hold.out" 2>&1 &
+    hold_pid=$!
+    exec 8>"$work/hold.fifo"
+    case "$1" in
+        snapshot) echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.lifecycle_project_heads;" >&8 ;;
+        xid) echo "BEGIN; INSERT INTO bench_hold VALUES (1);" >&8 ;;
+    esac
+    local held=
+    for _ in $(seq 1 100); do
+        held=$(sql -c "SELECT coalesce(backend_xmin, backend_xid) FROM pg_stat_activity
+                       WHERE application_name = '${bench_name%.sh}-hold' AND state = 'idle in transaction'")
+        [ -n "$held" ] && break
+        sleep 0.1
+    done
+    [ -n "$held" ] || { cat "$work/hold.out" >&2; die "the holding session did not start"; }
+    log "holding $1 (xmin/xid $held)"
+}
+hold_stop() {
+    echo "COMMIT;" >&8
+    exec 8>&-
+    wait "$hold_pid" || { cat "$work/hold.out" >&2; die "the holding session failed"; }
+    hold_pid=
+    rm -f "$work/hold.fifo"
+}

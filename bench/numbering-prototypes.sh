@@ -183,33 +183,6 @@ tick_buffers() {
               FROM pg_stat_statements) AS s"
 }
 
-hold_start() {
-    mkfifo "$work/hold.fifo"
-    PGAPPNAME=prototype-hold psql "$DATABASE_URL" -X -q -v ON_ERROR_STOP=1 \
-        <"$work/hold.fifo" >"$work/hold.out" 2>&1 &
-    hold_pid=$!
-    exec 8>"$work/hold.fifo"
-    case "$1" in
-        snapshot) echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.lifecycle_project_heads;" >&8 ;;
-        xid) echo "BEGIN; INSERT INTO bench_hold VALUES (1);" >&8 ;;
-    esac
-    local held=
-    for _ in $(seq 1 100); do
-        held=$(sql -c "SELECT coalesce(backend_xmin, backend_xid) FROM pg_stat_activity
-                       WHERE application_name = 'prototype-hold' AND state = 'idle in transaction'")
-        [ -n "$held" ] && break
-        sleep 0.1
-    done
-    [ -n "$held" ] || { cat "$work/hold.out" >&2; die "the holding session did not start"; }
-}
-hold_stop() {
-    echo "COMMIT;" >&8
-    exec 8>&-
-    wait "$hold_pid" || { cat "$work/hold.out" >&2; die "the holding session failed"; }
-    hold_pid=
-    rm -f "$work/hold.fifo"
-}
-
 # --- 1. held snapshot ----------------------------------------------------------------------
 
 : >"$work/history"
@@ -273,18 +246,6 @@ cat >"$work/pgq.sql" <<SQL
 SELECT pgq.insert_event('bench_q', :event_type::text, '{"column": "todo", "status": "open"}',
     'p' || :p::text, 'e-' || :client_id::text || '-' || :k::text, 't' || :k::text, now()::text);
 SQL
-
-start_call() {
-    PGAPPNAME=$1 sql -c "$2" >/dev/null 2>"$work/$1.err" &
-    background_pid=$!
-    sleep 0.3
-}
-stop_call() {
-    sql -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = '$1'" >/dev/null
-    wait "$background_pid" 2>/dev/null || true
-    background_pid=
-    grep -q 'canceling statement' "$work/$1.err" || { cat "$work/$1.err" >&2; die "$1 failed"; }
-}
 
 # check VARIANT: every event numbered exactly once, every project's numbers dense from 1.
 check() {

@@ -194,36 +194,6 @@ phase() {
     stop_writers
 }
 
-# hold_start KIND: a session that holds an old snapshot (`snapshot`: REPEATABLE READ after one
-# SELECT) or a transaction ID (`xid`: read committed, one INSERT, then idle in transaction).
-hold_start() {
-    mkfifo "$work/hold.fifo"
-    PGAPPNAME=old-snapshot-hold psql "$DATABASE_URL" -X -q -v ON_ERROR_STOP=1 \
-        <"$work/hold.fifo" >"$work/hold.out" 2>&1 &
-    hold_pid=$!
-    exec 8>"$work/hold.fifo"
-    case "$1" in
-        snapshot) echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.lifecycle_project_heads;" >&8 ;;
-        xid) echo "BEGIN; INSERT INTO bench_hold VALUES (1);" >&8 ;;
-    esac
-    local held=
-    for _ in $(seq 1 100); do
-        held=$(sql -c "SELECT coalesce(backend_xmin, backend_xid) FROM pg_stat_activity
-                       WHERE application_name = 'old-snapshot-hold' AND state = 'idle in transaction'")
-        [ -n "$held" ] && break
-        sleep 0.1
-    done
-    [ -n "$held" ] || { cat "$work/hold.out" >&2; die "the holding session did not start"; }
-    log "holding $1 (xmin/xid $held)"
-}
-hold_stop() {
-    echo "COMMIT;" >&8
-    exec 8>&-
-    wait "$hold_pid" || { cat "$work/hold.out" >&2; die "the holding session failed"; }
-    hold_pid=
-    rm -f "$work/hold.fifo"
-}
-
 # settle: waits until everything written is numbered and delivered, then vacuums the event
 # table, so the next baseline starts from a clean index.
 settle() {

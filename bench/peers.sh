@@ -285,22 +285,6 @@ reset_state() {
         -c 'VACUUM (ANALYZE) pgq.queue' -c 'VACUUM (ANALYZE) pgq.tick' -c 'CHECKPOINT'
 }
 
-# start_call NAME STATEMENT: runs a long procedure call in the background on its own session,
-# named NAME (the PgQ ticker, a numbering prototype).
-start_call() {
-    PGAPPNAME=$1 sql -c "$2" >/dev/null 2>"$work/$1.err" &
-    background_pid=$!
-    sleep 0.3
-}
-
-# stop_call NAME: cancels it; anything but the cancellation in its output is a failure.
-stop_call() {
-    sql -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = '$1'" >/dev/null
-    wait "$background_pid" 2>/dev/null || true
-    background_pid=
-    grep -q 'canceling statement' "$work/$1.err" || { cat "$work/$1.err" >&2; die "$1 failed"; }
-}
-
 # Events a variant wrote (tasks deleted for bare).
 events_written() {
     case "$1" in
