@@ -80,6 +80,10 @@ pub struct LiveSet {
     pub task_ids: Vec<String>,
     /// The head sequence in the same snapshot; the cursor is recorded here afterwards.
     pub head_sequence: i64,
+    /// The identity (event ID) of the event at the head in the same snapshot; `None` at head
+    /// 0 or when that event was pruned. A follower that resumes at the head checks the
+    /// history it resumes in with it.
+    pub head_event_id: Option<String>,
     /// Why reconciliation ran.
     pub reason: ReconcileReason,
 }
