@@ -247,7 +247,9 @@ impl Client {
         let data = json!({
             "type": "lagged",
             "project_id": self.fan_out.project,
-            "last_event_id": self.last_sent.map(|id| id.to_string()),
+            // The sequence (an integer, as it always was) and the whole id to resume with.
+            "last_event_id": self.last_sent.map(|id| id.sequence),
+            "last_id": self.last_sent.map(|id| id.to_string()),
             "reason": "the client fell too far behind; reconnect with Last-Event-ID",
         });
         Bytes::from(format!("event: lagged\ndata: {data}\n\n"))

@@ -358,6 +358,18 @@ async fn a_slow_client_is_dropped_while_a_fast_one_keeps_up() {
         text.len(),
         &text[text.len().saturating_sub(300)..]
     );
+    // It names the last message the client was sent: its sequence, and its whole id to
+    // resume with.
+    let (before, lagged) = text.rsplit_once("event: lagged\ndata: ").unwrap();
+    let lagged: serde_json::Value = serde_json::from_str(lagged.lines().next().unwrap()).unwrap();
+    let last_id = before
+        .lines()
+        .filter_map(|line| line.strip_prefix("id: "))
+        .next_back()
+        .expect("events before the lagged message");
+    assert_eq!(lagged["last_id"], last_id, "{lagged}");
+    let sequence: i64 = last_id.split_once(':').unwrap().0.parse().unwrap();
+    assert_eq!(lagged["last_event_id"], sequence, "{lagged}");
 
     eventually(
         Duration::from_secs(60),
