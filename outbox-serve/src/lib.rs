@@ -33,7 +33,10 @@
 //! connection and one place in the sequencer election, however many projects it serves. Each
 //! project's consumer is the ordinary runtime, with lease, retries and all; its sink
 //! publishes to the project's [`FanOut`]. SSE clients own no cursor: they resume from the
-//! fan-out's ring, from retained history (read-only) or from a reconciliation.
+//! fan-out's ring, from retained history (read-only) or from a reconciliation. Their ids
+//! ([`StreamId`]) carry the identity of the event they name, so a client resuming with an id
+//! from another history (the lost tail of a failover) is sent a reconciliation rather than
+//! the events after a number that names another event here.
 //!
 //! Modules, base first: `sse_id` (the form of the SSE `id:` field) and `auth` import nothing
 //! of the crate; [`fan_out`] uses `sse_id`; `state` holds what handlers share; `stream` (the
