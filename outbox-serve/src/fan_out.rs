@@ -380,3 +380,54 @@ impl<C: Reconciler> Reconciler for FanOutSink<C> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(sequence: i64) -> Frame {
+        let id = StreamId::at(sequence, Some(&format!("e{sequence}")));
+        Frame {
+            id,
+            bytes: Bytes::from(format!("id: {id}\n\n")),
+        }
+    }
+
+    fn fan_out(ring: usize) -> Arc<FanOut> {
+        let project = ProjectId::new("p").unwrap();
+        Arc::new(FanOut::new(project, "c".into(), ring, 100, Duration::ZERO))
+    }
+
+    #[test]
+    fn the_ring_names_the_event_at_a_resume_position_despite_gaps() {
+        let fan_out = fan_out(3);
+        // 3 was parked as a dead letter: never published, a gap in the ring.
+        fan_out.publish(Batch::new(vec![frame(1), frame(2), frame(4)], false));
+        fan_out.publish(Batch::new(vec![frame(5)], false));
+        let at = |after| fan_out.subscribe(Some(after), CancellationToken::new());
+        assert_eq!(at(4).at_position, Some(frame(4).id));
+        assert_eq!(at(2).at_position, Some(frame(2).id));
+        assert_eq!(at(3).at_position, None, "a dead letter is not in the ring");
+        assert_eq!(at(1).at_position, None, "pushed out of a ring of 3");
+        let resumed = at(2);
+        let backlog: Vec<i64> = resumed.backlog.iter().map(Frame::sequence).collect();
+        assert_eq!(backlog, vec![4, 5]);
+        assert_eq!(resumed.handled_through, Some(frame(5).id));
+    }
+
+    #[test]
+    fn a_reconciliation_clears_the_ring_and_is_the_last_handled() {
+        let fan_out = fan_out(10);
+        fan_out.publish(Batch::new(vec![frame(1), frame(2)], false));
+        let head = StreamId::at(2, Some("another history's 2"));
+        let reconcile = Frame {
+            id: head,
+            bytes: Bytes::from_static(b"event: reconcile\n\n"),
+        };
+        fan_out.publish(Batch::new(vec![reconcile], true));
+        let resumed = fan_out.subscribe(Some(2), CancellationToken::new());
+        assert_eq!(resumed.at_position, None);
+        assert!(resumed.backlog.is_empty());
+        assert_eq!(resumed.handled_through, Some(head));
+    }
+}

@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::fan_out::{FanOut, Frame, Subscription};
-use crate::sse_id::{MalformedId, StreamId};
+use crate::sse_id::{MalformedId, StreamId, Tag};
 use outbox_service::http::ConnectionToken;
 
 use crate::state::{AppState, busy, error, event_stream, quoted, release, reserve};
@@ -326,11 +326,8 @@ impl Client {
                 .history
                 .resume_point(&**client, &self.fan_out.project, after)
                 .await
-                .map_err(|e| format!("cannot read the project's bounds: {e}"))?;
-            after > point.head
-                || point
-                    .event_id
-                    .is_some_and(|event_id| StreamId::at(after, Some(&event_id)).tag != Some(tag))
+                .map_err(|e| format!("cannot check the resume position {position}: {e}"))?;
+            after > point.head || point.event_id.is_some_and(|id| Tag::of(&id) != tag)
         };
         if !differs {
             return Ok(None);
