@@ -96,13 +96,16 @@ pub enum ReconcileReason {
     MissingCursor,
     /// The cursor is below the retention floor: the events it needs were pruned.
     BelowRetentionFloor,
-    /// The cursor is above the project's head: it cannot be trusted.
+    /// The cursor is above the project's head: it cannot be trusted. For an SSE client of
+    /// `outbox serve`: it resumed with a bare sequence (no identity to check) above the head.
     AboveHead,
     /// A gap appeared in the retained history after the cursor.
     GapInHistory,
     /// The database's history is not the one the consumer's position came from: the event at
     /// the position has another identity, or the database's cursor is behind the position or
-    /// beyond the head (after a failover that lost a tail, or a restore from backup).
+    /// beyond the head (after a failover that lost a tail, or a restore from backup). For an
+    /// SSE client of `outbox serve`: its resume id names another event at its sequence, or a
+    /// sequence beyond the head.
     HistoryDiverged,
 }
 
