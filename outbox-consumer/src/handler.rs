@@ -80,6 +80,10 @@ pub struct LiveSet {
     pub task_ids: Vec<String>,
     /// The head sequence in the same snapshot; the cursor is recorded here afterwards.
     pub head_sequence: i64,
+    /// The identity (event ID) of the event at the head in the same snapshot; `None` at head
+    /// 0 or when that event was pruned. A follower that resumes at the head checks the
+    /// history it resumes in with it.
+    pub head_event_id: Option<String>,
     /// Why reconciliation ran.
     pub reason: ReconcileReason,
 }
@@ -92,13 +96,16 @@ pub enum ReconcileReason {
     MissingCursor,
     /// The cursor is below the retention floor: the events it needs were pruned.
     BelowRetentionFloor,
-    /// The cursor is above the project's head: it cannot be trusted.
+    /// The cursor is above the project's head: it cannot be trusted. For an SSE client of
+    /// `outbox serve`: it resumed with a bare sequence (no identity to check) above the head.
     AboveHead,
     /// A gap appeared in the retained history after the cursor.
     GapInHistory,
     /// The database's history is not the one the consumer's position came from: the event at
     /// the position has another identity, or the database's cursor is behind the position or
-    /// beyond the head (after a failover that lost a tail, or a restore from backup).
+    /// beyond the head (after a failover that lost a tail, or a restore from backup). For an
+    /// SSE client of `outbox serve`: its resume id names another event at its sequence, or a
+    /// sequence beyond the head.
     HistoryDiverged,
 }
 

@@ -20,6 +20,21 @@ pub struct History {
     bounds: String,
     /// [`sql::CURSOR`], rendered.
     cursor: String,
+    /// [`sql::RESUME_POINT`], rendered.
+    resume_point: String,
+    /// [`sql::EVENT_AT`], rendered.
+    event_at: String,
+}
+
+/// Where a follower may resume: what [`History::resume_point`] reads in one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The project's head.
+    pub head: i64,
+    /// The project's retention floor: every event at or below it is gone.
+    pub floor: i64,
+    /// The identity (event ID) of the retained event at the follower's position, if any.
+    pub event_id: Option<String>,
 }
 
 impl History {
@@ -29,6 +44,8 @@ impl History {
             read_range: schema.render(sql::READ_RANGE),
             bounds: schema.render(sql::PROJECT_BOUNDS),
             cursor: schema.render(sql::CURSOR),
+            resume_point: schema.render(sql::RESUME_POINT),
+            event_at: schema.render(sql::EVENT_AT),
         }
     }
 
@@ -59,6 +76,26 @@ impl History {
             row.try_get("head_sequence")?,
             row.try_get("pruned_through")?,
         ))
+    }
+
+    /// The head, the floor and the identity of the retained event at `position`, in one
+    /// snapshot: a follower resuming after `position` with the identity it last saw there can
+    /// tell whether this is still the history it came from (after a failover that lost a tail,
+    /// the database may have reached `position` again with another event).
+    pub async fn resume_point(
+        &self,
+        client: &impl GenericClient,
+        project: &ProjectId,
+        position: i64,
+    ) -> Result<ResumePoint, ConsumerError> {
+        let row = client
+            .query_one(&self.resume_point, &[&project.as_str(), &position])
+            .await?;
+        Ok(ResumePoint {
+            head: row.try_get("head_sequence")?,
+            floor: row.try_get("pruned_through")?,
+            event_id: row.try_get("event_at_position")?,
+        })
     }
 
     /// Up to `limit` retained events with `after < sequence <= through`, in order, as
@@ -95,8 +132,9 @@ impl History {
         Ok(events)
     }
 
-    /// The live task set and the head in one repeatable-read, read-only snapshot, taken with
-    /// `live_query` (`$1` = project), as the durable consumer's own reconciliation takes it.
+    /// The live task set, the head and the identity of the event there in one repeatable-read,
+    /// read-only snapshot, taken with `live_query` (`$1` = project), as the durable consumer's
+    /// own reconciliation takes it.
     pub async fn live_set(
         &self,
         client: &mut Client,
@@ -106,6 +144,13 @@ impl History {
     ) -> Result<LiveSet, ConsumerError> {
         let tx = outbox_core::read_only_snapshot(client).await?;
         let (head, _) = self.bounds(&tx, project).await?;
+        let head_event_id = match tx
+            .query_opt(&self.event_at, &[&project.as_str(), &head])
+            .await?
+        {
+            Some(row) => Some(row.try_get("event_id")?),
+            None => None,
+        };
         let mut task_ids = Vec::new();
         for row in tx.query(live_query, &[&project.as_str()]).await? {
             task_ids.push(row.try_get(0)?);
@@ -115,6 +160,7 @@ impl History {
             project_id: project.clone(),
             task_ids,
             head_sequence: head,
+            head_event_id,
             reason,
         })
     }

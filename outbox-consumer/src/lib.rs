@@ -87,7 +87,7 @@ pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
 pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
-pub use history::History;
+pub use history::{History, ResumePoint};
 pub use metric_help::describe_metrics;
 pub use outage::{Availability, availability, is_outage, outage_backoff, wait_out};
 pub use probe::Probe;

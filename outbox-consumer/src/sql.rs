@@ -357,6 +357,17 @@ FROM {{schema}}.lifecycle_consumer_cursors AS c
 LEFT JOIN {{schema}}.lifecycle_project_heads AS h ON h.project_id = c.project_id
 WHERE c.project_id = $1 AND c.consumer_id = $2";
 
+/// Where a follower that owns no cursor (an SSE client) may resume after sequence `$2`, in
+/// one snapshot: the project's head and floor, and the identity of the retained event at `$2`
+/// (NULL when none has that number), which the follower's ID is checked against.
+pub const RESUME_POINT: &str = "
+SELECT COALESCE(max(h.head_sequence), 0) AS head_sequence,
+       COALESCE(max(h.pruned_through), 0) AS pruned_through,
+       (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+        WHERE o.project_id = $1 AND o.sequence = $2) AS event_at_position
+FROM {{schema}}.lifecycle_project_heads AS h
+WHERE h.project_id = $1";
+
 /// The identity of event `$2` of project `$1` (none when no retained event has that number).
 pub const EVENT_AT: &str = "
 SELECT event_id FROM {{schema}}.lifecycle_outbox WHERE project_id = $1 AND sequence = $2";

@@ -17,41 +17,50 @@ use tokio_util::sync::CancellationToken;
 
 use outbox_service::lines::{event_line, reconcile_line};
 
+use crate::sse_id::StreamId;
+
 /// One SSE message, rendered once and shared by every client.
 #[derive(Debug, Clone)]
 pub struct Frame {
-    /// The `id:` field: the event's sequence (or the head, for a reconciliation).
-    pub sequence: i64,
+    /// The `id:` field: the event's sequence and identity (or the head's, for a
+    /// reconciliation).
+    pub id: StreamId,
     /// The whole message, blank line included.
     pub bytes: Bytes,
 }
 
 impl Frame {
-    /// An event as `outbox consume` prints it, with the sequence as its id.
+    /// An event as `outbox consume` prints it, with its sequence and identity as its id.
     pub fn event(event: &ObservedEvent) -> Self {
+        let id = StreamId::at(event.sequence, Some(&event.event_id));
         let text = format!(
-            "id: {}\nevent: {}\ndata: {}\n\n",
-            event.sequence,
+            "id: {id}\nevent: {}\ndata: {}\n\n",
             event.event_type,
             event_line(event)
         );
         Self {
-            sequence: event.sequence,
+            id,
             bytes: Bytes::from(text),
         }
     }
 
-    /// A reconciliation: the live task set and the head, with the head as its id.
+    /// A reconciliation: the live task set and the head, with the head (and the identity of
+    /// the event there) as its id, so that a client can resume from it like from an event.
     pub fn reconcile(live: &LiveSet, consumer: &str) -> Self {
+        let id = StreamId::at(live.head_sequence, live.head_event_id.as_deref());
         let text = format!(
-            "id: {}\nevent: reconcile\ndata: {}\n\n",
-            live.head_sequence,
+            "id: {id}\nevent: reconcile\ndata: {}\n\n",
             reconcile_line(live, consumer)
         );
         Self {
-            sequence: live.head_sequence,
+            id,
             bytes: Bytes::from(text),
         }
+    }
+
+    /// The sequence in the id.
+    pub fn sequence(&self) -> i64 {
+        self.id.sequence
     }
 }
 
@@ -97,8 +106,11 @@ pub struct Subscription {
     pub backlog: Vec<Frame>,
     /// The oldest sequence in the ring at subscription, if any.
     pub ring_first: Option<i64>,
-    /// The last sequence handled and published, when known.
-    pub handled_through: Option<i64>,
+    /// The id of the ring's frame at the client's position, when the ring holds it: an event
+    /// this process handled, whose identity a resuming client's id is checked against.
+    pub at_position: Option<StreamId>,
+    /// The id of the last event (or reconciliation) handled and published, when known.
+    pub handled_through: Option<StreamId>,
 }
 
 impl Drop for Subscription {
@@ -124,8 +136,8 @@ struct Slot {
 struct Inner {
     /// The most recent published events, oldest first.
     ring: VecDeque<Frame>,
-    /// The last sequence published (an event or a reconciliation's head).
-    handled_through: Option<i64>,
+    /// The id of the last message published (an event or a reconciliation).
+    handled_through: Option<StreamId>,
     /// Subscribed clients.
     clients: HashMap<u64, Slot>,
     /// The next client key.
@@ -209,11 +221,19 @@ impl FanOut {
             Some(after) => inner
                 .ring
                 .iter()
-                .filter(|f| f.sequence > after)
+                .filter(|f| f.sequence() > after)
                 .cloned()
                 .collect(),
             None => Vec::new(),
         };
+        // Not by index: the ring has no frames for dead letters, so its numbers have gaps.
+        let at_position = after.and_then(|after| {
+            inner
+                .ring
+                .iter()
+                .rfind(|f| f.sequence() == after)
+                .map(|f| f.id)
+        });
         let subscription = Subscription {
             fan_out: self.clone(),
             id,
@@ -221,7 +241,8 @@ impl FanOut {
             queued,
             lagged,
             backlog,
-            ring_first: inner.ring.front().map(|f| f.sequence),
+            ring_first: inner.ring.front().map(Frame::sequence),
+            at_position,
             handled_through: inner.handled_through,
         };
         let clients = inner.clients.len();
@@ -256,11 +277,7 @@ impl FanOut {
                 inner.ring.pop_front();
             }
         }
-        inner.handled_through = batch
-            .frames
-            .last()
-            .map(|f| f.sequence)
-            .or(inner.handled_through);
+        inner.handled_through = batch.frames.last().map(|f| f.id).or(inner.handled_through);
         inner.clients.retain(|_, slot| {
             let queued = slot.queued.load(Ordering::Acquire);
             if queued + count > self.queue_limit {
@@ -361,5 +378,56 @@ impl<C: Reconciler> Reconciler for FanOutSink<C> {
         let frame = Frame::reconcile(live, &self.fan_out.consumer);
         self.fan_out.publish(Batch::new(vec![frame], true));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(sequence: i64) -> Frame {
+        let id = StreamId::at(sequence, Some(&format!("e{sequence}")));
+        Frame {
+            id,
+            bytes: Bytes::from(format!("id: {id}\n\n")),
+        }
+    }
+
+    fn fan_out(ring: usize) -> Arc<FanOut> {
+        let project = ProjectId::new("p").unwrap();
+        Arc::new(FanOut::new(project, "c".into(), ring, 100, Duration::ZERO))
+    }
+
+    #[test]
+    fn the_ring_names_the_event_at_a_resume_position_despite_gaps() {
+        let fan_out = fan_out(3);
+        // 3 was parked as a dead letter: never published, a gap in the ring.
+        fan_out.publish(Batch::new(vec![frame(1), frame(2), frame(4)], false));
+        fan_out.publish(Batch::new(vec![frame(5)], false));
+        let at = |after| fan_out.subscribe(Some(after), CancellationToken::new());
+        assert_eq!(at(4).at_position, Some(frame(4).id));
+        assert_eq!(at(2).at_position, Some(frame(2).id));
+        assert_eq!(at(3).at_position, None, "a dead letter is not in the ring");
+        assert_eq!(at(1).at_position, None, "pushed out of a ring of 3");
+        let resumed = at(2);
+        let backlog: Vec<i64> = resumed.backlog.iter().map(Frame::sequence).collect();
+        assert_eq!(backlog, vec![4, 5]);
+        assert_eq!(resumed.handled_through, Some(frame(5).id));
+    }
+
+    #[test]
+    fn a_reconciliation_clears_the_ring_and_is_the_last_handled() {
+        let fan_out = fan_out(10);
+        fan_out.publish(Batch::new(vec![frame(1), frame(2)], false));
+        let head = StreamId::at(2, Some("another history's 2"));
+        let reconcile = Frame {
+            id: head,
+            bytes: Bytes::from_static(b"event: reconcile\n\n"),
+        };
+        fan_out.publish(Batch::new(vec![reconcile], true));
+        let resumed = fan_out.subscribe(Some(2), CancellationToken::new());
+        assert_eq!(resumed.at_position, None);
+        assert!(resumed.backlog.is_empty());
+        assert_eq!(resumed.handled_through, Some(head));
     }
 }

@@ -33,11 +33,15 @@
 //! connection and one place in the sequencer election, however many projects it serves. Each
 //! project's consumer is the ordinary runtime, with lease, retries and all; its sink
 //! publishes to the project's [`FanOut`]. SSE clients own no cursor: they resume from the
-//! fan-out's ring, from retained history (read-only) or from a reconciliation.
+//! fan-out's ring, from retained history (read-only) or from a reconciliation. Their ids
+//! ([`StreamId`]) carry the identity of the event they name, so a client resuming with an id
+//! from another history (the lost tail of a failover) is sent a reconciliation rather than
+//! the events after a number that names another event here.
 //!
-//! Modules, base first: [`fan_out`] and `auth` import nothing of the crate; `state` holds
-//! what handlers share; `stream` (the SSE endpoint) and `dashboard` use it; `routes` wires
-//! them with the probes; `server` runs it all.
+//! Modules, base first: `sse_id` (the form of the SSE `id:` field) and `auth` import nothing
+//! of the crate; [`fan_out`] uses `sse_id`; `state` holds what handlers share; `stream` (the
+//! SSE endpoint) and `dashboard` use it; `routes` wires them with the probes; `server` runs it
+//! all.
 
 #![forbid(unsafe_code)]
 
@@ -46,6 +50,7 @@ mod dashboard;
 pub mod fan_out;
 mod routes;
 mod server;
+mod sse_id;
 mod state;
 mod stream;
 
@@ -53,3 +58,4 @@ pub use auth::AdminAuth;
 pub use fan_out::{FanOut, FanOutSink};
 pub use routes::waiting_router;
 pub use server::{Direct, ServeError, Server, ServerSettings};
+pub use sse_id::{MalformedId, StreamId, Tag};

@@ -1,7 +1,9 @@
 //! `GET /v1/projects/{P}/events`: Server-Sent Events for ephemeral clients, which own no
 //! cursor. A client resumes after `Last-Event-ID` (or `?after=`) from the ring, then from
 //! retained history in PostgreSQL (read-only), or, below the retention floor, from a
-//! reconciliation; then it follows what the durable consumer handles.
+//! reconciliation; then it follows what the durable consumer handles. A resume id that names
+//! an event this history does not have (`sse_id.rs`: the id carries the event's identity) is
+//! a divergence of history, and the client is sent a reconciliation instead of waiting.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use serde_json::json;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::fan_out::{FanOut, Frame, Subscription};
+use crate::sse_id::{MalformedId, StreamId, Tag};
 use outbox_service::http::ConnectionToken;
 
 use crate::state::{AppState, busy, error, event_stream, quoted, release, reserve};
@@ -25,20 +28,21 @@ use crate::state::{AppState, busy, error, event_stream, quoted, release, reserve
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
 
-/// `?after=N`, for clients that cannot set `Last-Event-ID`.
+/// `?after=ID`, for clients that cannot set `Last-Event-ID`.
 #[derive(Debug, Deserialize)]
 pub struct After {
-    /// The last sequence the client has.
+    /// The id of the last message the client has (or a bare sequence).
     after: Option<String>,
 }
 
-/// Parses a resume position: a sequence, a non-negative integer.
-fn parse_position(text: &str) -> Option<i64> {
-    let text = text.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
+/// The 400 for a malformed resume position, naming where it came from (`Last-Event-ID` or
+/// `after=`) and what is wrong with it.
+fn malformed(source: &str, text: &str, problem: MalformedId) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        format!("malformed {source}{}: {problem}", quoted(text)),
+        json!({}),
+    )
 }
 
 /// The handler.
@@ -68,30 +72,16 @@ pub async fn events(
         }
     };
     let after = match (headers.get("last-event-id"), &query.after) {
-        (Some(value), _) => match value.to_str().ok().and_then(parse_position) {
-            Some(n) => Some(n),
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "malformed Last-Event-ID {:?}: expected a sequence (a non-negative integer)",
-                        String::from_utf8_lossy(value.as_bytes())
-                    ),
-                    json!({}),
-                );
+        (Some(value), _) => {
+            let text = String::from_utf8_lossy(value.as_bytes());
+            match StreamId::parse(&text) {
+                Ok(id) => Some(id),
+                Err(problem) => return malformed("Last-Event-ID ", &text, problem),
             }
-        },
-        (None, Some(text)) => match parse_position(text) {
-            Some(n) => Some(n),
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "malformed after={text:?}: expected a sequence (a non-negative integer)"
-                    ),
-                    json!({}),
-                );
-            }
+        }
+        (None, Some(text)) => match StreamId::parse(text) {
+            Ok(id) => Some(id),
+            Err(problem) => return malformed("after=", text, problem),
         },
         (None, None) => None,
     };
@@ -105,7 +95,7 @@ pub async fn events(
         return refusal;
     }
     let connection = connection.map(|c| (*c.0.0).clone()).unwrap_or_default();
-    let subscription = fan_out.subscribe(after, connection);
+    let subscription = fan_out.subscribe(after.map(|id| id.sequence), connection);
     let client = Client::new(state.clone(), fan_out, subscription, after);
     let stream = futures_util::stream::unfold(client, |mut client| async move {
         client
@@ -162,10 +152,11 @@ struct Client {
     fan_out: Arc<FanOut>,
     /// The client's queue and its starting point.
     subscription: Subscription,
-    /// The last sequence sent (an event's, or a reconciliation's head).
-    last_sent: Option<i64>,
+    /// The id of the last message sent (an event, or a reconciliation), or of the client's
+    /// resume position.
+    last_sent: Option<StreamId>,
     /// The catch-up still to do before following the queue, when the client resumed.
-    resume: Option<i64>,
+    resume: Option<StreamId>,
     /// Chunks ready to go out.
     out: VecDeque<Bytes>,
     /// When the next keep-alive comment is due.
@@ -185,7 +176,7 @@ impl Client {
         state: Arc<AppState>,
         fan_out: Arc<FanOut>,
         subscription: Subscription,
-        after: Option<i64>,
+        after: Option<StreamId>,
     ) -> Self {
         let period = state.keep_alive;
         let mut keep_alive = tokio::time::interval_at(Instant::now() + period, period);
@@ -256,33 +247,28 @@ impl Client {
         let data = json!({
             "type": "lagged",
             "project_id": self.fan_out.project,
-            "last_event_id": self.last_sent,
+            // The sequence (an integer, as it always was) and the whole id to resume with.
+            "last_event_id": self.last_sent.map(|id| id.sequence),
+            "last_id": self.last_sent.map(|id| id.to_string()),
             "reason": "the client fell too far behind; reconnect with Last-Event-ID",
         });
         Bytes::from(format!("event: lagged\ndata: {data}\n\n"))
     }
 
-    /// The resume of a client that named a position: below the retention floor a
-    /// reconciliation first (even when the ring still holds the events: the stream's
-    /// contract is by floor, not by what this process happens to remember), then history up
-    /// to the ring, then the ring.
-    async fn catch_up(&mut self, after: i64) -> Result<(), String> {
+    /// The resume of a client that named a position: a reconciliation first when the
+    /// position is not in this history (see [`Client::diverged`]) or below the retention
+    /// floor (even when the ring still holds the events: the stream's contract is by floor,
+    /// not by what this process happens to remember), then history up to the ring, then the
+    /// ring.
+    async fn catch_up(&mut self, position: StreamId) -> Result<(), String> {
         let backlog = std::mem::take(&mut self.subscription.backlog);
-        // A position this process has handled is at or below the head; any other is checked:
-        // one above the head names events that do not exist (yet), and waiting for them
-        // would silently skip every event up to it.
-        if self
-            .subscription
-            .handled_through
-            .is_none_or(|handled| after > handled)
-            && after > self.head().await?
-        {
+        if let Some(reason) = self.diverged(position).await? {
             let mut client = self.read_client().await?;
-            return self
-                .reconcile(&mut client, ReconcileReason::AboveHead)
-                .await
-                .map(drop);
+            // The ring's frames after the position are dropped: those of this history are at or
+            // below the head the reconciliation reads, and later events arrive on the queue.
+            return self.reconcile(&mut client, reason).await.map(drop);
         }
+        let after = position.sequence;
         let through = match (
             self.subscription.ring_first,
             self.subscription.handled_through,
@@ -290,12 +276,12 @@ impl Client {
             // The ring covers everything after the position: only the floor is checked.
             (Some(first), _) if first <= after + 1 => after,
             (Some(first), _) => first - 1,
-            (None, Some(handled)) => handled,
+            (None, Some(handled)) => handled.sequence,
             // Nothing handled by this process yet: what the consumer acknowledged.
             (None, None) => self.acknowledged().await?.unwrap_or(after),
         };
         let behind = match backlog.last() {
-            Some(last) => last.sequence > after,
+            Some(last) => last.sequence() > after,
             None => through > after,
         };
         if behind {
@@ -305,6 +291,53 @@ impl Client {
             self.send(frame);
         }
         Ok(())
+    }
+
+    /// Why a client resuming at `position` must reconcile first, if it must: waiting after a
+    /// position this history does not have would silently skip every event of this history
+    /// up to it.
+    ///
+    /// - An id with an identity (what the stream sends) is checked against the event at its
+    ///   sequence: in the ring when this process handled it, else in the database. Another
+    ///   identity there, or a sequence beyond the head, means the id came from another
+    ///   history (a failover lost the tail it came from, or the database was restored):
+    ///   `history_diverged`. No retained event there (pruned: the floor check follows) passes.
+    /// - A bare sequence (older clients) can only be checked against the head: beyond it,
+    ///   `above_head`. A sequence this process has handled is at or below the head.
+    ///
+    /// A client whose id still matches the ring while the database's history changed under
+    /// this process is not lost either: the durable consumer finds the divergence and
+    /// reconciles, and that reconciliation reaches every client.
+    async fn diverged(&self, position: StreamId) -> Result<Option<ReconcileReason>, String> {
+        let after = position.sequence;
+        let Some(tag) = position.tag else {
+            let handled = self.subscription.handled_through.map(|id| id.sequence);
+            if handled.is_none_or(|handled| after > handled) && after > self.head().await? {
+                return Ok(Some(ReconcileReason::AboveHead));
+            }
+            return Ok(None);
+        };
+        let differs = if let Some(ring) = self.subscription.at_position {
+            ring.tag != Some(tag)
+        } else {
+            let client = self.read_client().await?;
+            let point = self
+                .state
+                .history
+                .resume_point(&**client, &self.fan_out.project, after)
+                .await
+                .map_err(|e| format!("cannot check the resume position {position}: {e}"))?;
+            after > point.head || point.event_id.is_some_and(|id| Tag::of(&id) != tag)
+        };
+        if !differs {
+            return Ok(None);
+        }
+        tracing::info!(
+            project = %self.fan_out.project,
+            position = %position,
+            "an SSE client resumed from a position this history does not have; reconciling it"
+        );
+        Ok(Some(ReconcileReason::HistoryDiverged))
     }
 
     /// The durable consumer's acknowledged cursor.
@@ -360,7 +393,7 @@ impl Client {
         let head = live.head_sequence;
         let frame = Frame::reconcile(&live, &self.fan_out.consumer);
         self.out.push_back(frame.bytes);
-        self.last_sent = Some(head);
+        self.last_sent = Some(frame.id);
         Ok(head)
     }
 
@@ -405,9 +438,10 @@ impl Client {
             from = last.sequence;
             let mut chunk = Vec::new();
             for event in &events {
-                chunk.extend_from_slice(&Frame::event(event).bytes);
+                let frame = Frame::event(event);
+                chunk.extend_from_slice(&frame.bytes);
+                self.last_sent = Some(frame.id);
             }
-            self.last_sent = Some(from);
             self.out.push_back(Bytes::from(chunk));
             if (events.len() as i64) < HISTORY_PAGE {
                 break;
@@ -443,10 +477,13 @@ impl Client {
 
     /// Queues `frame` unless the client already has it.
     fn send(&mut self, frame: Frame) {
-        if self.last_sent.is_some_and(|last| frame.sequence <= last) {
+        if self
+            .last_sent
+            .is_some_and(|last| frame.sequence() <= last.sequence)
+        {
             return;
         }
-        self.last_sent = Some(frame.sequence);
+        self.last_sent = Some(frame.id);
         self.out.push_back(frame.bytes);
     }
 
@@ -458,50 +495,37 @@ impl Client {
         };
         if batch.reconcile {
             // Sent unless the client has this very reconciliation already (from its own
-            // resume). A head below what the client was sent is no repeat: the durable
+            // resume: the same head and identity). A head below what the client was sent is
+            // no repeat, nor is one at the same number with another identity: the durable
             // consumer found the database's history diverged from the one those events came
             // from (a failover lost a tail), and the client must not wait for numbers the new
             // history has used for other events.
-            if self.last_sent != Some(first.sequence) {
-                self.last_sent = Some(first.sequence);
+            if self.last_sent != Some(first.id) {
+                self.last_sent = Some(first.id);
                 self.out.push_back(first.bytes.clone());
             }
             return Ok(());
         }
-        match self.last_sent {
-            Some(sent) if last.sequence <= sent => Ok(()),
-            Some(sent) if first.sequence > sent + 1 => {
-                self.history(sent, first.sequence - 1).await?;
+        match self.last_sent.map(|id| id.sequence) {
+            Some(sent) if last.sequence() <= sent => Ok(()),
+            Some(sent) if first.sequence() > sent + 1 => {
+                self.history(sent, first.sequence() - 1).await?;
                 for frame in &batch.frames {
                     self.send(frame.clone());
                 }
                 Ok(())
             }
-            Some(sent) if first.sequence <= sent => {
+            Some(sent) if first.sequence() <= sent => {
                 for frame in &batch.frames {
                     self.send(frame.clone());
                 }
                 Ok(())
             }
             _ => {
-                self.last_sent = Some(last.sequence);
+                self.last_sent = Some(last.id);
                 self.out.push_back(batch.bytes.clone());
                 Ok(())
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_position;
-
-    #[test]
-    fn positions_are_plain_sequences() {
-        assert_eq!(parse_position("0"), Some(0));
-        assert_eq!(parse_position(" 42 "), Some(42));
-        for bad in ["", "-1", "1.5", "abc", "1e3", "99999999999999999999"] {
-            assert_eq!(parse_position(bad), None, "{bad:?}");
         }
     }
 }

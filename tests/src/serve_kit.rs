@@ -179,6 +179,17 @@ pub struct Message {
 }
 
 impl Message {
+    /// The sequence in `id:` (the part before `:`), if the message has an id.
+    pub fn sequence(&self) -> Option<i64> {
+        let id = self.id.as_deref()?;
+        let sequence = id.split_once(':').map_or(id, |(sequence, _)| sequence);
+        Some(
+            sequence
+                .parse()
+                .unwrap_or_else(|e| panic!("id {id:?}: {e}")),
+        )
+    }
+
     /// `data` as JSON.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.data)
@@ -265,12 +276,12 @@ impl SseClient {
             .collect()
     }
 
-    /// `id:` of received `task:deleted` messages, as numbers.
+    /// The sequences in the `id:` of received `task:deleted` messages.
     pub fn sequences(&self) -> Vec<i64> {
         self.events()
             .iter()
             .filter(|m| m.event.as_deref() == Some("task:deleted"))
-            .map(|m| m.id.as_deref().unwrap().parse().unwrap())
+            .map(|m| m.sequence().expect("an event has an id"))
             .collect()
     }
 
@@ -278,6 +289,16 @@ impl SseClient {
     pub fn ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
+}
+
+/// The `id:` the stream gives event `event_id` at `sequence`, computed here as the docs
+/// describe it (`<sequence>:` and the first 16 hex digits of the SHA-256 of the event ID), not
+/// with the server's code.
+pub fn sse_id(sequence: i64, event_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(event_id.as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{sequence}:{hex}")
 }
 
 fn parse_block(block: &str) -> Message {

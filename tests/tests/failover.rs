@@ -16,7 +16,7 @@ use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_delivery, fast_duties, start, write_event,
 };
 use outbox_tests::nats_kit::{NatsServer, read_stream, spawn_relay};
-use outbox_tests::serve_kit::{ServeProcess, SseClient, get};
+use outbox_tests::serve_kit::{ServeProcess, SseClient, get, sse_id};
 use outbox_tests::set_kit::{Recorders, SetConfig, listed, start_set};
 use outbox_tests::standby_kit::{Replication, StandbyPair};
 use outbox_tests::{TestDb, sequenced};
@@ -447,11 +447,17 @@ async fn serve_and_the_relay_reconcile_after_an_asynchronous_failover() {
         .await;
         let (reason, head, events) =
             after_last_reconcile(client).unwrap_or_else(|| panic!("{who}: no event: reconcile"));
-        assert!(
-            ["history_diverged", "above_head"].contains(&reason.as_str()),
-            "{who}: {reason}"
-        );
+        assert_eq!(reason, "history_diverged", "{who}");
         covered_after(&events, &history, head, who);
+        // The reconciliation's id (the durable consumer's for "staying", the server's own
+        // for "resumed") names its head and the event there, to resume from.
+        let id = client
+            .events()
+            .iter()
+            .rfind(|m| m.event.as_deref() == Some("reconcile"))
+            .and_then(|m| m.id.clone());
+        let at_head = &history[head as usize - 1];
+        assert_eq!(id, Some(sse_id(head, &at_head.1)), "{who}");
     }
     assert_eq!(divergences(&b, "feed").await.len(), 1);
     assert_eq!(divergences(&b, "relay").await.len(), 1);
@@ -478,4 +484,77 @@ async fn serve_and_the_relay_reconcile_after_an_asynchronous_failover() {
         .map(|m| (m.outbox_sequence, m.msg_id.clone()))
         .collect();
     covered_after(&after, &history, head, "relay");
+}
+
+/// The table with an SSE client that leaves at 200, in the lost tail, and comes back
+/// with its last id only after the promoted primary has passed 200 with its own events, while
+/// `serve` lived through the failover (its durable consumer has reconciled and handled the new
+/// history, so its ring holds the new events 101..210). A bare sequence would be taken at its
+/// word (200 is at or below the head, and this process handled it) and the client would miss
+/// the new history's events up to 200. The id carries the identity of the event it names, so
+/// the client gets `event: reconcile` (`history_diverged`) and then every later event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_sse_client_resuming_from_the_lost_tail_after_the_new_history_passed_it_reconciles() {
+    let pair = StandbyPair::start("failover-sse", Replication::Asynchronous).await;
+    let (a, b) = (pair.primary_db(), pair.standby_db());
+    let url = pair.multi_host_url();
+
+    let mut serve_args = FAST.to_vec();
+    serve_args.extend_from_slice(&["--consumer-id", "feed", "--keep-alive", "1s"]);
+    let server = ServeProcess::start(&url, &serve_args).await;
+    let path = "/v1/projects/p/events";
+    ready(&server).await;
+    let leaving = SseClient::open(server.addr, path, &[]).await;
+
+    write_many(&a, "both", 100).await;
+    all_at(&a, &["feed"], 100).await;
+    pair.stop_wal_receipt().await;
+    write_many(&a, "lost", 100).await;
+    all_at(&a, &["feed"], 200).await;
+    eventually(FAILOVER_WAIT, "the leaving client at 200", || async {
+        sse_events(&leaving).last().map(|(s, _)| *s) == Some(200)
+    })
+    .await;
+    let (_, lost_200) = sse_events(&leaving).last().cloned().unwrap();
+    let last_id = leaving.events().last().unwrap().id.clone().unwrap();
+    drop(leaving);
+
+    pair.stop_primary_immediately();
+    pair.promote_standby().await;
+    write_many(&b, "new", 50).await;
+    write_many(&b, "more", 60).await;
+    all_at(&b, &["feed"], 210).await;
+    let history = sequenced(&b.connect().await, "p").await;
+    assert_eq!(history.len(), 210);
+    assert_ne!(history[199].1, lost_200, "200 names another event now");
+
+    ready(&server).await;
+    let resumed = SseClient::open(server.addr, path, &[("last-event-id", &last_id)]).await;
+    write_many(&b, "after", 20).await;
+    all_at(&b, &["feed"], 230).await;
+    let history = sequenced(&b.connect().await, "p").await;
+    eventually(FAILOVER_WAIT, "the resumed client at 230", || async {
+        sse_events(&resumed).last().map(|(s, _)| *s) == Some(230)
+    })
+    .await;
+    let messages = resumed.events();
+    assert_eq!(
+        messages[0].event.as_deref(),
+        Some("reconcile"),
+        "the first message after the resume: {:?}",
+        messages[0]
+    );
+    let (reason, head, events) = after_last_reconcile(&resumed).unwrap();
+    assert_eq!(reason, "history_diverged");
+    assert!(
+        head >= 210,
+        "reconciled at {head}, below what the history had"
+    );
+    covered_after(&events, &history, head, "resumed");
+    assert!(
+        last_id.starts_with("200:"),
+        "the id carries an identity: {last_id}"
+    );
+    // One divergence, the durable consumer's: a client's is not audited.
+    assert_eq!(divergences(&b, "feed").await.len(), 1);
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
 use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
-use outbox_tests::serve_kit::{Metrics, ServeProcess, SseClient, free_port, get, post};
+use outbox_tests::serve_kit::{Metrics, ServeProcess, SseClient, free_port, get, post, sse_id};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -116,7 +116,8 @@ async fn stream_carries_handled_events_in_order_and_resumes_from_ring_and_histor
     {
         let data = message.json();
         let sequence = n as i64 + 1;
-        assert_eq!(message.id.as_deref(), Some(sequence.to_string().as_str()));
+        let id = sse_id(sequence, ids[n].as_str());
+        assert_eq!(message.id.as_deref(), Some(id.as_str()));
         assert_eq!(data["sequence"], sequence);
         assert_eq!(data["type"], "event");
         assert_eq!(data["event_type"], "task:deleted");
@@ -237,8 +238,8 @@ async fn a_client_below_the_retention_floor_reconciles_first() {
     let first = client.events()[0].clone();
     assert_eq!(first.event.as_deref(), Some("reconcile"));
     assert_eq!(
-        first.id.as_deref(),
-        Some("3"),
+        first.sequence(),
+        Some(3),
         "the reconciliation's id is the head"
     );
     let data = first.json();
@@ -357,6 +358,18 @@ async fn a_slow_client_is_dropped_while_a_fast_one_keeps_up() {
         text.len(),
         &text[text.len().saturating_sub(300)..]
     );
+    // It names the last message the client was sent: its sequence, and its whole id to
+    // resume with.
+    let (before, lagged) = text.rsplit_once("event: lagged\ndata: ").unwrap();
+    let lagged: serde_json::Value = serde_json::from_str(lagged.lines().next().unwrap()).unwrap();
+    let last_id = before
+        .lines()
+        .filter_map(|line| line.strip_prefix("id: "))
+        .next_back()
+        .expect("events before the lagged message");
+    assert_eq!(lagged["last_id"], last_id, "{lagged}");
+    let sequence: i64 = last_id.split_once(':').unwrap().0.parse().unwrap();
+    assert_eq!(lagged["last_event_id"], sequence, "{lagged}");
 
     eventually(
         Duration::from_secs(60),
@@ -551,10 +564,35 @@ async fn refusals_404_400_503_and_usage_errors() {
         assert_eq!(status, 400, "Last-Event-ID {bad:?}: {body}");
         assert!(body.contains("malformed Last-Event-ID"), "{body}");
     }
+    // An id with a malformed identity after the sequence names that part.
+    for bad in ["5:", "5:abc", "5:e3b0c44298fc1c14:1", "5:zzzzzzzzzzzzzzzz"] {
+        let (status, _, body) = get(addr, "/v1/projects/p1/events", &[("last-event-id", bad)])
+            .await
+            .unwrap();
+        assert_eq!(status, 400, "Last-Event-ID {bad:?}: {body}");
+        let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let message = error["error"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("malformed Last-Event-ID {bad:?}: "))
+                && message.contains("16 hex digits"),
+            "{message}"
+        );
+    }
     let (status, _, body) = get(addr, "/v1/projects/p1/events?after=x", &[])
         .await
         .unwrap();
     assert_eq!(status, 400, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let message = error["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("malformed after=\"x\": expected a sequence"),
+        "{message}"
+    );
+    let (status, _, body) = get(addr, "/v1/projects/p1/events?after=3:12", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("16 hex digits"), "{body}");
 
     ready(&server).await;
     let _only = SseClient::open(addr, "/v1/projects/p2/events", &[]).await;
@@ -1090,7 +1128,7 @@ async fn a_resume_position_above_the_head_reconciles_instead_of_waiting() {
         .await;
         let first = client.events()[0].clone();
         assert_eq!(first.event.as_deref(), Some("reconcile"), "{first:?}");
-        assert_eq!(first.id.as_deref(), Some("3"), "the reconciliation's head");
+        assert_eq!(first.sequence(), Some(3), "the reconciliation's head");
         let data = first.json();
         assert_eq!(data["reason"], "above_head");
         let mut live: Vec<String> = data["live_task_ids"]
@@ -1111,6 +1149,114 @@ async fn a_resume_position_above_the_head_reconciles_instead_of_waiting() {
         })
         .await;
     }
+}
+
+/// The stream's ids carry the identity of the event at their sequence, so a resume id from
+/// another history (here one forged with another event's identity; `failover.rs` has the
+/// real thing) is found whether the server checks it in its ring or in the database, and the
+/// client is sent a reconciliation (`history_diverged`) and then every later event, instead
+/// of continuing after a number that names another event here. The right id, a bare sequence
+/// and a reconciliation's own id resume without one.
+#[tokio::test]
+async fn a_resume_id_from_another_history_reconciles_instead_of_skipping() {
+    let db = fresh_db().await;
+    add_tasks(&db, "p1", &["A", "B", "C", "D", "E", "F", "G"]).await;
+    // A ring of one: event 5 is checked in memory, event 3 in the database.
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--ring-size",
+            "1",
+        ]),
+    )
+    .await;
+    ready(&server).await;
+    for task in ["A", "B", "C", "D", "E"] {
+        delete_task(&db, "p1", task).await;
+    }
+    eventually(Duration::from_secs(10), "cursor at 5", || {
+        let db = &db;
+        async move { cursor(db, "p1", "feed").await == Some(5) }
+    })
+    .await;
+    let history = outbox_tests::sequenced(&db.connect().await, "p1").await;
+    let (at3, at5) = (history[2].1.as_str(), history[4].1.as_str());
+    let path = "/v1/projects/p1/events";
+    let open = |id: String| async move {
+        SseClient::open(server.addr, path, &[("last-event-id", id.as_str())]).await
+    };
+    let other_at_3 = open(sse_id(3, "an event of another history")).await;
+    let other_at_5 = open(sse_id(5, "an event of another history")).await;
+    let beyond = open(sse_id(9, "an event of another history")).await;
+    let right_at_3 = open(sse_id(3, at3)).await;
+    let bare_3 = open("3".to_owned()).await;
+    let diverged = [
+        ("other at 3", &other_at_3),
+        ("other at 5", &other_at_5),
+        ("beyond the head", &beyond),
+    ];
+    for (who, client) in diverged {
+        eventually(Duration::from_secs(10), "a reconcile message", || {
+            let n = client.events().len();
+            async move { n >= 1 }
+        })
+        .await;
+        let first = client.events()[0].clone();
+        assert_eq!(
+            first.event.as_deref(),
+            Some("reconcile"),
+            "{who}: {first:?}"
+        );
+        let data = first.json();
+        assert_eq!(data["reason"], "history_diverged", "{who}");
+        assert_eq!(data["head_sequence"], 5, "{who}");
+        assert_eq!(data["live_task_ids"], json!(["F", "G"]), "{who}");
+        // Resumable like an event's: the head and the identity of the event there.
+        assert_eq!(first.id, Some(sse_id(5, at5)), "{who}");
+    }
+    let reconcile_id = other_at_3.events()[0].id.clone().unwrap();
+    let from_reconcile = open(reconcile_id).await;
+    for (who, client) in [("right at 3", &right_at_3), ("bare 3", &bare_3)] {
+        eventually(Duration::from_secs(10), "events 4 and 5", || {
+            let done = client.sequences() == vec![4, 5];
+            async move { done }
+        })
+        .await;
+        let events = client.events();
+        assert_eq!(events.len(), 2, "{who}: no reconciliation: {events:?}");
+    }
+
+    delete_task(&db, "p1", "F").await;
+    delete_task(&db, "p1", "G").await;
+    for client in [&other_at_3, &other_at_5, &beyond] {
+        eventually(Duration::from_secs(10), "events 6 and 7 after it", || {
+            let done = client.sequences() == vec![6, 7];
+            async move { done }
+        })
+        .await;
+    }
+    for client in [&right_at_3, &bare_3] {
+        eventually(Duration::from_secs(10), "events 4 to 7", || {
+            let done = client.sequences() == vec![4, 5, 6, 7];
+            async move { done }
+        })
+        .await;
+    }
+    eventually(
+        Duration::from_secs(10),
+        "events 6 and 7 after the id",
+        || {
+            let done = from_reconcile.sequences() == vec![6, 7];
+            async move { done }
+        },
+    )
+    .await;
+    let events = from_reconcile.events();
+    assert_eq!(events.len(), 2, "no second reconciliation: {events:?}");
 }
 
 #[tokio::test]

@@ -77,6 +77,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             project_id: self.config.project_id.clone(),
             task_ids,
             head_sequence: head,
+            head_event_id: identity.clone(),
             reason,
         };
         let reconciled = outbox_core::observe(self.reconciler.reconcile(&live));
