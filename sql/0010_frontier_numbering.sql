@@ -66,13 +66,18 @@ CREATE TABLE {{schema}}.lifecycle_sequencer_frontier (
     after_id  bigint      NOT NULL
 );
 
--- The newest frontier; before the first tick, one that sees nothing (every row is work).
+-- The newest frontier; before the first tick, one that sees nothing (every row is work). A
+-- frontier ahead of this cluster's transaction IDs (restored from a logical dump of another
+-- cluster, whose IDs do not mean the same) is ignored the same way, so a restore never makes
+-- the new cluster's writers look numbered already.
 CREATE VIEW {{schema}}.lifecycle_sequencer_frontier_latest WITH (security_invoker = true) AS
 SELECT base, upto, after_xid, after_id
 FROM ((SELECT 1 AS rank, base, upto, after_xid, after_id
-       FROM {{schema}}.lifecycle_sequencer_frontier
-       ORDER BY tick DESC
-       LIMIT 1)
+       FROM (SELECT base, upto, after_xid, after_id
+             FROM {{schema}}.lifecycle_sequencer_frontier
+             ORDER BY tick DESC
+             LIMIT 1) AS newest
+       WHERE pg_snapshot_xmax(upto) <= pg_snapshot_xmax(pg_current_snapshot()))
       UNION ALL
       SELECT 2, '1:1:'::pg_snapshot, '1:1:'::pg_snapshot, '1'::xid8, 0) AS f
 ORDER BY rank

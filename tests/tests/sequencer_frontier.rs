@@ -346,3 +346,34 @@ async fn a_tick_cut_off_in_the_middle_leaves_nothing_half_done() {
     }
     assert_eq!(total, 100);
 }
+
+/// A frontier ahead of this cluster's transaction IDs, as a logical restore from another
+/// cluster leaves it, is ignored: the new cluster's writers are numbered, not taken for done.
+#[tokio::test]
+async fn a_frontier_from_another_clusters_transaction_ids_is_ignored() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox.lifecycle_sequencer_frontier (base, upto, after_xid, after_id)
+             VALUES ('900000000000:900000000000:', '900000000000:900000000000:',
+                     '900000000000', 0)",
+        )
+        .await
+        .unwrap();
+    write(&client, "restored", 40).await;
+    let numbered = Sequencer::new(&Schema::default())
+        .drain(&mut db.connect().await)
+        .await
+        .unwrap();
+    assert_eq!(numbered, 40);
+    let newest: String = client
+        .query_one(
+            "SELECT upto::text FROM outbox.lifecycle_sequencer_frontier ORDER BY tick DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!newest.starts_with("900000000000"), "{newest}");
+}
