@@ -19,7 +19,7 @@
 #   seq us/event   the sequencer's server time (lock + numbering + NOTIFY + idle probes) per
 #                  event it numbered
 #   bufs/tick      shared buffers (hit + read) per numbering statement (one per tick)
-#   bufs/probe     shared buffers per idle probe of the work list
+#   bufs/probe     shared buffers per idle probe of the work list (the frontier's, from migration 10)
 #   bufs/read      shared buffers per other statement that reads the event table (the
 #                  consumer's fetches and caught-up checks)
 #   bufs/ack       shared buffers per update of the consumer cursors
@@ -124,9 +124,11 @@ sample() {
 WITH s AS (
     SELECT calls, total_exec_time AS ms, shared_blks_hit + shared_blks_read AS bufs,
            CASE
-               WHEN query LIKE '%PARTITION BY project_id ORDER BY id%' THEN 'number'
+               WHEN query LIKE '%PARTITION BY project_id ORDER BY id%'
+                    OR query LIKE '%PARTITION BY project_id ORDER BY xid, id%' THEN 'number'
                WHEN query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_notify%' THEN 'seq'
-               WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%' THEN 'probe'
+               WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%'
+                    OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT 1%' THEN 'probe'
                WHEN query LIKE '%UPDATE%lifecycle_consumer_cursors%' THEN 'ack'
                WHEN query LIKE '%lifecycle_outbox%' AND query NOT LIKE '%INSERT%'
                     AND query NOT LIKE '%write_task_deleted%' THEN 'read'

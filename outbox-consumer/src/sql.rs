@@ -86,18 +86,20 @@ WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_genera
   AND state = 'active' AND last_acked_sequence = $6";
 
 /// Whether project `$1` has committed events still waiting for a number, read from the
-/// sequencer's work list (a small partial index).
+/// sequencer's frontier (migration 0010): what it has not numbered yet, however old the
+/// oldest snapshot is.
 ///
-/// The work list is read in `id` order, which only its index yields without a sort, and the
-/// project is matched outside that subquery (`OFFSET 0` keeps the filter from being pushed
-/// into it). Statistics taken during a backlog make `sequence IS NULL` look common; with both
-/// conditions on the table, the planner then answers with a sequential scan of the whole table
-/// (for a project holding most of it) or a walk of the project's whole history through the
-/// `(project_id, event_id)` key (for a small one), even when the work list is empty. During a
-/// real backlog this reads the work list up to the project's first waiting event.
+/// The frontier's work is read in its `(xid, id)` order, which only the frontier index yields
+/// without a sort, and the project is matched outside that subquery (`OFFSET 0` keeps the
+/// filter from being pushed into it). Statistics taken during a backlog make
+/// `sequence IS NULL` look common; with both conditions on the table, the planner then answers
+/// with a sequential scan of the whole table (for a project holding most of it) or a walk of
+/// the project's whole history through the `(project_id, event_id)` key (for a small one),
+/// even when nothing waits. During a real backlog this reads the work up to the project's
+/// first waiting event.
 pub const HAS_UNSEQUENCED: &str = "
-SELECT EXISTS (SELECT FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox
-                            WHERE sequence IS NULL ORDER BY id OFFSET 0) AS work_list
+SELECT EXISTS (SELECT FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox_unsequenced
+                            OFFSET 0) AS work
                WHERE project_id = $1) AS waiting";
 
 /// Moves the cursor without acknowledging a delivery (past a parked event, or to the floor for
@@ -324,13 +326,11 @@ LIMIT $4";
 
 /// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,
 /// its dead letters, and the unsequenced backlog of the whole outbox with the age of its
-/// oldest event (the sequencer is shared by every project). Both go through the partial index
-/// on unsequenced rows; arrival order stands in for age.
-///
-/// The backlog counts every row of the work list, read in `id` order: only the work list's
-/// index yields that order without a sort. A bare `count(*) ... WHERE sequence IS NULL` is
-/// answered with a sequential scan of the whole table once statistics taken during a backlog
-/// make unsequenced rows look common, even when the work list is empty.
+/// oldest event (the sequencer is shared by every project). Both read the frontier's work
+/// (migration 0010), in the order only the frontier index yields without a sort: a bare
+/// `count(*) ... WHERE sequence IS NULL` is answered with a sequential scan of the whole table
+/// once statistics taken during a backlog make unsequenced rows look common, even when
+/// nothing waits.
 pub const GAUGES: &str = "
 SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
                  WHERE project_id = $1), 0) AS head,
@@ -338,11 +338,9 @@ SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
         WHERE project_id = $1 AND consumer_id = $2) AS cursor,
        (SELECT count(*) FROM {{schema}}.lifecycle_deliveries
         WHERE project_id = $1 AND consumer_id = $2 AND state = 'dead') AS dead_letters,
-       (SELECT count(*) FROM (SELECT FROM {{schema}}.lifecycle_outbox
-                              WHERE sequence IS NULL ORDER BY id) AS work_list) AS unsequenced,
-       (SELECT GREATEST(extract(epoch FROM now() - occurred_at), 0)::float8
-        FROM {{schema}}.lifecycle_outbox WHERE sequence IS NULL
-        ORDER BY id LIMIT 1) AS oldest_unsequenced";
+       (SELECT count(*) FROM {{schema}}.lifecycle_outbox_unsequenced) AS unsequenced,
+       (SELECT GREATEST(extract(epoch FROM now() - min(occurred_at)), 0)::float8
+        FROM {{schema}}.lifecycle_outbox_unsequenced) AS oldest_unsequenced";
 
 /// What the identity check compares, in one snapshot: the consumer's cursor and the identity
 /// it records, the project's head and floor, and the identity of the event at `$3` (the

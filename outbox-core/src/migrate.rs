@@ -81,6 +81,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cursor_identity",
         template: include_str!("../../sql/0009_cursor_identity.sql"),
     },
+    Migration {
+        version: 10,
+        name: "frontier_numbering",
+        template: include_str!("../../sql/0010_frontier_numbering.sql"),
+    },
 ];
 
 /// What a migration run did.

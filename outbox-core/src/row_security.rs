@@ -13,7 +13,7 @@ use crate::schema::Schema;
 /// The tables that carry a `project_id` and the `project_binding` policy.
 pub const ROW_SECURITY_TABLES: [&str; 5] = [
     "lifecycle_outbox",
-    "lifecycle_project_heads",
+    "lifecycle_projects",
     "lifecycle_consumer_cursors",
     "lifecycle_deliveries",
     "lifecycle_audit",

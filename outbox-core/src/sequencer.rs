@@ -1,9 +1,13 @@
 //! The sequencer: numbers committed events densely per project, after commit.
 //!
-//! Writers insert with `sequence` NULL. A tick takes a transaction-level advisory lock (so one
-//! sequencer runs at a time; others skip), numbers the visible (committed) unsequenced rows in
-//! arrival order, advances each project's head and sends one `NOTIFY` per touched project. The
-//! whole tick commits at once, so readers see a dense prefix 1..head and never n+1 without n.
+//! Writers insert with `sequence` NULL, each row carrying its transaction's ID. A tick takes a
+//! transaction-level advisory lock (so one sequencer runs at a time; others skip), numbers the
+//! committed rows the last stored frontier did not see (in transaction, then arrival order),
+//! continuing each project's head, stores the frontier it reached and sends one `NOTIFY` per
+//! touched project. The whole tick commits at once, so readers see a dense prefix 1..head and
+//! never n+1 without n. Finding the work from a frontier rather than from an index of
+//! unnumbered rows keeps every tick's cost to its own batch while an old snapshot anywhere in
+//! the database keeps the old versions of everything numbered since (see `NUMBER_PENDING`).
 //!
 //! A busy leader ticks hundreds of times a second, each tick numbering what committed during
 //! the last, and planning the numbering statement is a good part of such a small tick's

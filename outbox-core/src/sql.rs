@@ -30,9 +30,11 @@ pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 /// or stalled process would otherwise hold the lock, and stop all numbering, indefinitely.
 ///
 /// And fixes the numbering statement's plan whatever the statistics and the table's size,
-/// for the rest of the tick: the work list only through its partial index (no sequential or
-/// bitmap scan, which would read the table or sort it), and no nested loops between the
-/// batch's projects (quadratic in them). A plan kept on the session (see
+/// for the rest of the tick: the work only through the frontier index (no sequential or
+/// bitmap scan, which would read the table or sort it), no nested loops between the
+/// batch's projects (quadratic in them), and no JIT compilation (the settings' penalties make
+/// any plan look expensive enough to compile, which costs a small tick half a second). A plan
+/// kept on the session (see
 /// [`Sequencer::with_session_plan`](crate::Sequencer::with_session_plan)) is made under the
 /// same settings, so it cannot be one that was only cheap while the table was small.
 pub const TRY_LOCK: &str = "
@@ -40,7 +42,8 @@ SELECT pg_try_advisory_xact_lock($1) AS locked,
        set_config('idle_in_transaction_session_timeout', $2, true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true),
-       set_config('enable_nestloop', 'off', true)";
+       set_config('enable_nestloop', 'off', true),
+       set_config('jit', 'off', true)";
 
 /// Takes the sequencer lease when it is free or expired (a new generation), or renews it for
 /// its holder (`$1` owner, `$2` generation) while it has not expired; `$3`: lease seconds.
@@ -72,28 +75,55 @@ VALUES ($1, 'task:deleted', $2, $3, $4, $5, $6, $7)
 ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
 RETURNING id";
 
-/// Whether any committed event waits for a number: one cheap probe of the (tiny) work-list
-/// index, so an idle tick costs one round trip and no transaction.
+/// Whether any committed event waits for a number: the first row of each part of the
+/// frontier's work (see migration 0010), so an idle tick costs one round trip, no
+/// transaction, and a handful of index pages however old the oldest snapshot is.
 ///
-/// The first row in `id` order, not a bare `EXISTS`: statistics taken during a backlog make
-/// `sequence IS NULL` look common, and the planner then answers a bare `EXISTS` with a
-/// sequential scan that stops at the first match, which reads the whole table when the work
-/// list is empty. Only the work-list index yields rows in `id` order without a sort.
+/// Each part is read in `(xid, id)` order, which only the frontier index yields without a
+/// sort: statistics taken during a backlog make `sequence IS NULL` look common, and a bare
+/// `EXISTS` would then be answered with a sequential scan that reads the whole table when
+/// there is no work.
 pub const PENDING_EXISTS: &str = "
-SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox
-                            WHERE sequence IS NULL ORDER BY id LIMIT 1) AS first) AS pending";
+SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox_unsequenced_open
+                            LIMIT 1) AS first)
+    OR EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox_unsequenced_after
+                            LIMIT 1) AS first) AS pending";
 
 /// [`PENDING_EXISTS`], and whether this session already holds the prepared numbering
 /// statement named `$1` (a pooled connection may have been reset in between).
 pub const PENDING_EXISTS_PREPARED: &str = "
-SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox
-                            WHERE sequence IS NULL ORDER BY id LIMIT 1) AS first) AS pending,
+SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox_unsequenced_open
+                            LIMIT 1) AS first)
+    OR EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox_unsequenced_after
+                            LIMIT 1) AS first) AS pending,
        EXISTS (SELECT FROM pg_prepared_statements WHERE name = $1) AS prepared";
 
-/// Numbers up to `{{batch}}` committed, unsequenced rows in arrival (`id`) order and advances
-/// each touched project's head; returns each project's new head and how many it numbered.
-/// The batch size is written into the text, so the statement has no parameters and a plan
-/// kept on the session is used as it is, never re-planned for a parameter value.
+/// Numbers up to `{{batch}}` committed, unsequenced rows and stores the frontier it reached;
+/// returns each touched project's new head and how many it numbered. The batch size is
+/// written into the text, so the statement has no parameters and a plan kept on the session
+/// is used as it is, never re-planned for a parameter value.
+///
+/// **The work** is what the stored frontier did not see (migration 0010): the rows of the
+/// transactions it saw in progress, and the range of the frontier index above where it
+/// stopped. Both are read in `(xid, id)` order and cut at one more than the batch, so a tick
+/// reads its batch and no more, whether a backlog waits or a snapshot hours old keeps every
+/// numbered row's old version: those versions sit below the frontier, out of the range.
+///
+/// **The frontier** it stores: when the tick took everything it found, its own snapshot
+/// (`pg_current_snapshot()` is the statement's, in which the work was read), so the next tick
+/// starts past everything committed before it; when it found more than the batch, the
+/// previous base stays and the range resumes after the last row numbered (never below the
+/// base's `xmax`, so the range never reaches back into numbered history), with this tick's
+/// snapshot as `upto`, whose open transactions are probed next time (a row they commit may
+/// sort before that point). A tick that numbered nothing stores nothing. A role under row
+/// security sees only its projects' rows, so its tick cannot know it took everything: it
+/// numbers what it sees and leaves the frontier to a tick that sees all (the owner's, or an
+/// unbound role's), reading the range from there meanwhile. Each stored tick deletes the row
+/// 1,024 ticks behind it; only the newest is ever read.
+///
+/// **The numbers** continue each project's head, its highest number, read from the high end
+/// of the sequence index (or the retention floor when every event was pruned); a project met
+/// for the first time gets its row in `lifecycle_projects`.
 ///
 /// The rows are updated by their physical address (`ctid`), found by the same statement: the
 /// event table has no index on `id` to find them by (each index costs every event twice).
@@ -107,34 +137,50 @@ SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox
 /// (10,000 projects in one batch took over 10 s).
 ///
 /// Runs under the sequencer lock, in a statement started after the lock was granted, so its
-/// snapshot includes every earlier tick. Rows of uncommitted writers are invisible here and are
-/// numbered by a later tick, after everything already numbered: a reader at `sequence > n`
-/// can never miss a lower number that appears later.
+/// snapshot includes every earlier tick and sees every frontier they stored. Rows of
+/// uncommitted writers are invisible here and are numbered by a later tick, after everything
+/// already numbered: a reader at `sequence > n` can never miss a lower number that appears
+/// later.
 pub const NUMBER_PENDING: &str = "
-WITH pending AS (
-    SELECT row_id, project_id,
-           row_number() OVER (PARTITION BY project_id ORDER BY id) AS rank
-    FROM (SELECT ctid AS row_id, id, project_id
-          FROM {{schema}}.lifecycle_outbox
-          WHERE sequence IS NULL
-          ORDER BY id
-          LIMIT {{batch}}) AS batch
+WITH found AS MATERIALIZED (
+    SELECT row_id, xid, id, project_id
+    FROM ((SELECT row_id, xid, id, project_id
+           FROM {{schema}}.lifecycle_outbox_unsequenced_open
+           LIMIT {{batch}} + 1)
+          UNION ALL
+          (SELECT row_id, xid, id, project_id
+           FROM {{schema}}.lifecycle_outbox_unsequenced_after
+           LIMIT {{batch}} + 1)) AS work
+    ORDER BY xid, id
+    LIMIT {{batch}} + 1
+),
+pending AS (
+    SELECT row_id, xid, id, project_id,
+           row_number() OVER (PARTITION BY project_id ORDER BY xid, id) AS rank
+    FROM (SELECT * FROM found ORDER BY xid, id LIMIT {{batch}}) AS batch
 ),
 counts AS (
     SELECT project_id, count(*) AS numbered FROM pending GROUP BY project_id
 ),
-heads AS (
-    INSERT INTO {{schema}}.lifecycle_project_heads AS h (project_id, head_sequence)
-    SELECT project_id, numbered FROM counts
-    ON CONFLICT (project_id)
-        DO UPDATE SET head_sequence = h.head_sequence + EXCLUDED.head_sequence
-    RETURNING h.project_id, h.head_sequence
+starts AS MATERIALIZED (
+    SELECT c.project_id, c.numbered,
+           GREATEST(COALESCE((SELECT o.sequence FROM {{schema}}.lifecycle_outbox AS o
+                              WHERE o.project_id = c.project_id AND o.sequence IS NOT NULL
+                              ORDER BY o.sequence DESC
+                              LIMIT 1), 0),
+                    COALESCE((SELECT p.pruned_through FROM {{schema}}.lifecycle_projects AS p
+                              WHERE p.project_id = c.project_id), 0)) AS head
+    FROM counts AS c
+),
+registered AS (
+    INSERT INTO {{schema}}.lifecycle_projects (project_id)
+    SELECT project_id FROM counts
+    ON CONFLICT (project_id) DO NOTHING
 ),
 assigned AS MATERIALIZED (
-    SELECT pending.row_id, heads.head_sequence - counts.numbered + pending.rank AS sequence
+    SELECT pending.row_id, starts.head + pending.rank AS sequence
     FROM pending
-    JOIN counts USING (project_id)
-    JOIN heads USING (project_id)
+    JOIN starts USING (project_id)
 ),
 numbered AS (
     UPDATE {{schema}}.lifecycle_outbox AS o
@@ -144,10 +190,35 @@ numbered AS (
     WHERE o.ctid = ANY (ARRAY(SELECT row_id FROM pending))
       AND o.ctid = assigned.row_id
     RETURNING 1
+),
+reached AS (
+    SELECT pg_current_snapshot() AS now,
+           (SELECT count(*) FROM found) <= {{batch}} AS complete,
+           last.xid AS last_xid, last.id AS last_id,
+           (SELECT base FROM {{schema}}.lifecycle_sequencer_frontier_latest) AS base
+    FROM (SELECT xid, id FROM pending ORDER BY xid DESC, id DESC LIMIT 1) AS last
+),
+advanced AS (
+    INSERT INTO {{schema}}.lifecycle_sequencer_frontier (base, upto, after_xid, after_id)
+    SELECT CASE WHEN complete THEN now ELSE base END,
+           now,
+           CASE WHEN complete THEN pg_snapshot_xmax(now)
+                WHEN last_xid >= pg_snapshot_xmax(base) THEN last_xid
+                ELSE pg_snapshot_xmax(base) END,
+           CASE WHEN complete THEN 0
+                WHEN last_xid >= pg_snapshot_xmax(base) THEN last_id
+                ELSE 0 END
+    FROM reached
+    WHERE NOT row_security_active('{{schema}}.lifecycle_outbox')
+    RETURNING tick
+),
+trimmed AS (
+    DELETE FROM {{schema}}.lifecycle_sequencer_frontier
+    WHERE tick = (SELECT tick - 1024 FROM advanced)
 )
-SELECT heads.project_id, heads.head_sequence, counts.numbered
-FROM heads JOIN counts USING (project_id)
-ORDER BY heads.project_id";
+SELECT starts.project_id, starts.head + starts.numbered AS head_sequence, starts.numbered
+FROM starts
+ORDER BY starts.project_id";
 
 /// One wake-up per touched project, delivered at commit.
 pub const NOTIFY_PROJECTS: &str =

@@ -9,6 +9,7 @@
 
 pub mod cluster_kit;
 pub mod consumer_kit;
+pub mod legacy;
 pub mod nats_cluster_kit;
 pub mod nats_kit;
 pub mod nats_secure_kit;

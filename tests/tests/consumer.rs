@@ -145,7 +145,7 @@ async fn a_cursor_below_the_retention_floor_reconciles() {
              INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, last_acked_sequence)
                  VALUES ('p', 'c1', 1);
              DELETE FROM outbox.lifecycle_outbox WHERE sequence <= 2;
-             UPDATE outbox.lifecycle_project_heads SET pruned_through = 2;",
+             UPDATE outbox.lifecycle_projects SET pruned_through = 2;",
         )
         .await
         .unwrap();

@@ -179,8 +179,8 @@ async fn the_event_table_carries_only_the_indexes_its_readers_use() {
         indexes,
         vec![
             ("outbox.lifecycle_outbox_event_key".to_string(), true),
+            ("outbox.lifecycle_outbox_frontier_idx".to_string(), false),
             ("outbox.lifecycle_outbox_sequence_idx".to_string(), false),
-            ("outbox.lifecycle_outbox_unsequenced_idx".to_string(), false),
         ]
     );
     let identity: i8 = client

@@ -1169,7 +1169,7 @@ async fn a_failing_sweep_is_not_fatal_to_the_consumer() {
             "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS
              $$ BEGIN IF NEW.pruned_through <> OLD.pruned_through THEN
                     RAISE EXCEPTION 'refused by test'; END IF; RETURN NEW; END $$;
-             CREATE TRIGGER refuse BEFORE UPDATE ON outbox.lifecycle_project_heads
+             CREATE TRIGGER refuse BEFORE UPDATE ON outbox.lifecycle_projects
                  FOR EACH ROW EXECUTE FUNCTION public.refuse();",
         )
         .await

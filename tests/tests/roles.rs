@@ -156,7 +156,7 @@ async fn the_consumer_reads_and_moves_only_its_own_state() {
     .await;
     refused(
         &client,
-        "UPDATE outbox.lifecycle_project_heads SET pruned_through = 1",
+        "UPDATE outbox.lifecycle_projects SET pruned_through = 1",
     )
     .await;
     refused(

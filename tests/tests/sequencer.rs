@@ -413,8 +413,7 @@ async fn never_scans_the_whole_event_table(sequencer: Sequencer) {
     client
         .batch_execute(&format!(
             "{} ANALYZE outbox.lifecycle_outbox; TRUNCATE outbox.lifecycle_outbox; {} \
-             INSERT INTO outbox.lifecycle_project_heads (project_id, head_sequence) \
-             VALUES ('old', 30000); \
+             INSERT INTO outbox.lifecycle_projects (project_id) VALUES ('old'); \
              SELECT outbox.write_task_deleted('p' || g % 3, 'new-' || g, now(), 'w') \
              FROM generate_series(1, 20) AS g;",
             fill("NULL"),
@@ -492,7 +491,7 @@ async fn a_plan_kept_from_a_small_work_list_reads_it_batch_by_batch() {
         .map(|row| row.get::<_, String>(0) + "\n")
         .collect();
     assert!(
-        plan.contains("Index Scan using lifecycle_outbox_unsequenced_idx"),
+        plan.contains("Index Scan using lifecycle_outbox_frontier_idx"),
         "{plan}"
     );
     for refused in ["Seq Scan", "Bitmap", "Nested Loop"] {

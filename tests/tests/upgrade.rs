@@ -1,8 +1,10 @@
 //! Upgrades: `migrate --dry-run` lists what is pending and changes nothing; every command
 //! refuses a schema migrated by a newer build or missing migrations; an upgrade from migration
 //! 0001 to the latest, run while a consumer holds its lease, keeps events, cursors, leases,
-//! retrying deliveries and dead letters, and consumers continue from their cursors; and roles
-//! added after later migrations get grants on what those added.
+//! retrying deliveries and dead letters, and consumers continue from their cursors; an upgrade
+//! from every earlier version numbers what waited for a number, after what was numbered, and
+//! the new sequencer continues densely; and roles added after later migrations get grants on
+//! what those added.
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use outbox_core::{MIGRATIONS, Schema, Sequencer, migrate, migrate_with};
 use outbox_tests::consumer_kit::{
     Recorder, SeedEvent, cursor, eventually, fast_config, seed_consumer, seed_delivery, write_event,
 };
+use outbox_tests::legacy;
 use outbox_tests::process_kit::run_outbox;
 use outbox_tests::{TASKS_TABLE, TestDb, empty_db, fresh_db};
 use tokio_util::sync::CancellationToken;
@@ -276,11 +279,8 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
     // migrations, so it is written as that build wrote it): the events numbered by the
     // sequencer, whose statements 0001 already had; c-dead parked "poison" and passed it;
     // c-retry holds at "slow" with a retry due later; c-live's process still holds its lease.
-    let mut client = db.connect().await;
-    Sequencer::new(&Schema::default())
-        .drain(&mut client)
-        .await
-        .unwrap();
+    let client = db.connect().await;
+    assert_eq!(legacy::number_pending(&client).await, 6);
     seed_consumer(&db, "p", "c-dead", Some(6), false).await;
     seed_delivery(&db, "p", "c-dead", SeedEvent::Id(&ids[2]), "dead", 2, 0).await;
     seed_consumer(&db, "p", "c-retry", Some(4), false).await;
@@ -390,7 +390,99 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
     );
 }
 
-/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2, 5, 6, 7, 8 and 9,
+/// Events of one project, `(sequence, task)` in sequence order.
+async fn numbered(client: &tokio_postgres::Client, project: &str) -> Vec<(Option<i64>, String)> {
+    client
+        .query(
+            "SELECT sequence, task_id FROM outbox.lifecycle_outbox WHERE project_id = $1 \
+             ORDER BY sequence NULLS LAST, task_id",
+            &[&project],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// From every earlier version: events numbered by the old sequencer and events still waiting
+/// for a number when the upgrade runs. The upgrade numbers the waiting ones after the numbered
+/// ones, in arrival order; the new sequencer then continues each project densely from its
+/// head, and the heads read as before.
+#[tokio::test]
+async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() {
+    let write = "SELECT outbox.write_task_deleted($1, $2, now(), 'w')";
+    for from in 1..MIGRATIONS.len() {
+        let db = empty_db().await;
+        let mut client = db.connect().await;
+        migrate_with(&mut client, &Schema::default(), &MIGRATIONS[..from])
+            .await
+            .unwrap();
+        for task in ["a1", "a2", "a3"] {
+            client.execute(write, &[&"p", &task]).await.unwrap();
+        }
+        assert_eq!(legacy::number_pending(&client).await, 3, "from {from}");
+        for (project, task) in [("p", "a4"), ("p", "a5"), ("q", "b1")] {
+            client.execute(write, &[&project, &task]).await.unwrap();
+        }
+
+        migrate(&mut client, &Schema::default()).await.unwrap();
+        let expected = |tasks: &[&str]| {
+            tasks
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (Some(i as i64 + 1), t.to_string()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            numbered(&client, "p").await,
+            expected(&["a1", "a2", "a3", "a4", "a5"]),
+            "from {from}"
+        );
+        assert_eq!(
+            numbered(&client, "q").await,
+            expected(&["b1"]),
+            "from {from}"
+        );
+
+        for (project, task) in [("q", "b2"), ("p", "a6"), ("r", "c1")] {
+            client.execute(write, &[&project, &task]).await.unwrap();
+        }
+        let ticked = Sequencer::new(&Schema::default())
+            .drain(&mut client)
+            .await
+            .unwrap();
+        assert_eq!(ticked, 3, "from {from}");
+        assert_eq!(
+            numbered(&client, "p").await,
+            expected(&["a1", "a2", "a3", "a4", "a5", "a6"]),
+            "from {from}"
+        );
+        assert_eq!(
+            numbered(&client, "q").await,
+            expected(&["b1", "b2"]),
+            "from {from}"
+        );
+        let heads: Vec<(String, i64)> = client
+            .query(
+                "SELECT project_id, head_sequence FROM outbox.lifecycle_project_heads \
+                 ORDER BY project_id",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        assert_eq!(
+            heads,
+            vec![("p".into(), 6), ("q".into(), 2), ("r".into(), 1)],
+            "from {from}"
+        );
+    }
+}
+
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2, 5, 6, 7, 8, 9 and 10,
 /// and the roles can then use what 3 and 4 added (their grants are column by column).
 #[tokio::test]
 async fn roles_added_after_later_migrations_get_their_grants() {
@@ -405,9 +497,9 @@ async fn roles_added_after_later_migrations_get_their_grants() {
         .await
         .unwrap();
     let report = dry_run(&db).await;
-    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8, 9]);
+    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8, 9, 10]);
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9]);
+    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10]);
     let row = client
         .query_one(
             "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_cursors', \

@@ -22,8 +22,9 @@ FROM {{schema}}.lifecycle_consumer_cursors WHERE project_id = $1 ORDER BY consum
 pub const PROGRESS: &str = "\
 SELECT coalesce((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
                  WHERE project_id = $1), 0) AS head,
-       (SELECT count(*) FROM {{schema}}.lifecycle_outbox
-        WHERE project_id = $1 AND sequence IS NULL) AS unsequenced";
+       (SELECT count(*) FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox_unsequenced
+                              OFFSET 0) AS work
+        WHERE project_id = $1) AS unsequenced";
 
 /// Whether the probe consumer's lease is held and whether its retirement was audited.
 pub const PROBE_CONSUMER_STATE: &str = "\

@@ -11,7 +11,7 @@ use crate::stmt::Unnamed;
 /// A project exists once it has an event (numbered or not), a head or a consumer. Each probe
 /// is one index lookup: the event key and both tables' keys lead with `project_id`.
 const PROJECT_KNOWN: &str = "\
-SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_project_heads WHERE project_id = $1)
+SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_projects WHERE project_id = $1)
     OR EXISTS (SELECT 1 FROM {{schema}}.lifecycle_consumer_cursors WHERE project_id = $1)
     OR EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox WHERE project_id = $1) AS known";
 

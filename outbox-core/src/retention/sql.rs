@@ -89,7 +89,7 @@ WHERE project_id = $1 AND sequence > $2 AND sequence <= $3";
 /// Moves the floor of project `$1` from `$2` to `$3`, in the transaction that deleted the
 /// events: changes nothing (0 rows) if the floor is no longer `$2`.
 pub(super) const ADVANCE_FLOOR: &str = "
-UPDATE {{schema}}.lifecycle_project_heads
+UPDATE {{schema}}.lifecycle_projects
 SET pruned_through = $3
 WHERE project_id = $1 AND pruned_through = $2";
 

@@ -197,17 +197,17 @@ impl Admin {
 /// A project is known once it has a head, a consumer or an unsequenced (committed) event.
 /// Ages are measured on the database clock.
 ///
-/// The backlog is counted from the whole work list, read in `id` order (which only its index
-/// yields without a sort), with the project matched outside that subquery (`OFFSET 0` keeps
-/// the filter from being pushed into it). Statistics taken during a backlog make
-/// `sequence IS NULL` look common; with both conditions on the table, the planner then reads
-/// the whole table, or a filtered project's whole history through the `(project_id,
-/// event_id)` key, even when the work list is empty.
+/// The backlog is counted from the sequencer frontier's work (migration 0010), read in the
+/// order only the frontier index yields without a sort, with the project matched outside that
+/// subquery (`OFFSET 0` keeps the filter from being pushed into it). Statistics taken during a
+/// backlog make `sequence IS NULL` look common; with both conditions on the table, the planner
+/// then reads the whole table, or a filtered project's whole history through the
+/// `(project_id, event_id)` key, even when nothing waits.
 const PROJECTS: &str = "
 WITH unsequenced AS (
     SELECT project_id, count(*) AS pending, min(occurred_at) AS oldest
-    FROM (SELECT project_id, occurred_at FROM {{schema}}.lifecycle_outbox
-          WHERE sequence IS NULL ORDER BY id OFFSET 0) AS work_list
+    FROM (SELECT project_id, occurred_at FROM {{schema}}.lifecycle_outbox_unsequenced
+          OFFSET 0) AS work
     WHERE $1::text IS NULL OR project_id = $1
     GROUP BY project_id
 ),
