@@ -241,9 +241,12 @@ cursors_at_head() {
 }
 # log_epoch TIMESTAMP: an RFC 3339 log timestamp as seconds since the epoch.
 log_epoch() { date -u -d "$1" +%s.%N; }
-# outage_lines CONSUMER: what its log said while the database was away (WARN lines after the
-# start-up, minus the timestamps), one per line.
-outage_lines() { grep ' WARN ' "$work/$1.err" | sed -E 's/^[^ ]+ +WARN +//; s/^.*(outbox_[a-z_:]+: )/\1/; s/ error=.*//' || true; }
+# outage_lines CONSUMER: the WARN lines of its log without timestamp, span, paths and the
+# fields that differ between processes (the error is kept).
+outage_lines() {
+    grep ' WARN ' "$work/$1.err" | sed -E 's/^[^ ]+ +WARN +//; s/^.*(outbox_[a-z_:]+: )/\1/;
+        s/ (project|consumer|holder|generation|expires_in|retry_in)=("[^"]*"|[^ ]*)//g; s#/[^ :]*#…#g' || true
+}
 # ready_at: when the standby's server log says it accepts read-write connections (the end of
 # its promotion; pg_ctl promote -w notices it up to 100 ms later).
 ready_at() {
@@ -362,6 +365,10 @@ round() {
         twice=$(($(wc -l <"$work/$c.ids") - $(wc -l <"$work/$c.distinct")))
         twice_of+=("$c $twice")
         outage_lines "$c" >>"$work/outage-lines"
+        if grep -q 'does not allow writes' "$work/$c.err"; then
+            refused_runs=$((refused_runs + 1))
+            grep -q 'the database is unavailable' "$work/$c.err" || refused_unnoticed=$((refused_unnoticed + 1))
+        fi
         warnings=$(outage_lines "$c" | wc -l)
         if [ "$kind" = caught-up ]; then
             lat=$(ms "${arrived[$c]}" "$promoted")
@@ -385,6 +392,8 @@ probe_seen() {
 }
 
 drain_rows=()
+refused_runs=0      # consumer runs whose log shows the standby refusing a read-write session
+refused_unnoticed=0 # ... of which never logged the database as unavailable
 for n in $(seq 1 "$rounds"); do round caught-up "$n"; done
 for n in $(seq 1 "$rounds"); do round draining "$n"; done
 elapsed=$(printf '%.0f' "$(echo "$EPOCHREALTIME - $started" | bc -l)")
@@ -413,7 +422,7 @@ report=$(cat <<EOF
 # Failover benchmark
 
 \`bench/failover.sh\`$([ "$quick" = 1 ] && echo " with \`BENCH_QUICK=1\`") ($(date -u +%Y-%m-%d), $(nproc) cores,
-PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $rounds rounds in $elapsed s; load average
+PostgreSQL $("$bindir/postgres" --version | awk '{print $3}'), $rounds rounds of each kind in $elapsed s; load average
 $load_before before, $load_after after, on a machine shared with other work).
 
 Each round: a fresh primary and a standby made from it with \`pg_basebackup -R\`, streaming over
@@ -473,8 +482,12 @@ $(printf '%s\n' "${drain_rows[@]}")
 $(printf '%s\n' "${summary[@]}")
 
 - Median stop → promoted: $median_promote ms (the server's promotion, outside the consumers).
-- The consumers' warnings over all rounds (count, message):
+- The consumers' warnings over all rounds (count, message; fields left out):
 $(sort "$work/outage-lines" | uniq -c | sort -rn | awk '{ n = $1; $1 = ""; printf "  - %d ×%s\n", n, $0 }')
+- $refused_runs of the consumer runs met the standby refusing read-write sessions before its
+  promotion (\`database does not allow writes\`: the multi-host URL's
+  \`target_session_attrs=read-write\` at work); $refused_unnoticed of them never logged \`the database
+  is unavailable\` (such a refusal is retried by each part, but not counted as an outage).
 - Every round: every event acknowledged to a writer is on the new primary, each consumer
   delivered every event of the new primary and none that it lacks, nothing reconciled, and no
   \`lifecycle-observation:history-diverged\` row was written (the script stops otherwise).
