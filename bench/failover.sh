@@ -254,6 +254,7 @@ ready_at() {
     stamp=$(grep 'database system is ready to accept connections' "$base-b/server.log" | tail -n 1 | awk '{print $1 " " $2 " " $3}')
     [ -z "$stamp" ] || log_epoch "$stamp"
 }
+ready_logged() { grep -q 'database system is ready to accept connections' "$base-b/server.log"; }
 ms() { echo "($1 - $2) * 1000" | bc -l | xargs printf '%.0f'; }
 
 logs=$base-logs
@@ -312,12 +313,13 @@ round() {
             probe=$(on "$url_b" -c "SELECT outbox.write_task_deleted('p', 'probe-$round', now(), 'bench-probe')" 2>/dev/null) && break
             sleep 0.1
         done
-        [ -n "$probe" ] || fail "round $round: the probe could not be written on the promoted standby"
+        [ -n "$probe" ] || fail "round $round ($kind): the probe could not be written on the promoted standby"
         probe_written=$EPOCHREALTIME
         poll_interval=0.01 wait_for 120 "the probe written on the promoted standby to reach both consumers" probe_seen
     fi
+    # pg_ctl sees the promotion in postmaster.pid, which may come before the log line.
+    wait_for 10 "'ready to accept connections' in $base-b/server.log after the promotion" ready_logged
     promoted=$(ready_at)
-    [ -n "$promoted" ] || fail "round $round: no 'ready to accept connections' after the promotion in $base-b/server.log"
     local promote
     promote=$(ms "$promoted" "$stopped")
     promote_ms+=("$promote")
@@ -334,7 +336,7 @@ round() {
     for c in "${consumers[@]}"; do
         status=0
         wait "${consumer_pids[$c]}" || status=$?
-        [ "$status" = 0 ] || fail "round $round: $c exited with $status on SIGINT"
+        [ "$status" = 0 ] || fail "round $round ($kind): $c exited with $status on SIGINT"
     done
     consumer_pids=()
     mkdir -p "$logs/$kind-$round"
@@ -347,9 +349,9 @@ round() {
     local acked total lost diverged
     acked=$(wc -l <"$work/acked")
     lost=$(comm -23 "$work/acked" "$work/on-b" | wc -l)
-    [ "$lost" = 0 ] || fail "round $round: $lost events acknowledged to a writer are not on the new primary"
+    [ "$lost" = 0 ] || fail "round $round ($kind): $lost events acknowledged to a writer are not on the new primary"
     diverged=$(on "$url_b" -c "SELECT count(*) FROM outbox.lifecycle_audit WHERE kind = 'lifecycle-observation:history-diverged'")
-    [ "$diverged" = 0 ] || fail "round $round: $diverged history divergences recorded across a synchronous failover"
+    [ "$diverged" = 0 ] || fail "round $round ($kind): $diverged history divergences recorded across a synchronous failover"
     total=$(wc -l <"$work/on-b")
     local rate missing extra reconciled twice warnings lat
     rate=$(printf '%.0f' "$(echo "($acked - $(cat "$work/acked-backlog" 2>/dev/null | wc -l)) / $write_seconds" | bc -l)")
@@ -359,9 +361,9 @@ round() {
         missing=$(comm -23 "$work/on-b" "$work/$c.distinct" | wc -l)
         extra=$(comm -13 "$work/on-b" "$work/$c.distinct" | wc -l)
         reconciled=$(grep -c '"type":"reconcile"' "$work/$c.out" || true)
-        [ "$missing" = 0 ] || fail "round $round: $c missed $missing of the new primary's $total events"
-        [ "$extra" = 0 ] || fail "round $round: $c delivered $extra events the new primary does not have"
-        [ "$reconciled" = 0 ] || fail "round $round: $c reconciled across a synchronous failover"
+        [ "$missing" = 0 ] || fail "round $round ($kind): $c missed $missing of the new primary's $total events"
+        [ "$extra" = 0 ] || fail "round $round ($kind): $c delivered $extra events the new primary does not have"
+        [ "$reconciled" = 0 ] || fail "round $round ($kind): $c reconciled across a synchronous failover"
         twice=$(($(wc -l <"$work/$c.ids") - $(wc -l <"$work/$c.distinct")))
         twice_of+=("$c $twice")
         outage_lines "$c" >>"$work/outage-lines"
