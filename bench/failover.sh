@@ -19,7 +19,7 @@
 #                                      caught-up failover, a 100,000-event backlog stopped at
 #                                      20,000 delivered, 5 s of writes after each (~5 min)
 #   BENCH_QUICK=1 bench/failover.sh    5 rounds of each kind: 200 events, a 20,000-event
-#                                      backlog stopped at 4,000, 1 s after (~3 min)
+#                                      backlog stopped at 4,000, 1 s after (~2 min)
 #
 # Environment: BENCH_FAILOVER_ROUNDS (5), BENCH_FAILOVER_LEASE_TTL (5s; the sequencer lease
 # gets the same TTL, the heartbeat a fifth of it), BENCH_FAILOVER_BATCH (500, the default
