@@ -128,7 +128,7 @@ WITH s AS (
                     OR query LIKE '%PARTITION BY project_id ORDER BY xid, id%' THEN 'number'
                WHEN query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_notify%' THEN 'seq'
                WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%'
-                    OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT 1%' THEN 'probe'
+                    OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%' THEN 'probe'
                WHEN query LIKE '%UPDATE%lifecycle_consumer_cursors%' THEN 'ack'
                WHEN query LIKE '%lifecycle_outbox%' AND query NOT LIKE '%INSERT%'
                     AND query NOT LIKE '%write_task_deleted%' THEN 'read'

@@ -1,9 +1,11 @@
 //! Connection strings that name several hosts, in every form libpq accepts: the first host
 //! that answers (and, with `target_session_attrs=read-write`, accepts writes) is used.
 
+use std::time::Duration;
+
 use outbox_core::ConnectSettings;
-use outbox_tests::consumer_kit::write_event;
-use outbox_tests::process_kit::run_outbox;
+use outbox_tests::consumer_kit::{eventually, write_event};
+use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::{TestDb, fresh_db};
 use tokio_postgres::config::Host;
 
@@ -84,4 +86,67 @@ async fn bad_multi_host_strings_exit_2_naming_the_problem() {
             "{url}: {stderr:?} lacks {expected:?}"
         );
     }
+}
+
+/// During a failover's window no host accepts writes yet: with
+/// `target_session_attrs=read-write` the driver refuses every read-only server. A process
+/// started then waits for a primary (one log line, `/readyz` 503) instead of exiting, and
+/// begins once a server accepts writes.
+#[tokio::test]
+async fn a_process_started_while_no_host_accepts_writes_waits_for_a_primary() {
+    let db = fresh_db().await;
+    let (dir, port, user) = parts(&db);
+    let name = &db.name;
+    let url = format!(
+        "postgresql://{user}@/{name}?host={dir}&port={port}&target_session_attrs=read-write"
+    );
+    let admin = db.connect().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    let mut consumer = OutboxProcess::spawn(
+        &url,
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "waits",
+            "--start-from",
+            "earliest",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the consumer to say the database is unavailable",
+        || async { consumer.stderr().contains("the database is unavailable") },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(consumer.exited(), None, "{}", consumer.stderr());
+
+    // The "promotion": the server accepts writes again.
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" RESET default_transaction_read_only"
+        ))
+        .await
+        .unwrap();
+    let id = write_event(&db, "p", "t1").await;
+    eventually(Duration::from_secs(30), "the event delivered", || async {
+        consumer.event_ids().contains(&id)
+    })
+    .await;
+    let stderr = consumer.stderr();
+    assert_eq!(
+        stderr.matches("the database is unavailable").count(),
+        1,
+        "{stderr}"
+    );
+    consumer.signal("TERM");
+    assert_eq!(consumer.wait().await, 0, "{}", consumer.stderr());
 }

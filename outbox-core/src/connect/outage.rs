@@ -9,10 +9,16 @@ use tokio_postgres::error::SqlState;
 use super::error::ConnectError;
 use super::explain::find_rustls_error;
 
+/// What tokio-postgres reports when `target_session_attrs=read-write` finds only servers that
+/// do not accept writes (standbys not yet promoted).
+const READ_ONLY_SERVER: &str = "database does not allow writes";
+
 /// True when `e` says the database is unavailable for now (see the module docs): connection
 /// refused, no socket file, a connection reset or cut off, a connect timeout, SQLSTATE class
 /// 08 (connection exception), 57P01/57P02/57P03 (administrator or crash shutdown, cannot
-/// connect now), and 25006 (read-only transaction: a standby that is not the primary yet).
+/// connect now), 25006 (read-only transaction: a standby that is not the primary yet), and
+/// the driver's refusal of a read-only server under `target_session_attrs=read-write` (no
+/// host answers as the primary yet: the failover window).
 pub fn is_outage(e: &tokio_postgres::Error) -> bool {
     if let Some(code) = e.code() {
         return [
@@ -34,6 +40,11 @@ pub fn is_outage(e: &tokio_postgres::Error) -> bool {
     while let Some(cause) = source {
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind as K;
+            // tokio-postgres's `target_session_attrs=read-write` check; matched by its message,
+            // because the same kind also covers a socket's permissions, which never change.
+            if io.kind() == K::PermissionDenied {
+                return io.to_string() == READ_ONLY_SERVER;
+            }
             return matches!(
                 io.kind(),
                 K::ConnectionRefused
