@@ -134,7 +134,7 @@ hold_start() {
     hold_pid=$!
     exec 8>"$work/hold.fifo"
     case "$1" in
-        snapshot) echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.lifecycle_project_heads;" >&8 ;;
+        snapshot) echo "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.lifecycle_projects;" >&8 ;;
         xid) echo "BEGIN; INSERT INTO bench_hold VALUES (1);" >&8 ;;
     esac
     local held=

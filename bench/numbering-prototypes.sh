@@ -8,7 +8,7 @@
 #
 # Variants (bench/numbering-prototypes.sql has the prototypes and why):
 #   today     the Rust writer's INSERT into outbox.lifecycle_outbox; `outbox sequence` numbers
-#             it (the update of the event row, found through the work-list index)
+#             it (the update of the event row, found through the frontier index, migration 10)
 #   narrow    INSERT into proto.events (insert-only, with the writer's xid8); the frontier tick
 #             stores one (project, sequence, event_id) row per event
 #   tickrows  the same frontier; one row per project and tick with the tick's event IDs
@@ -145,12 +145,12 @@ END $$;
 SQL
 
 reset_state() {
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_project_heads, proto.events, proto.numbers, proto.tick_rows, proto.ticks' \
+    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects, outbox.lifecycle_sequencer_frontier, proto.events, proto.numbers, proto.tick_rows, proto.ticks' \
         -c 'INSERT INTO proto.ticks VALUES (0, pg_current_snapshot())' \
         -c "SELECT pgq.drop_queue('bench_q', true) FROM pgq.queue WHERE queue_name = 'bench_q'" \
         -c "SELECT pgq.create_queue('bench_q')" \
         -c "SELECT pgq.register_consumer('bench_q', 'bench_c')" >/dev/null
-    sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' \
+    sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' \
         -c 'VACUUM (ANALYZE) proto.events' -c 'VACUUM (ANALYZE) proto.numbers' \
         -c 'VACUUM (ANALYZE) proto.tick_rows' -c 'VACUUM (ANALYZE) proto.ticks' \
         -c 'VACUUM (ANALYZE) pgq.tick' -c 'VACUUM (ANALYZE) pgq.subscription' -c 'CHECKPOINT' >/dev/null
@@ -166,7 +166,9 @@ number() {
     esac
 }
 
-# tick_buffers VARIANT: "probe_buffers tick_buffers" of one tick, from pg_stat_statements.
+# tick_buffers VARIANT: "probe_buffers tick_buffers" of one tick, from pg_stat_statements
+# (whose texts have their constants replaced, `LIMIT 1` by `LIMIT $1`; the numbering statement
+# reads the same views as the probe, so it is recognised first).
 tick_buffers() {
     sql -c "SELECT pg_stat_statements_reset()" >/dev/null
     number "$1"
@@ -174,11 +176,11 @@ tick_buffers() {
         SELECT coalesce(sum(shared_blks_hit + shared_blks_read) FILTER (WHERE kind = 'probe'), 0),
                coalesce(sum(shared_blks_hit + shared_blks_read) FILTER (WHERE kind = 'tick'), 0)
         FROM (SELECT shared_blks_hit, shared_blks_read,
-                     CASE WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%'
-                               OR query LIKE '%proto.pending%' THEN 'probe'
-                          WHEN query LIKE '%PARTITION BY project_id ORDER BY id%'
+                     CASE WHEN query LIKE '%PARTITION BY project_id ORDER BY xid, id%'
                                OR query LIKE '%pg_try_advisory_xact_lock%'
                                OR query LIKE '%proto.tick_%' OR query LIKE '%bench_pgq_tick%' THEN 'tick'
+                          WHEN query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%'
+                               OR query LIKE '%proto.pending%' THEN 'probe'
                      END AS kind
               FROM pg_stat_statements) AS s"
 }

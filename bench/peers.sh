@@ -16,11 +16,6 @@
 #   rust      the Rust writer's statement (one INSERT ... ON CONFLICT DO NOTHING RETURNING id;
 #             the Rust writer validates in the service), no sequencer
 #   rust+seq  the same while `outbox sequence --every 50ms` runs
-#   rust+narrow, rust+tickrows
-#             the Rust writer's statement while a prototype numbers events without rewriting
-#             the event row: one narrow row per event in a numbering table, or one row per
-#             project and tick holding the tick's event ids (cost lower bounds of those
-#             designs, not correct sequencers: see the report)
 #   pgq       SELECT pgq.insert_event(...) while pgq.ticker() is called 100 times a second
 # Consumer side: a backlog drained by our consumer runtime (outbox-bench catch-up-worker) and
 # by a PgQ batch-API consumer (outbox-bench pgq-drain), interleaved.
@@ -59,7 +54,7 @@ pg_port=${OUTBOX_BENCH_PG_PORT:-54371}
 results_file=$root/bench/RESULTS-peers.md
 cores=$(nproc)
 clk=$(getconf CLK_TCK)
-variants="bare floor ours ours+seq rust rust+seq rust+narrow rust+tickrows pgq"
+variants="bare floor ours ours+seq rust rust+seq pgq"
 
 bench_name=peers.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-peers-bench.XXXXXX")
@@ -120,86 +115,6 @@ CREATE TABLE bench_floor (
     payload    jsonb NOT NULL,
     UNIQUE (project_id, event_id)
 );
-
--- Two prototypes of numbering that leaves the event row alone, to measure what such designs
--- would cost the writers. Each tick numbers the rows past a watermark in arrival order (the
--- work-list index serves id > w since these rows keep sequence NULL), advances the heads as
--- the sequencer does, and stores the numbers apart: one narrow row per event, or one row per
--- project and tick with the tick's event ids. A real design would also have to find rows that
--- commit behind the watermark (PgQ-style snapshots); these do strictly less work than that.
-CREATE TABLE bench_numbers (
-    project_id text   NOT NULL,
-    sequence   bigint NOT NULL,
-    event_row  bigint NOT NULL,
-    PRIMARY KEY (project_id, sequence)
-);
-CREATE TABLE bench_tick_rows (
-    project_id     text     NOT NULL,
-    first_sequence bigint   NOT NULL,
-    event_rows     bigint[] NOT NULL,
-    PRIMARY KEY (project_id, first_sequence)
-);
-CREATE TABLE bench_watermark (last_id bigint NOT NULL);
-INSERT INTO bench_watermark VALUES (0);
-CREATE PROCEDURE bench_numbering_prototype(mode text, iterations int) LANGUAGE plpgsql AS \$\$
-DECLARE
-    w bigint;
-    n bigint;
-    -- EXECUTE plans every tick, as the sequencer's unnamed statements are planned (a plan
-    -- cached while the table was small would stay with it as the table grows).
-    narrow constant text := '
-        WITH pending AS (
-            SELECT id, project_id, row_number() OVER (PARTITION BY project_id ORDER BY id) AS rank
-            FROM (SELECT id, project_id FROM outbox.lifecycle_outbox
-                  WHERE sequence IS NULL AND id > \$1 ORDER BY id LIMIT 10000) AS batch),
-        counts AS (SELECT project_id, count(*) AS numbered FROM pending GROUP BY project_id),
-        heads AS (
-            INSERT INTO outbox.lifecycle_project_heads AS h (project_id, head_sequence)
-            SELECT project_id, numbered FROM counts
-            ON CONFLICT (project_id) DO UPDATE SET head_sequence = h.head_sequence + EXCLUDED.head_sequence
-            RETURNING h.project_id, h.head_sequence),
-        stored AS (
-            INSERT INTO bench_numbers
-            SELECT p.project_id, heads.head_sequence - counts.numbered + p.rank, p.id
-            FROM pending p JOIN counts USING (project_id) JOIN heads USING (project_id)
-            RETURNING event_row)
-        SELECT max(event_row) FROM stored';
-    tickrows constant text := '
-        WITH pending AS (
-            SELECT id, project_id FROM outbox.lifecycle_outbox
-            WHERE sequence IS NULL AND id > \$1 ORDER BY id LIMIT 10000),
-        counts AS (
-            SELECT project_id, count(*) AS numbered, array_agg(id ORDER BY id) AS event_rows
-            FROM pending GROUP BY project_id),
-        heads AS (
-            INSERT INTO outbox.lifecycle_project_heads AS h (project_id, head_sequence)
-            SELECT project_id, numbered FROM counts
-            ON CONFLICT (project_id) DO UPDATE SET head_sequence = h.head_sequence + EXCLUDED.head_sequence
-            RETURNING h.project_id, h.head_sequence),
-        stored AS (
-            INSERT INTO bench_tick_rows
-            SELECT c.project_id, heads.head_sequence - c.numbered + 1, c.event_rows
-            FROM counts c JOIN heads USING (project_id)
-            RETURNING event_rows[cardinality(event_rows)] AS last_row)
-        SELECT max(last_row) FROM stored';
-BEGIN
-    FOR i IN 1..iterations LOOP
-        SELECT last_id INTO w FROM bench_watermark;
-        IF mode = 'narrow' THEN
-            EXECUTE narrow INTO n USING w;
-        ELSE
-            EXECUTE tickrows INTO n USING w;
-        END IF;
-        IF n IS NOT NULL THEN
-            UPDATE bench_watermark SET last_id = n;
-        END IF;
-        COMMIT;
-        IF n IS NULL THEN
-            PERFORM pg_sleep(0.001);
-            COMMIT;
-        END IF;
-    END LOOP;
-END \$\$;
 
 CREATE EXTENSION pgq;
 CREATE EXTENSION pg_walinspect;
@@ -274,14 +189,13 @@ SQL
 # --- one writer run ------------------------------------------------------------------------
 
 reset_state() {
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_project_heads, bench_floor, bench_numbers, bench_tick_rows' \
-        -c 'UPDATE bench_watermark SET last_id = 0' \
+    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
+                     outbox.lifecycle_sequencer_frontier, bench_floor' \
         -c 'UPDATE tasks SET deleted_at = NULL WHERE deleted_at IS NOT NULL' \
         -c "SELECT pgq.drop_queue('bench_q') FROM pgq.queue WHERE queue_name = 'bench_q'" \
         -c "SELECT pgq.create_queue('bench_q')" >/dev/null
     sql -c 'VACUUM (ANALYZE) tasks' -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' \
-        -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' -c 'VACUUM (ANALYZE) bench_floor' \
-        -c 'VACUUM (ANALYZE) bench_numbers' -c 'VACUUM (ANALYZE) bench_tick_rows' \
+        -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' -c 'VACUUM (ANALYZE) bench_floor' \
         -c 'VACUUM (ANALYZE) pgq.queue' -c 'VACUUM (ANALYZE) pgq.tick' -c 'CHECKPOINT'
 }
 
@@ -290,7 +204,7 @@ events_written() {
     case "$1" in
         bare) sql -c 'SELECT count(*) FROM tasks WHERE deleted_at IS NOT NULL' ;;
         floor) sql -c 'SELECT count(*) FROM bench_floor' ;;
-        ours|ours+seq|rust|rust+*) sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox' ;;
+        ours|ours+seq|rust|rust+seq) sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox' ;;
         pgq) sql -c "SELECT count(*) FROM pgq.event_$(sql -c "SELECT queue_id FROM pgq.queue WHERE queue_name = 'bench_q'")" ;;
     esac
 }
@@ -305,8 +219,6 @@ run() {
     reset_state
     case "$variant" in
         *+seq) start_sequencer ;;
-        rust+narrow) start_call bench-numbering-prototype "CALL bench_numbering_prototype('narrow', 2000000000)" ;;
-        rust+tickrows) start_call bench-numbering-prototype "CALL bench_numbering_prototype('tickrows', 2000000000)" ;;
         pgq) start_call bench-pgq-ticker "CALL bench_pgq_ticker($(( (duration + 30) * 100 )))" ;;
     esac
     out=$work/pgbench-$variant-$clients-$rep.log
@@ -320,13 +232,8 @@ run() {
     local unsequenced=0
     case "$variant" in
         *+seq)
-            unsequenced=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL')
+            unsequenced=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox_unsequenced')
             stop_sequencer ;;
-        rust+narrow|rust+tickrows)
-            unsequenced=$(sql -c 'SELECT (SELECT count(*) FROM outbox.lifecycle_outbox)
-                - (SELECT count(*) FROM bench_numbers)
-                - (SELECT coalesce(sum(cardinality(event_rows)), 0) FROM bench_tick_rows)')
-            stop_call bench-numbering-prototype ;;
         pgq)
             ticks=$(( $(sql -c 'SELECT count(*) FROM pgq.tick') - ticks0 ))
             stop_call bench-pgq-ticker ;;
@@ -418,7 +325,7 @@ SELECT 'drain', n, 'task:deleted', bench_event_id('b' || n, ts), 'b' || n, ts, '
 FROM generate_series(1, $n_drain) AS n,
      LATERAL (SELECT now() - interval '1 hour' + n * interval '1 microsecond') AS t(ts)
 ORDER BY n;
-INSERT INTO outbox.lifecycle_project_heads (project_id, head_sequence) VALUES ('drain', $n_drain);
+INSERT INTO outbox.lifecycle_projects (project_id) VALUES ('drain');
 
 CREATE PROCEDURE bench_pgq_backlog(total bigint, chunk int) LANGUAGE plpgsql AS \$\$
 DECLARE i bigint := 0;
@@ -438,7 +345,7 @@ BEGIN
 END \$\$;
 CALL bench_pgq_backlog($n_drain, 500);
 SQL
-sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' \
+sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' \
     -c 'VACUUM (ANALYZE) pgq.tick' -c 'VACUUM (ANALYZE) pgq.subscription' -c 'CHECKPOINT'
 for t in $(sql -c "SELECT 'pgq.' || c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE s.nspname = 'pgq' AND c.relname LIKE 'event\_%' AND c.relkind = 'r'"); do
     sql -c "VACUUM (ANALYZE) $t"
@@ -506,13 +413,13 @@ why() {
             -v su="$(median ours+seq "$clients" 15)" -v sh="$(median ours+seq "$clients" 16)" \
             -v pr="$(median pgq "$clients" 13)" -v pf="$(median pgq "$clients" 14)" -v pb="$(median pgq "$clients" 17)" \
             -v ts="$(median ours+seq "$clients" 10)" -v tf="$(median floor "$clients" 10)" -v tp="$(median pgq "$clients" 10)" -v to="$(median ours "$clients" 10)" 'BEGIN {
-            printf "- **%s clients.** Floor: %d B of records + %d B of full-page images, %.2f b-tree leaf inserts. Ours without the sequencer: %d + %d B, %.2f b-tree inserts (the event key and the partial work-list index on unsequenced rows, two, as many as the floor has; the rest of the gap is the plpgsql call: %d against %d server µs/txn). Ours with the sequencer: %d + %d B, %.2f b-tree inserts and %.2f non-HOT heap UPDATEs per transaction (plus %.2f HOT ones, the delete and the heads row): the sequencer rewrites every event row once, and since `sequence` is indexed (a key column of the `(project_id, sequence)` index and the predicate of the work-list index) the new version can never be HOT: the event key and the sequence index each get a new entry (2 inserts by the writer + 2 by the sequencer), and the pages the new versions land on are dirtied again (more full-page images after each checkpoint). That is %+d B of records and %+d B of images per event over the floor, and %d against %d server µs/txn. PgQ: %d + %d B, %.2f b-tree inserts (one index, on `ev_txid`; no primary key, no unique key, no per-project numbering), %d server µs/txn.\n",
+            printf "- **%s clients.** Floor: %d B of records + %d B of full-page images, %.2f b-tree leaf inserts. Ours without the sequencer: %d + %d B, %.2f b-tree inserts (the event key and the frontier index on `(xid, id)` of unsequenced rows, two, as many as the floor has; the rest of the gap is the plpgsql call: %d against %d server µs/txn). Ours with the sequencer: %d + %d B, %.2f b-tree inserts and %.2f non-HOT heap UPDATEs per transaction (plus %.2f HOT ones, the delete): the sequencer rewrites every event row once, and since `sequence` is indexed (a key column of the `(project_id, sequence)` index and the predicate of the frontier index) the new version can never be HOT: the event key and the sequence index each get a new entry (2 inserts by the writer + 2 by the sequencer), and the pages the new versions land on are dirtied again (more full-page images after each checkpoint). That is %+d B of records and %+d B of images per event over the floor, and %d against %d server µs/txn. PgQ: %d + %d B, %.2f b-tree inserts (one index, on `ev_txid`; no primary key, no unique key, no per-project numbering), %d server µs/txn.\n",
                 c, fr, ff, fb, or, of, ob, to, tf, sr, sf, sb, su, sh, sr - fr, sf - ff, ts, tf, pr, pf, pb, tp }'
     done
     echo
     echo "So the full path pays for the numbering in the event table itself: the one-insert floor and PgQ do one heap insert and one or two index inserts per event and never touch the row again; ours inserts (two index entries) and then updates (two more) every event. Without the sequencer the Rust writer's statement is the floor's work (two b-tree inserts, one heap insert; the event table has no key on \`id\`, migration 6), and the SQL writer adds the plpgsql call and its checks (migration 7 made those cheap)."
     echo
-    echo "What storing the numbers elsewhere would buy is in the prototypes' table: they write less WAL than the sequencer, but a tick's work (finding the new rows, numbering them per project, advancing the heads, committing) runs on the same cores as the writers whatever it stores. PgQ's ticker does none of that per event (it records a transaction snapshot and numbers nothing), which is why it stays near the floor; it gives no per-project sequence in return."
+    echo "Numbering that leaves the event row alone (the numbers stored apart) is measured by \`bench/numbering-prototypes.sh\` (\`bench/RESULTS-old-snapshot-prototypes.md\`): it writes less WAL per event, but every read then joins the numbers to the events, which the catch-up goal cannot afford, so the sequencer keeps writing the number into the event row (docs/design.md, \"Numbering under an old snapshot\"). And a tick's work (finding the new rows, numbering them per project, storing its frontier, committing) runs on the same cores as the writers whatever it stores. PgQ's ticker does none of that per event (it records a transaction snapshot and numbers nothing), which is why it stays near the floor; it gives no per-project sequence in return."
 }
 
 report() {
@@ -537,7 +444,6 @@ report() {
     echo "  - **ours+seq**: the same while \`outbox sequence --every 50ms\` runs: the elected sequencer with the adaptive tick (at once after a tick that numbered something, then from 1 ms doubling to 50 ms when idle), which is what production runs (a consumer's embedded sequencer is the same code, elected the same way);"
     echo "  - **rust**: the Rust writer's statement, \`INSERT INTO outbox.lifecycle_outbox (...) VALUES (...) ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING RETURNING id\` (the Rust writer validates the fields in the service, so the database runs only this), no sequencer;"
     echo "  - **rust+seq**: the same while \`outbox sequence --every 50ms\` runs;"
-    echo "  - **rust+narrow** and **rust+tickrows**: the Rust writer's statement while a prototype (a plpgsql procedure, \`bench_numbering_prototype\`) numbers the events without rewriting the event row: each tick takes the rows past a watermark in arrival order, advances the per-project heads as the sequencer does, and stores the numbers apart, either one narrow row per event in \`bench_numbers (project_id, sequence, event_row)\` or one row per project and tick with the tick's event ids in \`bench_tick_rows\`; back to back while there is work, 1 ms apart when idle. They measure what numbering stored outside the event row would cost the writers. They are lower bounds, not sequencers: they never revisit a row that commits behind the watermark, which a real design must (for example with PgQ-style transaction snapshots), and readers would have to join the numbers to the events;"
     echo "  - **pgq**: \`SELECT pgq.insert_event('bench_q', 'task:deleted', payload, project_id, event_id, task_id, deleted_at)\` while a procedure calls \`pgq.ticker()\` every 10 ms, each in its own transaction (PgQ's own queue settings decide when a tick is made: at 500 events or 3 s)."
     echo "- What the peers do not do: the floor numbers nothing (a reader cannot tell a gap from a commit still in flight); PgQ numbers nothing per project and has no idempotency key (one index, on \`ev_txid\`), and its readers see batches between ticks. Ours gives dense per-project sequences, never visible out of order, and suppresses a repeated delete. The ratios are the price of that."
     echo "- \`pgbench -n -M prepared -T $seconds -c C -j min(C, nproc)\`, task ids random without repeats; per client count the variants run interleaved, $reps round(s), after one unrecorded warm-up of each; cells are medians. Before every run: all tables emptied (PgQ's queue dropped and re-created), every task undeleted, \`VACUUM (ANALYZE)\`, \`CHECKPOINT\`. After every run: exactly one event per deleted task (checked)."
@@ -588,28 +494,6 @@ report() {
                 "$(awk -v a="$(median "$alone+seq" "$clients" 11)" -v b="$(median floor "$clients" 11)" 'BEGIN { print a - b }')" \
                 "$(ratio "$(median floor "$clients" 10)" "$(median "$alone+seq" "$clients" 10)")" \
                 "$(ratio "$(median pgq "$clients" 10)" "$(median "$alone+seq" "$clients" 10)")"
-        done
-    done
-    echo
-    echo "### Numbering stored outside the event row (prototypes)"
-    echo
-    echo "The Rust writer's statement with each way of numbering running beside it. Left behind: events the numbering had not reached when pgbench stopped (the sequencer's count is of rows still unsequenced; a prototype's also counts rows that committed behind its watermark, which it never revisits)."
-    echo
-    echo "| clients | numbering | TPS / floor | by CPU: floor / it | server µs/txn | WAL B/txn | b-tree leaf inserts / txn | left behind (median) |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|"
-    for clients in $clients_list; do
-        for v in rust rust+seq rust+narrow rust+tickrows; do
-            case "$v" in
-                rust) label="none (writer alone)" ;;
-                rust+seq) label="the sequencer (rewrites the event row)" ;;
-                rust+narrow) label="prototype: one narrow row per event" ;;
-                rust+tickrows) label="prototype: one row per project and tick" ;;
-            esac
-            printf '| %s | %s | %s | %s | %.0f | %.0f | %s | %.0f |\n' "$clients" "$label" \
-                "$(ratio "$(median "$v" "$clients" 4)" "$(median floor "$clients" 4)")" \
-                "$(ratio "$(median floor "$clients" 10)" "$(median "$v" "$clients" 10)")" \
-                "$(median "$v" "$clients" 10)" "$(median "$v" "$clients" 11)" \
-                "$(median "$v" "$clients" 17)" "$(median "$v" "$clients" 9)"
         done
     done
     echo

@@ -68,8 +68,8 @@ log "migrating the outbox schema"
 # --- the writers' workload -----------------------------------------------------------------
 
 # One writer call per transaction, into the same projects the prune works on (so the writers'
-# sequencer updates the very heads rows the prune advances). Task IDs are random, so a repeat
-# is rare and harmless (AlreadyRecorded).
+# sequencer numbers events of the very projects whose floors the prune advances). Task IDs are
+# random, so a repeat is rare and harmless (AlreadyRecorded).
 cat >"$work/write.sql" <<SQL
 \set n random(1, 2000000000)
 SELECT outbox.write_task_deleted('p' || (:n % $n_projects), 'w' || :client_id || '-' || :n,
@@ -137,8 +137,8 @@ stats() {
 # (young, not acknowledged) are not.
 load() {
     log "loading $n_events eligible events over $n_projects projects"
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_project_heads,
-                     outbox.lifecycle_deliveries, outbox.lifecycle_consumer_cursors,
+    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
+                     outbox.lifecycle_sequencer_frontier, outbox.lifecycle_deliveries, outbox.lifecycle_consumer_cursors,
                      outbox.lifecycle_audit'
     sql <<SQL
 INSERT INTO outbox.lifecycle_outbox
@@ -151,12 +151,12 @@ SELECT 'p' || (n % $n_projects), n / $n_projects + 1, 'task:deleted',
        jsonb_build_object('column', 'todo', 'status', 'open'), ts
 FROM generate_series(0, $n_events - 1) AS n,
      LATERAL (SELECT now() - interval '60 days' + n * interval '1 millisecond') AS t(ts);
-INSERT INTO outbox.lifecycle_project_heads (project_id, head_sequence, pruned_through)
-SELECT project_id, max(sequence), 0 FROM outbox.lifecycle_outbox GROUP BY project_id;
+INSERT INTO outbox.lifecycle_projects (project_id, pruned_through)
+SELECT DISTINCT project_id, 0 FROM outbox.lifecycle_outbox;
 INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, last_acked_sequence)
 SELECT project_id, 'bench-consumer', head_sequence FROM outbox.lifecycle_project_heads;
 SQL
-    sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' \
+    sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' \
         -c 'CHECKPOINT'
 }
 
@@ -211,14 +211,14 @@ for batch in $batches; do
     verify=$(sql <<SQL
 SELECT CASE WHEN (SELECT count(*) FROM outbox.lifecycle_outbox WHERE writer_process_id = 'bench-loader') = 0
              AND (SELECT bool_and(pruned_through = $n_events / $n_projects)
-                  FROM outbox.lifecycle_project_heads)
+                  FROM outbox.lifecycle_projects)
              AND (SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence <= $n_events / $n_projects) = 0
              AND $pruned = $n_events
             THEN 'PASS' ELSE 'FAIL' END
        || format(' (%s events pruned, %s writer events retained, floors %s)', $pruned,
                  (SELECT count(*) FROM outbox.lifecycle_outbox),
                  (SELECT string_agg(DISTINCT pruned_through::text, ',')
-                  FROM outbox.lifecycle_project_heads));
+                  FROM outbox.lifecycle_projects));
 SQL
 )
     log "batch $batch rep $rep: $pruned events in $seconds s ($per_second/s); writer p99 ${b_p99} ms -> ${d_p99} ms (x$ratio); $verify"
@@ -256,7 +256,7 @@ report() {
     echo "## Method"
     echo
     echo "- Load: $n_events sequenced events over $n_projects projects, 60 days old (direct \`INSERT\` with the writer's columns), and one consumer per project whose cursor is at the head: every loaded event is eligible. \`VACUUM (ANALYZE)\`, \`CHECKPOINT\`."
-    echo "- Writers: \`pgbench -n -M prepared -R $rate -c $clients -j $threads\`, one \`SELECT outbox.write_task_deleted(...)\` per transaction into the same $n_projects projects; \`outbox sequence --every 50ms\` numbers their events (so it updates the heads rows the prune advances). Latency per transaction from the pgbench log, measured from its scheduled start (so waiting behind a slow transaction counts). One unrecorded 5 s warm-up."
+    echo "- Writers: \`pgbench -n -M prepared -R $rate -c $clients -j $threads\`, one \`SELECT outbox.write_task_deleted(...)\` per transaction into the same $n_projects projects; \`outbox sequence --every 50ms\` numbers their events (in the very projects whose floors the prune advances). Latency per transaction from the pgbench log, measured from its scheduled start (so waiting behind a slow transaction counts). One unrecorded 5 s warm-up."
     echo "- The writers run as back-to-back 5 s pgbench runs (so every per-transaction log is complete). Baseline: the transactions that ended within $baseline s of writing without a prune. Then the writers run again and, 2 s in, \`outbox prune --retention 30d --batch-size B\` runs to completion; the transactions that ended while the prune ran are 'during'."
     echo "- Verification after each prune: no loaded event left, every floor at the old head, every writer event retained, \`events_pruned\` = $n_events; no writer transaction failed."
     echo "- The 'during' window lasts only as long as the prune, so its p99 rests on fewer samples than the baseline's (see 'writer tx'): at 200 tx/s about 1500 for an 8 s prune, about 450 for a 2.3 s one, where p99 is roughly the 5th-highest latency. Single runs scatter accordingly; the medians over the repetitions are the figures to read."

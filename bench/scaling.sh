@@ -105,13 +105,13 @@ SQL
 # touched per such tick (rows of its numbering statement) and NOTIFYs per second, into
 # $work/seqstats. The numbering statement is matched anywhere in the text: pg_stat_statements
 # keeps the text it saw first for a statement, which may be the parameter-type probe's
-# `PREPARE ... AS WITH pending AS ...` (outbox-core's stmt.rs).
+# `PREPARE ... AS WITH found AS ...` (outbox-core's stmt.rs).
 seqstats() {
     local label=$1 secs=$2
     sql -F ' ' <<SQL | awk -v l="$label" '{ print l "\t" $0 }' >>"$work/seqstats"
-SELECT round(coalesce(sum(calls) FILTER (WHERE query LIKE '%WITH pending AS%'), 0) / $secs),
-       round(coalesce(sum(rows) FILTER (WHERE query LIKE '%WITH pending AS%'), 0)::numeric
-             / greatest(sum(calls) FILTER (WHERE query LIKE '%WITH pending AS%'), 1), 1),
+SELECT round(coalesce(sum(calls) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0) / $secs),
+       round(coalesce(sum(rows) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0)::numeric
+             / greatest(sum(calls) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 1), 1),
        round(coalesce(sum(rows) FILTER (WHERE query LIKE 'SELECT pg_notify(%'), 0) / $secs)
 FROM pg_stat_statements;
 SQL
@@ -175,8 +175,8 @@ SQL
 done
 
 clear_outbox() {
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_project_heads,
-                      outbox.lifecycle_consumer_cursors, outbox.lifecycle_deliveries,
+    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
+                      outbox.lifecycle_sequencer_frontier, outbox.lifecycle_consumer_cursors, outbox.lifecycle_deliveries,
                       outbox.lifecycle_audit'
 }
 
@@ -184,7 +184,7 @@ reset_state() {
     clear_outbox
     sql -c 'UPDATE tasks SET deleted_at = NULL WHERE deleted_at IS NOT NULL'
     sql -c 'VACUUM (ANALYZE) tasks' -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' \
-        -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' -c 'CHECKPOINT'
+        -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' -c 'CHECKPOINT'
 }
 
 # writer_run VARIANT REP [SECONDS]: variant "bare" or "full-P". Appends to $work/writer:
@@ -201,7 +201,7 @@ writer_run() {
         -f "$work/$variant.sql" "$DATABASE_URL" >"$out" 2>&1 \
         || { cat "$out" >&2; die "pgbench failed ($variant)"; }
     if [ "$variant" != bare ]; then
-        lag=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL')
+        lag=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox_unsequenced')
         stop_sequencer
     fi
     lsn1=$(wal_lsn)
@@ -211,7 +211,7 @@ writer_run() {
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
     [ -n "$tps" ] && [ -n "$txns" ] && [ "$txns" -gt 0 ] || { cat "$out" >&2; die "could not parse pgbench output"; }
     wal=$(sql -c "SELECT round(pg_wal_lsn_diff('$lsn1', '$lsn0') / $txns)")
-    # WAL without and with full-page images, and HOT updates (the delete, the heads rows), per
+    # WAL without and with full-page images, and HOT updates (the delete), per
     # transaction (once the WAL is flushed up to lsn1, as pg_get_wal_stats requires).
     wal_flushed "$lsn1"
     anatomy=$(sql -F ' ' -c "SELECT round(sum(record_size)::numeric / $txns), round(sum(fpi_size)::numeric / $txns),
@@ -294,10 +294,10 @@ FROM (SELECT n, CASE WHEN $p = 1 OR n % 2 = 1 THEN 'p0' ELSE 'p' || (1 + (n / 2)
              now() - interval '1 hour' + n * interval '1 microsecond' AS ts
       FROM generate_series(1, $total) AS n) AS e
 ORDER BY n;
-INSERT INTO outbox.lifecycle_project_heads (project_id, head_sequence)
-SELECT project_id, max(sequence) FROM outbox.lifecycle_outbox GROUP BY project_id;
+INSERT INTO outbox.lifecycle_projects (project_id)
+SELECT DISTINCT project_id FROM outbox.lifecycle_outbox;
 SQL
-    sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' -c 'CHECKPOINT'
+    sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' -c 'CHECKPOINT'
     for k in $consumers_list; do
         pgss_reset
         report=$("$bench_bin" scale-catch-up --database-url "$DATABASE_URL" --project p0 \
@@ -342,8 +342,8 @@ reading() {
     seq1=$(awk -v p="$p1" '$1 == p { print $3 }' "$work/sequencer"); seqn=$(awk -v p="$pn" '$1 == p { print $3 }' "$work/sequencer")
     echo "## Reading the figures"
     echo
-    echo "- **Writer.** From $p1 to $pn projects the full path goes from $(printf '%.0f' "$w1") to $(printf '%.0f' "$wn") TPS ($(awk -v a="$wn" -v b="$w1" 'BEGIN { printf "%.2f", a / b }')×) and from $(writer_median "full-$p1" 5) to $(writer_median "full-$pn" 5) WAL B/txn (records $(writer_median "full-$p1" 7) → $(writer_median "full-$pn" 7), full-page images $(writer_median "full-$p1" 8) → $(writer_median "full-$pn" 8), HOT updates per transaction $(writer_median "full-$p1" 9) → $(writer_median "full-$pn" 9)). The sequencer does per-project work in every tick: one heads-row update and one NOTIFY per project the tick touches. With one project that is once per tick ($(seq_median "writer full-$p1 rep" 2) project per tick, $(seq_median "writer full-$p1 rep" 3) NOTIFY/s); with $pn projects nearly every event of a tick has a project of its own ($(seq_median "writer full-$pn rep" 2) projects per tick, $(seq_median "writer full-$pn rep" 3) NOTIFY/s), so it becomes once per event. And the sequencer's \`(project_id, sequence)\` entries of one project all go to the right-hand edge of that index, while $pn projects spread them over up to $pn insertion points, whose leaf pages are dirtied (and full-page-imaged after a checkpoint) separately. Both effects are bounded: once projects outnumber the events of a tick, every event pays one heads update, one NOTIFY and its own leaf pages, and nothing grows further. The cost grows with min(projects, events per tick), not faster than linearly."
-    echo "- **Sequencer drain.** $seq1 events/s with $p1 project(s), $seqn with $pn: each numbering transaction (up to 10,000 events) upserts one heads row and sends one NOTIFY per project it touches ($(seq_median "sequencer P=$pn" 2) per transaction with $pn projects). The same per-project term as above, capped by the batch size: linear in min(projects, batch)."
+    echo "- **Writer.** From $p1 to $pn projects the full path goes from $(printf '%.0f' "$w1") to $(printf '%.0f' "$wn") TPS ($(awk -v a="$wn" -v b="$w1" 'BEGIN { printf "%.2f", a / b }')×) and from $(writer_median "full-$p1" 5) to $(writer_median "full-$pn" 5) WAL B/txn (records $(writer_median "full-$p1" 7) → $(writer_median "full-$pn" 7), full-page images $(writer_median "full-$p1" 8) → $(writer_median "full-$pn" 8), HOT updates per transaction $(writer_median "full-$p1" 9) → $(writer_median "full-$pn" 9)). The sequencer does per-project work in every tick: one read of the project's head from the high end of the sequence index (and of its floor), one registration insert that finds the project's row already there, and one NOTIFY per project the tick touches. With one project that is once per tick ($(seq_median "writer full-$p1 rep" 2) project per tick, $(seq_median "writer full-$p1 rep" 3) NOTIFY/s); with $pn projects nearly every event of a tick has a project of its own ($(seq_median "writer full-$pn rep" 2) projects per tick, $(seq_median "writer full-$pn rep" 3) NOTIFY/s), so it becomes once per event. And the sequencer's \`(project_id, sequence)\` entries of one project all go to the right-hand edge of that index, while $pn projects spread them over up to $pn insertion points, whose leaf pages are dirtied (and full-page-imaged after a checkpoint) separately. Both effects are bounded: once projects outnumber the events of a tick, every event pays one head lookup, one NOTIFY and its own leaf pages, and nothing grows further. The cost grows with min(projects, events per tick), not faster than linearly."
+    echo "- **Sequencer drain.** $seq1 events/s with $p1 project(s), $seqn with $pn: each numbering transaction (up to 10,000 events) reads one head from the sequence index, registers the project (an insert that does nothing once its row exists) and sends one NOTIFY per project it touches ($(seq_median "sequencer P=$pn" 2) per transaction with $pn projects). The same per-project term as above, capped by the batch size: linear in min(projects, batch)."
     local k1 kn c1 cm cn
     k1=$(echo "$consumers_list" | awk '{ print $1 }'); kn=$(echo "$consumers_list" | awk '{ print $NF }')
     echo "- **Catch-up.** One consumer: $(for p in $projects_list; do awk -v p="$p" -v k="$k1" '$1 == p && $2 == k { printf "%.0f events/s at P = %s, ", $5, p }' "$work/catchup"; done | sed 's/, $//') (single runs; its reads use \`(project_id, sequence)\`, so other projects' rows are never read, and the differences between these runs follow the load and the run order, not P: see the load column). K consumers of one project: at P = $p1 the aggregate is $(for k in $consumers_list; do awk -v p="$p1" -v k="$k" '$1 == p && $2 == k { printf "%.0f (K = %s), ", $4, k }' "$work/catchup"; done | sed 's/, $//') events/s: it rises while one consumer alone leaves the cores waiting for its round trips and its acknowledging commits, then stays flat, so each consumer gets about 1/K of it and the wall time to bring all K up to date grows linearly with K ($(for k in $consumers_list; do awk -v p="$p1" -v k="$k" '$1 == p && $2 == k { printf "%.2f s, ", $3 }' "$work/catchup"; done | sed 's/, $//')). Linear, as designed: every consumer reads and acknowledges on its own (own cursor, lease and retries)."

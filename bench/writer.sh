@@ -160,10 +160,10 @@ SQL
 # statistics and a fresh checkpoint (so each run pays the same full-page writes, and no timed
 # checkpoint lands inside a run: every CHECKPOINT restarts the 5-minute clock).
 reset_state() {
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_project_heads' \
+    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects, outbox.lifecycle_sequencer_frontier' \
         -c 'UPDATE tasks SET deleted_at = NULL WHERE deleted_at IS NOT NULL'
     sql -c 'VACUUM (ANALYZE) tasks' -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' \
-        -c 'VACUUM (ANALYZE) outbox.lifecycle_project_heads' -c 'CHECKPOINT'
+        -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' -c 'CHECKPOINT'
 }
 
 # run VARIANT CLIENTS REP [SECONDS]: one measured pgbench run. Variants: bare, outbox (sql2
@@ -191,7 +191,7 @@ run() {
     local unsequenced=0
     if [ "$with_sequencer" = 1 ]; then
         # What the sequencer had not numbered yet when the writers stopped: its lag.
-        unsequenced=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL')
+        unsequenced=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox_unsequenced')
         s_ticks=$(awk '{ print $14 + $15 }' "/proc/$sequencer_pid/stat")
         stop_sequencer
     fi
@@ -358,7 +358,7 @@ report() {
     echo "- (b) with outbox: the same UPDATE with \`RETURNING\` into pgbench variables (\`\\gset\`), then \`SELECT outbox.write_task_deleted(project_id, id, deleted_at, 'bench-writer', jsonb_build_object('column', column_name, 'status', status))\` in the same transaction, while \`outbox sequence --every 50ms\` runs in the background (started before, stopped after each run)."
     echo "- Task ids: \`\\set n 1 + permute(slot, $n_tasks)\` over a per-client slot counter, i.e. random but without repeats, so every transaction deletes a live row (hit rate in the runs below)."
     echo "- \`pgbench -n -M prepared -T $seconds -c C -j min(C, nproc)\`; per client count, runs interleaved a, b, a, b, ... ($reps pair(s)) after one unrecorded warm-up of each; each cell is the median; ratio = median TPS (b) / median TPS (a)."
-    echo "- Before every run: outbox and heads truncated, every task undeleted, \`VACUUM (ANALYZE)\` of \`tasks\` and the outbox tables, \`CHECKPOINT\`: every run starts with all tasks live, no dead tuples, the same full-page-write cost and no timed checkpoint inside the run. Autovacuum stays on."
+    echo "- Before every run: the outbox, its project rows and the sequencer's frontiers truncated, every task undeleted, \`VACUUM (ANALYZE)\` of \`tasks\` and the outbox tables, \`CHECKPOINT\`: every run starts with all tasks live, no dead tuples, the same full-page-write cost and no timed checkpoint inside the run. Autovacuum stays on."
     echo "- After every run with the writer: exactly one event per task deleted (checked)."
     echo "- server µs/txn: CPU time of all processes of the cluster (backends, sequencer's backend, WAL writer, checkpointer, autovacuum) during the run / transactions. WAL B/txn: WAL bytes / transactions."
     echo

@@ -66,9 +66,10 @@ pub async fn fresh_database(admin_url: &str, name: &str) -> BoxResult<String> {
     Ok(url)
 }
 
-/// Writes `events` already-sequenced events for `project`, and sets its head, so that the
-/// backlog is exactly what the writer plus the sequencer would have left: dense sequences
-/// 1..N in arrival (`id`) order, `sequenced_at` set, the head at N. Numbering at insert time
+/// Writes `events` already-sequenced events for `project`, and registers the project, so that
+/// the backlog is exactly what the writer plus the sequencer would have left: dense sequences
+/// 1..N in arrival (`id`) order, `sequenced_at` set, the project's row in `lifecycle_projects`
+/// (its head, N, is read from the sequence index). Numbering at insert time
 /// is only for speed (one `INSERT ... SELECT` instead of a million writer calls and a
 /// sequencer drain); the consumer cannot tell the difference. The events are an hour old at
 /// most: the runtime's retention sweep (at consumer start) prunes acknowledged events older
@@ -102,17 +103,14 @@ pub async fn write_backlog(url: &str, project: &str, events: i64) -> BoxResult<f
     client.execute(&insert, &[&project, &events]).await?;
     client
         .execute(
-            &schema.render(
-                "INSERT INTO {{schema}}.lifecycle_project_heads (project_id, head_sequence)
-                 VALUES ($1, $2)",
-            ),
-            &[&project, &events],
+            &schema.render("INSERT INTO {{schema}}.lifecycle_projects (project_id) VALUES ($1)"),
+            &[&project],
         )
         .await?;
     // One statement per call: VACUUM refuses to run inside a (multi-statement) transaction.
     for statement in [
         "VACUUM (ANALYZE) {{schema}}.lifecycle_outbox",
-        "VACUUM (ANALYZE) {{schema}}.lifecycle_project_heads",
+        "VACUUM (ANALYZE) {{schema}}.lifecycle_projects",
         "CHECKPOINT",
     ] {
         client.batch_execute(&schema.render(statement)).await?;
