@@ -26,11 +26,43 @@ async fn write(client: &Client, tag: &str, count: i32) {
         .unwrap();
 }
 
+/// Checks that each project `p0`..`p7` holds exactly `1..=k`; returns how many events they hold.
+async fn assert_dense(client: &Client) -> usize {
+    let mut total = 0;
+    for p in 0..8 {
+        let project = format!("p{p}");
+        let numbers: Vec<i64> = sequenced(client, &project)
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(
+            numbers,
+            (1..=numbers.len() as i64).collect::<Vec<_>>(),
+            "{project}"
+        );
+        total += numbers.len();
+    }
+    total
+}
+
+/// Committed events without a number (this session sees no others).
+async fn unsequenced(client: &Client) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Entries read from every index of the schema, and rows read by sequential scans of its
 /// tables, so far: what a tick reads, whatever the plan, counted by the statistics system.
-/// Taken once no client session of `db` is left but `keep` (the session holding the snapshot):
+/// Taken once no client session of the database is left but `client` and `keep` (the session holding the snapshot):
 /// a backend reports its counters when it exits.
-async fn reads(db: &TestDb, client: &Client, keep: i32) -> i64 {
+async fn reads(client: &Client, keep: i32) -> i64 {
     eventually(WAIT, "the ticking session to end", || async {
         client
             .query_one(
@@ -45,7 +77,6 @@ async fn reads(db: &TestDb, client: &Client, keep: i32) -> i64 {
             == 0
     })
     .await;
-    let _ = db;
     client
         .query_one(
             "SELECT pg_stat_clear_snapshot(),
@@ -63,7 +94,7 @@ async fn reads(db: &TestDb, client: &Client, keep: i32) -> i64 {
 /// One tick of `count` new events in a session of its own; returns the entries it read.
 async fn measured_tick(db: &TestDb, client: &Client, keep: i32, tag: &str, count: i32) -> i64 {
     write(client, tag, count).await;
-    let before = reads(db, client, keep).await;
+    let before = reads(client, keep).await;
     {
         let mut ticker = db.connect().await;
         let numbered = Sequencer::new(&Schema::default())
@@ -73,7 +104,7 @@ async fn measured_tick(db: &TestDb, client: &Client, keep: i32, tag: &str, count
             .numbered;
         assert_eq!(numbered, count as u64);
     }
-    reads(db, client, keep).await - before
+    reads(client, keep).await - before
 }
 
 /// The regression test of issue 21. A REPEATABLE READ snapshot taken before the history keeps
@@ -132,14 +163,7 @@ async fn a_tick_under_a_held_snapshot_reads_its_batch_not_the_history() {
         "a tick of 100 events read {first} entries before 30,000 events of history under a \
          held snapshot and {last} after"
     );
-    for p in 0..8 {
-        let numbers: Vec<i64> = sequenced(&client, &format!("p{p}"))
-            .await
-            .into_iter()
-            .map(|(s, _)| s)
-            .collect();
-        assert_eq!(numbers, (1..=numbers.len() as i64).collect::<Vec<_>>());
-    }
+    assert_dense(&client).await;
 }
 
 /// A writer that takes its transaction ID, writes one event and stays open while 10,000 later
@@ -226,25 +250,8 @@ async fn partial_ticks_skip_nothing_committed_meanwhile_and_nothing_rolled_back(
     assert_eq!(sequencer.drain(&mut ticker).await.unwrap(), 1_511);
     assert_eq!(sequencer.drain(&mut ticker).await.unwrap(), 0);
 
-    let unsequenced: i64 = client
-        .query_one(
-            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(unsequenced, 0);
-    for p in 0..8 {
-        let project = format!("p{p}");
-        let events = sequenced(&client, &project).await;
-        let numbers: Vec<i64> = events.iter().map(|(s, _)| *s).collect();
-        assert_eq!(
-            numbers,
-            (1..=numbers.len() as i64).collect::<Vec<_>>(),
-            "{project}"
-        );
-    }
+    assert_eq!(unsequenced(&client).await, 0);
+    assert_dense(&client).await;
     let tasks: Vec<String> = client
         .query(
             "SELECT task_id FROM outbox.lifecycle_outbox WHERE task_id IN ('early', 'undone')",
@@ -317,16 +324,9 @@ async fn a_tick_cut_off_in_the_middle_leaves_nothing_half_done() {
         .await
         .unwrap();
 
-    let unsequenced: i64 = client
-        .query_one(
-            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE sequence IS NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
     assert_eq!(
-        unsequenced, 50,
+        unsequenced(&client).await,
+        50,
         "the cut-off tick's numbers were rolled back"
     );
     let numbered = Sequencer::new(&Schema::default())
@@ -334,17 +334,7 @@ async fn a_tick_cut_off_in_the_middle_leaves_nothing_half_done() {
         .await
         .unwrap();
     assert_eq!(numbered, 50);
-    let mut total = 0;
-    for p in 0..8 {
-        let numbers: Vec<i64> = sequenced(&client, &format!("p{p}"))
-            .await
-            .into_iter()
-            .map(|(s, _)| s)
-            .collect();
-        assert_eq!(numbers, (1..=numbers.len() as i64).collect::<Vec<_>>());
-        total += numbers.len();
-    }
-    assert_eq!(total, 100);
+    assert_eq!(assert_dense(&client).await, 100);
 }
 
 /// A frontier ahead of this cluster's transaction IDs, as a logical restore from another
