@@ -326,11 +326,11 @@ LIMIT $4";
 
 /// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,
 /// its dead letters, and the unsequenced backlog of the whole outbox with the age of its
-/// oldest event (the sequencer is shared by every project). Both read the frontier's work
-/// (migration 0010), in the order only the frontier index yields without a sort: a bare
-/// `count(*) ... WHERE sequence IS NULL` is answered with a sequential scan of the whole table
-/// once statistics taken during a backlog make unsequenced rows look common, even when
-/// nothing waits.
+/// oldest event (the sequencer is shared by every project). Both come from one read of the
+/// frontier's work (migration 0010), in the order only the frontier index yields without a
+/// sort: a bare `count(*) ... WHERE sequence IS NULL` is answered with a sequential scan of
+/// the whole table once statistics taken during a backlog make unsequenced rows look common,
+/// even when nothing waits.
 pub const GAUGES: &str = "
 SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
                  WHERE project_id = $1), 0) AS head,
@@ -338,9 +338,11 @@ SELECT COALESCE((SELECT head_sequence FROM {{schema}}.lifecycle_project_heads
         WHERE project_id = $1 AND consumer_id = $2) AS cursor,
        (SELECT count(*) FROM {{schema}}.lifecycle_deliveries
         WHERE project_id = $1 AND consumer_id = $2 AND state = 'dead') AS dead_letters,
-       (SELECT count(*) FROM {{schema}}.lifecycle_outbox_unsequenced) AS unsequenced,
-       (SELECT GREATEST(extract(epoch FROM now() - min(occurred_at)), 0)::float8
-        FROM {{schema}}.lifecycle_outbox_unsequenced) AS oldest_unsequenced";
+       backlog.unsequenced, backlog.oldest_unsequenced
+FROM (SELECT count(*) AS unsequenced,
+             GREATEST(extract(epoch FROM now() - min(occurred_at)), 0)::float8
+                 AS oldest_unsequenced
+      FROM {{schema}}.lifecycle_outbox_unsequenced) AS backlog";
 
 /// What the identity check compares, in one snapshot: the consumer's cursor and the identity
 /// it records, the project's head and floor, and the identity of the event at `$3` (the

@@ -60,8 +60,8 @@ async fn unsequenced(client: &Client) -> i64 {
 
 /// Entries read from every index of the schema, and rows read by sequential scans of its
 /// tables, so far: what a tick reads, whatever the plan, counted by the statistics system.
-/// Taken once no client session of the database is left but `client` and `keep` (the session holding the snapshot):
-/// a backend reports its counters when it exits.
+/// Taken once no client session of the database is left but `client` and `keep` (the session
+/// holding the snapshot): a backend reports its counters when it exits.
 async fn reads(client: &Client, keep: i32) -> i64 {
     eventually(WAIT, "the ticking session to end", || async {
         client
