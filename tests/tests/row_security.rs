@@ -1,17 +1,19 @@
 //! Per-project row security (`outbox migrate --row-security`): roles bound to project A in
 //! `lifecycle_role_projects` cannot read B's events, claim B's consumers, see B's dead
-//! letters, or record events for B; their own project works end to end.
+//! letters, or record events for B; their own project works end to end; and their sequencer
+//! numbers only their projects and leaves the numbering frontier to one that sees all.
 
 use std::time::Duration;
 
 use chrono::Utc;
 use outbox_consumer::{Consumer, ConsumerError};
 use outbox_core::{
-    ConnectSettings, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
+    ConnectSettings, Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, Writer,
+    WriterProcessId,
 };
 use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
 use outbox_tests::process_kit::run_outbox;
-use outbox_tests::{TestDb, fresh_db};
+use outbox_tests::{TestDb, fresh_db, sequenced};
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
@@ -240,4 +242,54 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
     .await;
     assert_eq!(code, 0);
     assert!(out.contains("b-poison"), "{out}");
+}
+
+/// A sequencer under row security sees only its projects' rows, so it cannot know it took
+/// everything: it numbers its own projects' events and stores no frontier. Had it stored one,
+/// the events of other projects committed before its tick would sit below that frontier and
+/// never be numbered; here a later tick of the owner still numbers them.
+#[tokio::test]
+async fn a_bound_sequencer_numbers_its_projects_and_leaves_the_frontier_alone() {
+    let db = fresh_db().await;
+    let (code, _, err) =
+        run_outbox(&["--database-url", &db.url, "migrate", "--row-security"]).await;
+    assert_eq!(code, 0, "{err}");
+    for (project, task) in [("A", "a1"), ("B", "b1"), ("A", "a2"), ("B", "b2")] {
+        write_event(&db, project, task).await;
+    }
+    let bound = bound_login(&db, "consumer").await;
+    let mut client = ConnectSettings::parse(&bound)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let numbered = Sequencer::new(&Schema::default())
+        .drain(&mut client)
+        .await
+        .unwrap();
+    assert_eq!(numbered, 2, "A's two events only");
+
+    let owner = db.connect().await;
+    let frontiers: i64 = owner
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_sequencer_frontier",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(frontiers, 0, "the bound tick stored no frontier");
+    let numbered = Sequencer::new(&Schema::default())
+        .drain(&mut db.connect().await)
+        .await
+        .unwrap();
+    assert_eq!(numbered, 2, "B's two events, numbered by the owner's tick");
+    for project in ["A", "B"] {
+        let numbers: Vec<i64> = sequenced(&owner, project)
+            .await
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(numbers, vec![1, 2], "{project}");
+    }
 }
