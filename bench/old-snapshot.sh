@@ -22,7 +22,8 @@
 #   bufs/probe     shared buffers per idle probe of the work list (the frontier's, from migration 10)
 #   bufs/read      shared buffers per other statement that reads the event table (the
 #                  consumer's fetches and caught-up checks)
-#   bufs/ack       shared buffers per update of the consumer cursors
+#   bufs/ack       shared buffers per cursor write (a position appended from migration 11, an
+#                  update of the cursor row before) or lease renewal
 #   PG cores       CPU of every PostgreSQL process of the cluster (writers' backends included)
 #
 # Environment:
@@ -115,7 +116,7 @@ cluster_ticks() {
 # sample: one line of counters: unix ms, events numbered (sum of heads), cluster CPU ticks,
 # then calls, time (ms) and buffers of: the numbering statement, the sequencer's other
 # statements (lock, NOTIFY), the idle probe, other reads of the event table, the consumer's
-# cursor updates (acknowledgements, lease renewals).
+# cursor writes (acknowledgements, lease renewals).
 sample() {
     local now ticks
     now=$(date +%s%3N)
@@ -129,7 +130,9 @@ WITH s AS (
                WHEN query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_notify%' THEN 'seq'
                WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%'
                     OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%' THEN 'probe'
-               WHEN query LIKE '%UPDATE%lifecycle_consumer_cursors%' THEN 'ack'
+               WHEN (query LIKE '%INSERT%lifecycle_consumer_positions%' AND query NOT LIKE '%reactivated%')
+                    OR query LIKE '%UPDATE%lifecycle_consumer_cursors%'
+                    OR query LIKE '%UPDATE%lifecycle_consumers %' THEN 'ack'
                WHEN query LIKE '%lifecycle_outbox%' AND query NOT LIKE '%INSERT%'
                     AND query NOT LIKE '%write_task_deleted%' THEN 'read'
            END AS kind
@@ -304,7 +307,7 @@ done
     echo "seq µs/event: the sequencer's server time (lock, numbering, NOTIFY, idle probes; pg_stat_statements) per event numbered."
     echo "bufs/tick: shared buffers per numbering statement; bufs/probe: per idle probe of the work list;"
     echo "bufs/read: per other statement reading the event table (the consumer's fetches and caught-up checks);"
-    echo "bufs/ack: per update of the consumer cursors (acknowledgements, lease renewals). PG cores: every PostgreSQL process, the writers' backends included."
+    echo "bufs/ack: per cursor write (acknowledgements: a position appended from migration 11, an update of the cursor row before) or lease renewal. PG cores: every PostgreSQL process, the writers' backends included."
     echo "Each row is one window: its percentiles, and totals divided by counts. The machine is shared with other work,"
     echo "so single windows are noisy; the trend across windows is the result."
     echo

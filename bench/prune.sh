@@ -153,7 +153,9 @@ FROM generate_series(0, $n_events - 1) AS n,
      LATERAL (SELECT now() - interval '60 days' + n * interval '1 millisecond') AS t(ts);
 INSERT INTO outbox.lifecycle_projects (project_id, pruned_through)
 SELECT DISTINCT project_id, 0 FROM outbox.lifecycle_outbox;
-INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, last_acked_sequence)
+INSERT INTO outbox.lifecycle_consumers (project_id, consumer_id)
+SELECT project_id, 'bench-consumer' FROM outbox.lifecycle_projects;
+INSERT INTO outbox.lifecycle_consumer_positions (project_id, consumer_id, last_acked_sequence)
 SELECT project_id, 'bench-consumer', head_sequence FROM outbox.lifecycle_project_heads;
 SQL
     sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' \

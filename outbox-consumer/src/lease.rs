@@ -275,7 +275,9 @@ pub(crate) async fn claim(
             )
             .await?;
         if let Some(row) = row {
-            return claimed(&row, sent_at, config, owner).map(Some);
+            return claimed(&client, &row, sent_at, config, owner)
+                .await
+                .map(Some);
         }
         let row = client
             .query_one_unnamed(&schema.render(sql::CONSUMER_ROW), &[&project, &consumer])
@@ -322,7 +324,9 @@ pub(crate) async fn claim(
                         "the lease holder no longer exists on this host; taking the lease over"
                     ),
                 }
-                return claimed(&taken, sent_at, config, owner).map(Some);
+                return claimed(&client, &taken, sent_at, config, owner)
+                    .await
+                    .map(Some);
             }
             // The row moved on since it was read: look again.
             continue;
@@ -352,17 +356,30 @@ pub(crate) async fn claim(
     }
 }
 
-/// The lease a claim or a takeover sent at `sent_at` returned in `row`.
-fn claimed(
+/// The lease a claim or a takeover sent at `sent_at` returned in `row`, with the position it
+/// starts from, read once the claim has committed (see [`sql::CLAIMED_POSITION`]).
+async fn claimed(
+    client: &deadpool_postgres::Client,
     row: &tokio_postgres::Row,
     sent_at: Instant,
     config: &ConsumerConfig,
     owner: &str,
 ) -> Result<Claimed, ConsumerError> {
     let generation: i64 = row.try_get("lease_generation")?;
-    let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
-    let identity: Option<String> = row.try_get("last_acked_event_id")?;
     let created: bool = row.try_get("created")?;
+    let position = client
+        .query_opt_unnamed(
+            &config.duties.schema.render(sql::CLAIMED_POSITION),
+            &[&config.project_id.as_str(), &config.consumer_id.as_str()],
+        )
+        .await?;
+    let (cursor, identity): (Option<i64>, Option<String>) = match position {
+        Some(row) => (
+            row.try_get("last_acked_sequence")?,
+            row.try_get("last_acked_event_id")?,
+        ),
+        None => (None, None),
+    };
     tracing::info!(
         project = %config.project_id, consumer = %config.consumer_id, generation,
         cursor = %crate::base::ShownCursor(cursor),

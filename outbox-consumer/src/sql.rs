@@ -2,12 +2,68 @@
 //!
 //! Fenced statements take `$1` project, `$2` consumer, `$3` lease owner, `$4` generation and
 //! change nothing unless that lease is still the current one of an active consumer.
+//!
+//! A consumer's lease and state live in its `lifecycle_consumers` row; its position is the
+//! newest of its `lifecycle_consumer_positions` rows (migration 0011). A position write locks
+//! the consumer row under the fence (a row lock writes no new version), appends the new
+//! position and deletes the one it replaces by its exact key, so no read of a position ever
+//! walks the versions an old snapshot keeps. The lock is what keeps the position current for
+//! the statement: every other writer of a consumer's positions (a claim, a takeover, a
+//! reactivation) changes the lease generation or the state, which voids the fence.
+
+/// The fence as a row lock on the consumer row: one row while lease `$3`/`$4` is current.
+macro_rules! fence {
+    () => {
+        "SELECT 1 FROM {{schema}}.lifecycle_consumers
+     WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+       AND state = 'active'
+     FOR NO KEY UPDATE"
+    };
+}
+
+/// The consumer's current position row (none while it never had one), read from the high
+/// end of the positions' key.
+macro_rules! current_position {
+    () => {
+        "SELECT position_id, last_acked_sequence, last_acked_at, reconciled_at
+     FROM {{schema}}.lifecycle_consumer_positions
+     WHERE project_id = $1 AND consumer_id = $2
+     ORDER BY position_id DESC
+     LIMIT 1"
+    };
+}
+
+/// The identity of project `$1`'s event numbered `$seq` (NULL when none is retained).
+macro_rules! event_id_at {
+    ($seq:literal) => {
+        concat!(
+            "(SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+         WHERE o.project_id = $1 AND o.sequence = ",
+            $seq,
+            ")"
+        )
+    };
+}
+
+/// Deletes the position `was` names, when the fence holds and `$cond` (over `was`) is true:
+/// the replaced half of a position write.
+macro_rules! replace_position {
+    ($cond:literal) => {
+        concat!(
+            "DELETE FROM {{schema}}.lifecycle_consumer_positions AS p
+     USING fence, was
+     WHERE p.project_id = $1 AND p.consumer_id = $2 AND p.position_id = was.position_id
+       AND ",
+            $cond
+        )
+    };
+}
 
 /// Claims the consumer's row when it is free or its lease has expired (generation + 1).
 /// Creates the row, with a missing (NULL) cursor, for a new consumer, and says whether it did
 /// (`xmax = 0` holds only for a freshly inserted row). `$4`: lease seconds.
 pub const CLAIM: &str = "
-INSERT INTO {{schema}}.lifecycle_consumer_cursors AS c
+INSERT INTO {{schema}}.lifecycle_consumers AS c
     (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at, heartbeat_at)
 VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4), now())
 ON CONFLICT (project_id, consumer_id) DO UPDATE
@@ -17,48 +73,68 @@ SET lease_owner = EXCLUDED.lease_owner,
     heartbeat_at = EXCLUDED.heartbeat_at
 WHERE c.state = 'active'
   AND (c.lease_owner IS NULL OR c.lease_expires_at <= now())
-RETURNING c.lease_generation, c.last_acked_sequence, c.last_acked_event_id,
-          (c.xmax = 0) AS created";
+RETURNING c.lease_generation, (c.xmax = 0) AS created";
 
 /// Takes a lease over from a holder known to be gone before it expired. `$5`, `$6`: the
 /// holder and generation just read; if either moved since, nothing changes (the claim looks
 /// again). The generation is bumped as in a claim, so the old holder's fence is void.
 pub const TAKE_OVER: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
+UPDATE {{schema}}.lifecycle_consumers
 SET lease_owner = $3, lease_generation = lease_generation + 1,
     lease_expires_at = now() + make_interval(secs => $4), heartbeat_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
   AND lease_owner = $5 AND lease_generation = $6
-RETURNING lease_generation, last_acked_sequence, last_acked_event_id, false AS created";
+RETURNING lease_generation, false AS created";
 
 /// Why a claim found nothing: who holds the row, until when, and whether it is retired.
 pub const CONSUMER_ROW: &str = "
 SELECT state, lease_owner, lease_generation,
        GREATEST(extract(epoch FROM lease_expires_at - now()), 0)::float8 AS expires_in,
        retired_by, retired_reason
-FROM {{schema}}.lifecycle_consumer_cursors
+FROM {{schema}}.lifecycle_consumers
 WHERE project_id = $1 AND consumer_id = $2";
 
 /// Makes a retired consumer active again with a missing cursor, so it reconciles. The
 /// generation is bumped so that a runtime that held the lease before retirement never finds its
 /// fence valid again; an unexpired lease is kept, so the new claim waits for it to run out
 /// rather than overlap with a holder that has not noticed yet.
-pub const REACTIVATE: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
-SET state = 'active', last_acked_sequence = NULL, last_acked_event_id = NULL, retired_at = NULL, retired_by = NULL,
-    retired_reason = NULL, lease_generation = lease_generation + 1
-WHERE project_id = $1 AND consumer_id = $2 AND state = 'retired'";
+pub const REACTIVATE: &str = concat!(
+    "
+WITH reactivated AS (
+    UPDATE {{schema}}.lifecycle_consumers
+    SET state = 'active', retired_at = NULL, retired_by = NULL, retired_reason = NULL,
+        lease_generation = lease_generation + 1
+    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retired'
+    RETURNING 1
+),
+was AS (",
+    current_position!(),
+    "),
+replaced AS (
+    DELETE FROM {{schema}}.lifecycle_consumer_positions AS p
+    USING reactivated, was
+    WHERE p.project_id = $1 AND p.consumer_id = $2 AND p.position_id = was.position_id
+),
+missing AS (
+    INSERT INTO {{schema}}.lifecycle_consumer_positions
+        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+         reconciled_at)
+    SELECT $1, $2, NULL, NULL, was.last_acked_at, was.reconciled_at
+    FROM reactivated LEFT JOIN was ON true
+)
+SELECT count(*) AS reactivated FROM reactivated"
+);
 
 /// Extends the lease. `$5`: lease seconds.
 pub const HEARTBEAT: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
+UPDATE {{schema}}.lifecycle_consumers
 SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
 
 /// Gives the lease up at shutdown so a successor need not wait for expiry.
 pub const RELEASE: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
+UPDATE {{schema}}.lifecycle_consumers
 SET lease_owner = NULL, lease_expires_at = NULL
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4";
 
@@ -67,8 +143,8 @@ WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_genera
 /// (milliseconds, as text) bounds the transaction's idle time: a holder paused with the row
 /// locked is disconnected by the server rather than blocking its successor forever.
 pub const LOCK_FENCE: &str = "
-SELECT last_acked_sequence, set_config('idle_in_transaction_session_timeout', $5, true)
-FROM {{schema}}.lifecycle_consumer_cursors
+SELECT set_config('idle_in_transaction_session_timeout', $5, true)
+FROM {{schema}}.lifecycle_consumers
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'
 FOR NO KEY UPDATE";
@@ -77,13 +153,26 @@ FOR NO KEY UPDATE";
 /// process left (the acknowledgement changes nothing unless the database's cursor is still
 /// there: after a failover that lost a tail it is not). The cursor records the identity of
 /// the event it now stands on.
-pub const ACK: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
-SET last_acked_sequence = $5, last_acked_at = now(),
-    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-                           WHERE o.project_id = $1 AND o.sequence = $5)
-WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-  AND state = 'active' AND last_acked_sequence = $6";
+pub const ACK: &str = concat!(
+    "
+WITH fence AS (",
+    fence!(),
+    "),
+was AS (",
+    current_position!(),
+    "),
+replaced AS (",
+    replace_position!("was.last_acked_sequence = $6"),
+    ")
+INSERT INTO {{schema}}.lifecycle_consumer_positions
+    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+     reconciled_at)
+SELECT $1, $2, $5, ",
+    event_id_at!("$5"),
+    ", now(), was.reconciled_at
+FROM fence, was
+WHERE was.last_acked_sequence = $6"
+);
 
 /// Whether project `$1` has committed events still waiting for a number, read from the
 /// sequencer's frontier (migration 0010): what it has not numbered yet, however old the
@@ -104,22 +193,46 @@ SELECT EXISTS (SELECT FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox_u
 
 /// Moves the cursor without acknowledging a delivery (past a parked event, or to the floor for
 /// an earliest start). `$5`: the new cursor.
-pub const MOVE_CURSOR: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
-SET last_acked_sequence = $5,
-    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-                           WHERE o.project_id = $1 AND o.sequence = $5)
-WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-  AND state = 'active'";
+pub const MOVE_CURSOR: &str = concat!(
+    "
+WITH fence AS (",
+    fence!(),
+    "),
+was AS (",
+    current_position!(),
+    "),
+replaced AS (",
+    replace_position!("true"),
+    ")
+INSERT INTO {{schema}}.lifecycle_consumer_positions
+    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+     reconciled_at)
+SELECT $1, $2, $5, ",
+    event_id_at!("$5"),
+    ", was.last_acked_at, was.reconciled_at
+FROM fence LEFT JOIN was ON true"
+);
 
 /// Records a reconciliation's cursor. `$5`: the snapshot's head.
-pub const RECORD_RECONCILED: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
-SET last_acked_sequence = $5, reconciled_at = now(),
-    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-                           WHERE o.project_id = $1 AND o.sequence = $5)
-WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-  AND state = 'active'";
+pub const RECORD_RECONCILED: &str = concat!(
+    "
+WITH fence AS (",
+    fence!(),
+    "),
+was AS (",
+    current_position!(),
+    "),
+replaced AS (",
+    replace_position!("true"),
+    ")
+INSERT INTO {{schema}}.lifecycle_consumer_positions
+    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+     reconciled_at)
+SELECT $1, $2, $5, ",
+    event_id_at!("$5"),
+    ", was.last_acked_at, now()
+FROM fence LEFT JOIN was ON true"
+);
 
 /// The project's head and retention floor (zero for a project with no events yet).
 pub const PROJECT_BOUNDS: &str = "
@@ -179,14 +292,26 @@ WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <
 /// Advances the cursor to `$5` and forgets retry state it passed, in one statement (one round
 /// trip, no explicit transaction). Fenced like [`ACK`]: returns `acked` = 0, and changes
 /// nothing, when the lease is no longer ours.
-pub const ACK_CLEARING: &str = "
-WITH acked AS (
-    UPDATE {{schema}}.lifecycle_consumer_cursors
-    SET last_acked_sequence = $5, last_acked_at = now(),
-        last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-                               WHERE o.project_id = $1 AND o.sequence = $5)
-    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-      AND state = 'active' AND last_acked_sequence = $6
+pub const ACK_CLEARING: &str = concat!(
+    "
+WITH fence AS (",
+    fence!(),
+    "),
+was AS (",
+    current_position!(),
+    "),
+replaced AS (",
+    replace_position!("was.last_acked_sequence = $6"),
+    "),
+acked AS (
+    INSERT INTO {{schema}}.lifecycle_consumer_positions
+        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+         reconciled_at)
+    SELECT $1, $2, $5, ",
+    event_id_at!("$5"),
+    ", now(), was.reconciled_at
+    FROM fence, was
+    WHERE was.last_acked_sequence = $6
     RETURNING 1
 ),
 cleared AS (
@@ -194,23 +319,37 @@ cleared AS (
     WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $5
       AND EXISTS (SELECT 1 FROM acked)
 )
-SELECT count(*) AS acked FROM acked";
+SELECT count(*) AS acked FROM acked"
+);
 
 /// A failed attempt recorded with the acknowledgement of the prefix handled before it, in one
 /// statement: the cursor advances to `$5` (unchanged when nothing was handled), retry state it
 /// passed is forgotten, and the failed event (`$6` event, `$7` sequence, `$8` attempts so far,
 /// `$9` seconds until the next attempt, `$10` failure class) is saved as in [`RECORD_RETRY`].
 /// Fenced like [`ACK`]: returns `acked` = 0, and changes nothing, when the lease is gone.
-pub const ACK_AND_RETRY: &str = "
-WITH acked AS (
-    UPDATE {{schema}}.lifecycle_consumer_cursors
-    SET last_acked_sequence = $5,
-        last_acked_at = CASE WHEN $5 IS DISTINCT FROM last_acked_sequence THEN now()
-                             ELSE last_acked_at END,
-        last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-                               WHERE o.project_id = $1 AND o.sequence = $5)
-    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-      AND state = 'active' AND last_acked_sequence = $11
+pub const ACK_AND_RETRY: &str = concat!(
+    "
+WITH fence AS (",
+    fence!(),
+    "),
+was AS (",
+    current_position!(),
+    "),
+replaced AS (",
+    replace_position!("was.last_acked_sequence = $11"),
+    "),
+acked AS (
+    INSERT INTO {{schema}}.lifecycle_consumer_positions
+        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+         reconciled_at)
+    SELECT $1, $2, $5, ",
+    event_id_at!("$5"),
+    ",
+           CASE WHEN $5 IS DISTINCT FROM was.last_acked_sequence THEN now()
+                ELSE was.last_acked_at END,
+           was.reconciled_at
+    FROM fence, was
+    WHERE was.last_acked_sequence = $11
     RETURNING 1
 ),
 cleared AS (
@@ -231,7 +370,8 @@ retried AS (
         first_failed_at = CASE WHEN d.state = 'retrying' THEN d.first_failed_at ELSE now() END,
         parked_at = NULL, resolved_at = NULL, resolved_by = NULL, resolved_reason = NULL
 )
-SELECT count(*) AS acked FROM acked";
+SELECT count(*) AS acked FROM acked"
+);
 
 /// Dead letters an operator asked to replay, with their events.
 pub const REPLAY_REQUESTED: &str = "
@@ -261,11 +401,10 @@ RETURNING attempts, replay_requested_by";
 /// Extends every lease a consumer set holds, in one statement however many it holds: `$1`
 /// projects, `$2` consumers and `$3` generations (parallel arrays), `$4` the set's lease
 /// owner, `$5` lease seconds. Returns the pairs renewed; a pair missing from the answer lost
-/// its lease (claimed by another process, retired or gone). Writes each row once, like
-/// [`ACK_SET`], and for the same reason its lock order is safe: a set never runs the two at
-/// the same time.
+/// its lease (claimed by another process, retired or gone). Its lock order is safe for the
+/// reason [`ACK_SET`] gives: a set never runs the two at the same time.
 pub const HEARTBEAT_SET: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors AS c
+UPDATE {{schema}}.lifecycle_consumers AS c
 SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
 FROM unnest($1::text[], $2::text[], $3::bigint[]) AS h(project_id, consumer_id, generation)
 WHERE c.project_id = h.project_id AND c.consumer_id = h.consumer_id
@@ -278,23 +417,50 @@ RETURNING c.project_id, c.consumer_id";
 /// checked again in its new version); returns the pairs it acknowledged, so a pair missing
 /// from the answer lost its lease.
 ///
-/// It writes each row once and takes the row locks in whatever order the plan visits them.
-/// Locking in key order first (`FOR NO KEY UPDATE` in a CTE) would write every row twice,
-/// a lock and then the update, and under load this statement is most of the database's work.
-/// The order is safe because a set sends its multi-row writes, this and [`HEARTBEAT_SET`],
-/// one at a time; every other write to a cursor row touches that row alone, and no other
-/// process acknowledges for a lease this set holds.
+/// Each consumer's position is replaced as in [`ACK`]: its row is locked (not rewritten), its
+/// new position appended and the old one deleted by key. The row locks are taken in whatever
+/// order the plan visits them, which is safe because a set sends its multi-row writes, this
+/// and [`HEARTBEAT_SET`], one at a time; every other write to a consumer row touches that row
+/// alone, and no other process acknowledges for a lease this set holds.
 pub const ACK_SET: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors AS c
-SET last_acked_sequence = a.through, last_acked_at = now(),
-    last_acked_event_id = (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-                           WHERE o.project_id = a.project_id AND o.sequence = a.through)
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $6::bigint[])
-     AS a(project_id, consumer_id, generation, through, left_at)
-WHERE c.project_id = a.project_id AND c.consumer_id = a.consumer_id
-  AND c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
-  AND c.last_acked_sequence = a.left_at
-RETURNING c.project_id, c.consumer_id";
+WITH a AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $6::bigint[])
+        AS a(project_id, consumer_id, generation, through, left_at)
+),
+fence AS (
+    SELECT c.project_id, c.consumer_id
+    FROM {{schema}}.lifecycle_consumers AS c
+    JOIN a ON c.project_id = a.project_id AND c.consumer_id = a.consumer_id
+    WHERE c.lease_owner = $5 AND c.lease_generation = a.generation AND c.state = 'active'
+    FOR NO KEY UPDATE OF c
+),
+was AS (
+    SELECT a.project_id, a.consumer_id, a.through, w.position_id, w.reconciled_at
+    FROM a
+    JOIN fence ON fence.project_id = a.project_id AND fence.consumer_id = a.consumer_id
+    CROSS JOIN LATERAL (
+        SELECT p.position_id, p.last_acked_sequence, p.reconciled_at
+        FROM {{schema}}.lifecycle_consumer_positions AS p
+        WHERE p.project_id = a.project_id AND p.consumer_id = a.consumer_id
+        ORDER BY p.position_id DESC
+        LIMIT 1) AS w
+    WHERE w.last_acked_sequence = a.left_at
+),
+replaced AS (
+    DELETE FROM {{schema}}.lifecycle_consumer_positions AS p
+    USING was
+    WHERE p.project_id = was.project_id AND p.consumer_id = was.consumer_id
+      AND p.position_id = was.position_id
+)
+INSERT INTO {{schema}}.lifecycle_consumer_positions
+    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+     reconciled_at)
+SELECT was.project_id, was.consumer_id, was.through,
+       (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+        WHERE o.project_id = was.project_id AND o.sequence = was.through),
+       now(), was.reconciled_at
+FROM was
+RETURNING project_id, consumer_id";
 
 /// A consumer set's fallback poll, one statement for all its consumers: the head of every
 /// project in `$1` (every project with a head when `$1` is NULL, which is how a set following
@@ -379,6 +545,16 @@ SELECT last_acked_sequence
 FROM {{schema}}.lifecycle_consumer_cursors
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
   AND state = 'active'";
+
+/// The consumer's current position and the identity it records (no row, or NULLs, while the
+/// cursor is missing). Read by a claim once it has committed: a claim that waited for the
+/// previous holder's last position write took its snapshot before that write committed.
+pub const CLAIMED_POSITION: &str = "
+SELECT last_acked_sequence, last_acked_event_id
+FROM {{schema}}.lifecycle_consumer_positions
+WHERE project_id = $1 AND consumer_id = $2
+ORDER BY position_id DESC
+LIMIT 1";
 
 /// A consumer's acknowledged cursor (NULL while missing), read without taking its lease.
 pub const CURSOR: &str = "

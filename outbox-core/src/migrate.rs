@@ -86,6 +86,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "frontier_numbering",
         template: include_str!("../../sql/0010_frontier_numbering.sql"),
     },
+    Migration {
+        version: 11,
+        name: "cursor_positions",
+        template: include_str!("../../sql/0011_cursor_positions.sql"),
+    },
 ];
 
 /// What a migration run did.

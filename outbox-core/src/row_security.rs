@@ -11,10 +11,11 @@ use crate::error::Error;
 use crate::schema::Schema;
 
 /// The tables that carry a `project_id` and the `project_binding` policy.
-pub const ROW_SECURITY_TABLES: [&str; 5] = [
+pub const ROW_SECURITY_TABLES: [&str; 6] = [
     "lifecycle_outbox",
     "lifecycle_projects",
-    "lifecycle_consumer_cursors",
+    "lifecycle_consumers",
+    "lifecycle_consumer_positions",
     "lifecycle_deliveries",
     "lifecycle_audit",
 ];

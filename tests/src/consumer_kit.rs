@@ -74,7 +74,9 @@ impl From<Option<i64>> for SeedCursor {
     }
 }
 
-/// Adds a consumer row directly, without a lease (nothing if it exists already).
+/// Adds a consumer row directly, without a lease (nothing if it exists already). On a schema
+/// from before migration 0011 (an upgrade test's starting point) the cursor is a column of the
+/// consumer row; from 0011 on it is the consumer's first position.
 pub async fn seed_consumer(
     db: &TestDb,
     project: &str,
@@ -88,21 +90,47 @@ pub async fn seed_consumer(
         SeedCursor::At(sequence) => (Some(sequence), false),
         SeedCursor::Head => (None, true),
     };
-    db.connect()
-        .await
-        .execute(
-            "INSERT INTO outbox.lifecycle_consumer_cursors
-                 (project_id, consumer_id, last_acked_sequence, state, retired_at, retired_by)
-             VALUES ($1, $2,
-                     CASE WHEN $5 THEN (SELECT COALESCE(max(head_sequence), 0)
-                                        FROM outbox.lifecycle_project_heads
-                                        WHERE project_id = $1)
-                          ELSE $3 END,
-                     CASE WHEN $4 THEN 'retired' ELSE 'active' END,
-                     CASE WHEN $4 THEN now() END, CASE WHEN $4 THEN 'test' END)
-             ON CONFLICT DO NOTHING",
-            &[&project, &consumer, &at, &retired, &head],
+    let client = db.connect().await;
+    let positions: bool = client
+        .query_one(
+            "SELECT to_regclass('outbox.lifecycle_consumer_positions') IS NOT NULL",
+            &[],
         )
+        .await
+        .unwrap()
+        .get(0);
+    let statement = if positions {
+        "WITH consumer AS (
+             INSERT INTO outbox.lifecycle_consumers
+                 (project_id, consumer_id, state, retired_at, retired_by)
+             VALUES ($1, $2, CASE WHEN $4 THEN 'retired' ELSE 'active' END,
+                     CASE WHEN $4 THEN now() END, CASE WHEN $4 THEN 'test' END)
+             ON CONFLICT DO NOTHING
+             RETURNING project_id, consumer_id
+         )
+         INSERT INTO outbox.lifecycle_consumer_positions
+             (project_id, consumer_id, last_acked_sequence)
+         SELECT project_id, consumer_id,
+                CASE WHEN $5 THEN (SELECT COALESCE(max(head_sequence), 0)
+                                   FROM outbox.lifecycle_project_heads
+                                   WHERE project_id = $1)
+                     ELSE $3 END
+         FROM consumer
+         WHERE $5 OR $3::bigint IS NOT NULL"
+    } else {
+        "INSERT INTO outbox.lifecycle_consumer_cursors
+             (project_id, consumer_id, last_acked_sequence, state, retired_at, retired_by)
+         VALUES ($1, $2,
+                 CASE WHEN $5 THEN (SELECT COALESCE(max(head_sequence), 0)
+                                    FROM outbox.lifecycle_project_heads
+                                    WHERE project_id = $1)
+                      ELSE $3 END,
+                 CASE WHEN $4 THEN 'retired' ELSE 'active' END,
+                 CASE WHEN $4 THEN now() END, CASE WHEN $4 THEN 'test' END)
+         ON CONFLICT DO NOTHING"
+    };
+    client
+        .execute(statement, &[&project, &consumer, &at, &retired, &head])
         .await
         .unwrap();
 }

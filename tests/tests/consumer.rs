@@ -142,8 +142,9 @@ async fn a_cursor_below_the_retention_floor_reconciles() {
     client
         .batch_execute(
             "INSERT INTO tasks (id, project_id) VALUES ('alive', 'p');
-             INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, last_acked_sequence)
-                 VALUES ('p', 'c1', 1);
+             INSERT INTO outbox.lifecycle_consumers (project_id, consumer_id) VALUES ('p', 'c1');
+             INSERT INTO outbox.lifecycle_consumer_positions
+                 (project_id, consumer_id, last_acked_sequence) VALUES ('p', 'c1', 1);
              DELETE FROM outbox.lifecycle_outbox WHERE sequence <= 2;
              UPDATE outbox.lifecycle_projects SET pruned_through = 2;",
         )
@@ -176,8 +177,9 @@ async fn a_cursor_above_the_head_is_a_divergence_and_reconciles() {
     db.connect()
         .await
         .batch_execute(
-            "INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, last_acked_sequence)
-             VALUES ('p', 'c1', 40)",
+            "INSERT INTO outbox.lifecycle_consumers (project_id, consumer_id) VALUES ('p', 'c1');
+             INSERT INTO outbox.lifecycle_consumer_positions
+                 (project_id, consumer_id, last_acked_sequence) VALUES ('p', 'c1', 40)",
         )
         .await
         .unwrap();
@@ -491,7 +493,7 @@ async fn stale_holder(fail: bool) {
     db.connect()
         .await
         .batch_execute(
-            "UPDATE outbox.lifecycle_consumer_cursors
+            "UPDATE outbox.lifecycle_consumers
              SET lease_owner = 'intruder', lease_generation = lease_generation + 1,
                  lease_expires_at = now() + interval '1 minute'",
         )
@@ -712,7 +714,7 @@ async fn held_by(db: &TestDb, owner: &str) {
     db.connect()
         .await
         .execute(
-            "UPDATE outbox.lifecycle_consumer_cursors
+            "UPDATE outbox.lifecycle_consumers
              SET lease_owner = $1, lease_generation = 4,
                  lease_expires_at = now() + interval '1 hour', heartbeat_at = now()
              WHERE project_id = 'p' AND consumer_id = 'c1'",
@@ -782,7 +784,7 @@ async fn retire(db: &TestDb) {
     db.connect()
         .await
         .batch_execute(
-            "UPDATE outbox.lifecycle_consumer_cursors
+            "UPDATE outbox.lifecycle_consumers
              SET state = 'retired', retired_by = 'alice', retired_reason = 'moved', retired_at = now()",
         )
         .await

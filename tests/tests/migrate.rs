@@ -201,7 +201,7 @@ async fn the_event_table_carries_only_the_indexes_its_readers_use() {
 async fn the_consumer_id_check_keeps_the_identifier_rule() {
     let db = fresh_db().await;
     let client = db.connect().await;
-    let insert = "INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id) \
+    let insert = "INSERT INTO outbox.lifecycle_consumers (project_id, consumer_id) \
                   VALUES ('p', $1)";
     for good in ["c".repeat(128), "a.b_c:d@e-f".to_string()] {
         client.execute(insert, &[&good]).await.unwrap();
@@ -215,7 +215,7 @@ async fn the_consumer_id_check_keeps_the_identifier_rule() {
         let err = client.execute(insert, &[&bad]).await.unwrap_err();
         assert_eq!(
             err.as_db_error().map(|e| e.constraint()),
-            Some(Some("lifecycle_consumer_cursors_consumer_check")),
+            Some(Some("lifecycle_consumers_consumer_check")),
             "{bad:?}"
         );
     }

@@ -138,16 +138,18 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
     let client = db.connect().await;
     client
         .batch_execute(
-            "UPDATE outbox.lifecycle_consumer_cursors \
-             SET last_acked_sequence = 3, lease_owner = 'host:1:aa', lease_generation = 2, \
+            "UPDATE outbox.lifecycle_consumers \
+             SET lease_owner = 'host:1:aa', lease_generation = 2, \
                  lease_expires_at = now() + interval '50 seconds', heartbeat_at = now() \
              WHERE consumer_id = 'c-ok'; \
-             INSERT INTO outbox.lifecycle_consumer_cursors (project_id, consumer_id, \
-                 last_acked_sequence, lease_owner, lease_generation, lease_expires_at, \
-                 heartbeat_at) \
-             VALUES ('p', 'c-behind', 0, NULL, 1, NULL, now() - interval '1 hour'), \
-                    ('p', 'c-stale', 3, 'host:2:bb', 5, now() - interval '1 second', \
-                     now() - interval '1 minute');",
+             INSERT INTO outbox.lifecycle_consumers (project_id, consumer_id, lease_owner, \
+                 lease_generation, lease_expires_at, heartbeat_at) \
+             VALUES ('p', 'c-behind', NULL, 1, NULL, now() - interval '1 hour'), \
+                    ('p', 'c-stale', 'host:2:bb', 5, now() - interval '1 second', \
+                     now() - interval '1 minute'); \
+             INSERT INTO outbox.lifecycle_consumer_positions \
+                 (project_id, consumer_id, last_acked_sequence) \
+             VALUES ('p', 'c-ok', 3), ('p', 'c-behind', 0), ('p', 'c-stale', 3);",
         )
         .await
         .unwrap();

@@ -86,8 +86,9 @@ async fn set_cursor(db: &TestDb, project: &str, consumer: &str, cursor: i64) {
     db.connect()
         .await
         .execute(
-            "UPDATE outbox.lifecycle_consumer_cursors SET last_acked_sequence = $3
-             WHERE project_id = $1 AND consumer_id = $2",
+            "INSERT INTO outbox.lifecycle_consumer_positions
+                 (project_id, consumer_id, last_acked_sequence)
+             VALUES ($1, $2, $3)",
             &[&project, &consumer, &cursor],
         )
         .await
@@ -261,7 +262,7 @@ async fn a_consumer_without_a_cursor_holds_back_everything_until_retired() {
     db.connect()
         .await
         .execute(
-            "UPDATE outbox.lifecycle_consumer_cursors SET state = 'retired', retired_at = now()
+            "UPDATE outbox.lifecycle_consumers SET state = 'retired', retired_at = now()
              WHERE consumer_id = 'new'",
             &[],
         )
@@ -431,7 +432,7 @@ async fn a_retired_consumers_dead_letter_does_not_hold_its_event() {
     db.connect()
         .await
         .execute(
-            "UPDATE outbox.lifecycle_consumer_cursors SET state = 'retired', retired_at = now()",
+            "UPDATE outbox.lifecycle_consumers SET state = 'retired', retired_at = now()",
             &[],
         )
         .await
@@ -998,7 +999,7 @@ async fn a_reactivated_consumer_whose_events_were_pruned_reconciles_then_continu
 
     client
         .batch_execute(
-            "UPDATE outbox.lifecycle_consumer_cursors
+            "UPDATE outbox.lifecycle_consumers
              SET state = 'retired', retired_at = now(), retired_by = 'test'",
         )
         .await
@@ -1061,7 +1062,7 @@ async fn a_cursor_left_below_the_floor_by_pruning_reconciles_then_continues() {
 
     let client = db.connect().await;
     client
-        .batch_execute("UPDATE outbox.lifecycle_consumer_cursors SET state = 'retired'")
+        .batch_execute("UPDATE outbox.lifecycle_consumers SET state = 'retired'")
         .await
         .unwrap();
     for i in 2..5 {
@@ -1071,7 +1072,7 @@ async fn a_cursor_left_below_the_floor_by_pruning_reconciles_then_continues() {
     age(&db, "p", 1, 5, 31).await;
     assert_eq!(prune(&db, PruneOptions::default()).await.events_pruned, 5);
     client
-        .batch_execute("UPDATE outbox.lifecycle_consumer_cursors SET state = 'active'")
+        .batch_execute("UPDATE outbox.lifecycle_consumers SET state = 'active'")
         .await
         .unwrap();
     assert_eq!(cursor(&db, "p", "c").await, Some(2));

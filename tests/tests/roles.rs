@@ -86,7 +86,8 @@ async fn the_writer_only_records_events() {
     refused(&client, "UPDATE outbox.lifecycle_outbox SET sequence = 1").await;
     refused(
         &client,
-        "UPDATE outbox.lifecycle_consumer_cursors SET last_acked_sequence = 99",
+        "INSERT INTO outbox.lifecycle_consumer_positions (project_id, consumer_id, \
+         last_acked_sequence) VALUES ('p', 'c', 99)",
     )
     .await;
     refused(&client, "SELECT * FROM outbox.lifecycle_deliveries").await;
@@ -161,7 +162,7 @@ async fn the_consumer_reads_and_moves_only_its_own_state() {
     .await;
     refused(
         &client,
-        "UPDATE outbox.lifecycle_consumer_cursors SET state = 'retired'",
+        "UPDATE outbox.lifecycle_consumers SET state = 'retired'",
     )
     .await;
     refused(&client, "SELECT * FROM outbox.lifecycle_audit").await;
@@ -267,7 +268,8 @@ async fn the_operator_prunes_retires_resolves_but_records_and_moves_nothing() {
     .await;
     refused(
         &client,
-        "UPDATE outbox.lifecycle_consumer_cursors SET last_acked_sequence = 0",
+        "INSERT INTO outbox.lifecycle_consumer_positions (project_id, consumer_id, \
+         last_acked_sequence) VALUES ('p', 'c', 0)",
     )
     .await;
     refused(
@@ -277,7 +279,7 @@ async fn the_operator_prunes_retires_resolves_but_records_and_moves_nothing() {
     .await;
     refused(
         &client,
-        "UPDATE outbox.lifecycle_consumer_cursors SET lease_owner = 'me'",
+        "UPDATE outbox.lifecycle_consumers SET lease_owner = 'me'",
     )
     .await;
 }

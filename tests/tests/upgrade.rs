@@ -1,6 +1,6 @@
 //! Upgrades: `migrate --dry-run` lists what is pending and changes nothing; every command
 //! refuses a schema migrated by a newer build or missing migrations; an upgrade from migration
-//! 0001 to the latest, run while a consumer holds its lease, keeps events, cursors, leases,
+//! 0001, and one from 0010, to the latest, run while a consumer holds its lease, keeps events, cursors, leases,
 //! retrying deliveries and dead letters, and consumers continue from their cursors; an upgrade
 //! from every earlier version numbers what waited for a number, after what was numbered, and
 //! the new sequencer continues densely; and roles added after later migrations get grants on
@@ -261,12 +261,35 @@ fn start(
     )
 }
 
+/// Numbers what waits as the build that migrated to `version` did: the work-list numbering
+/// before migration 10, this build's sequencer from then on.
+async fn number_as_of(client: &mut tokio_postgres::Client, version: usize) -> u64 {
+    if version < 10 {
+        legacy::number_pending(client).await
+    } else {
+        Sequencer::new(&Schema::default())
+            .drain(client)
+            .await
+            .unwrap()
+    }
+}
+
 #[tokio::test]
 async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
+    upgrade_keeps_live_data_and_consumers_continue(1).await;
+}
+
+/// Migration 11 moves every cursor into the positions table.
+#[tokio::test]
+async fn upgrade_from_0010_keeps_live_data_and_consumers_continue() {
+    upgrade_keeps_live_data_and_consumers_continue(10).await;
+}
+
+async fn upgrade_keeps_live_data_and_consumers_continue(from: usize) {
     let db = empty_db().await;
     {
         let mut client = db.connect().await;
-        migrate_with(&mut client, &Schema::default(), &MIGRATIONS[..1])
+        migrate_with(&mut client, &Schema::default(), &MIGRATIONS[..from])
             .await
             .unwrap();
         client.batch_execute(TASKS_TABLE).await.unwrap();
@@ -275,12 +298,12 @@ async fn upgrade_from_0001_keeps_live_data_and_consumers_continue() {
     for task in ["t1", "t2", "poison", "t4", "slow", "t6"] {
         ids.push(write_event(&db, "p", task).await);
     }
-    // The state a build of migration 0001 left behind (this build's consumers need the later
-    // migrations, so it is written as that build wrote it): the events numbered by the
-    // sequencer, whose statements 0001 already had; c-dead parked "poison" and passed it;
-    // c-retry holds at "slow" with a retry due later; c-live's process still holds its lease.
-    let client = db.connect().await;
-    assert_eq!(legacy::number_pending(&client).await, 6);
+    // The state a build of migration `from` left behind (this build's consumers need the later
+    // migrations, so it is written as that build wrote it): the events numbered by that
+    // build's sequencer; c-dead parked "poison" and passed it; c-retry holds at "slow" with a
+    // retry due later; c-live's process still holds its lease.
+    let mut client = db.connect().await;
+    assert_eq!(number_as_of(&mut client, from).await, 6);
     seed_consumer(&db, "p", "c-dead", Some(6), false).await;
     seed_delivery(&db, "p", "c-dead", SeedEvent::Id(&ids[2]), "dead", 2, 0).await;
     seed_consumer(&db, "p", "c-retry", Some(4), false).await;
@@ -421,12 +444,19 @@ async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() 
         for task in ["a1", "a2", "a3"] {
             client.execute(write, &[&"p", &task]).await.unwrap();
         }
-        assert_eq!(legacy::number_pending(&client).await, 3, "from {from}");
+        assert_eq!(number_as_of(&mut client, from).await, 3, "from {from}");
         for (project, task) in [("p", "a4"), ("p", "a5"), ("q", "b1")] {
             client.execute(write, &[&project, &task]).await.unwrap();
         }
 
         migrate(&mut client, &Schema::default()).await.unwrap();
+        // Before migration 10 the upgrade itself numbers what waited; from 10 on, the
+        // sequencer does, as it did before the upgrade.
+        let waited = Sequencer::new(&Schema::default())
+            .drain(&mut client)
+            .await
+            .unwrap();
+        assert_eq!(waited, if from < 10 { 0 } else { 3 }, "from {from}");
         let expected = |tasks: &[&str]| {
             tasks
                 .iter()
@@ -482,7 +512,7 @@ async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() 
     }
 }
 
-/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2, 5, 6, 7, 8, 9 and 10,
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 to 11,
 /// and the roles can then use what 3 and 4 added (their grants are column by column).
 #[tokio::test]
 async fn roles_added_after_later_migrations_get_their_grants() {
@@ -497,13 +527,13 @@ async fn roles_added_after_later_migrations_get_their_grants() {
         .await
         .unwrap();
     let report = dry_run(&db).await;
-    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8, 9, 10]);
+    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8, 9, 10, 11]);
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10]);
+    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10, 11]);
     let row = client
         .query_one(
-            "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_cursors', \
-                    'last_acked_at', 'UPDATE') AS consumer_stamps_acks, \
+            "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_positions', \
+                    'last_acked_at', 'INSERT') AS consumer_stamps_acks, \
                     has_any_column_privilege('outbox_consumer', \
                     'outbox.lifecycle_sequencer_lease', 'UPDATE') AS consumer_sequences, \
                     has_column_privilege('outbox_operator', 'outbox.lifecycle_deliveries', \

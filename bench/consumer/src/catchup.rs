@@ -520,10 +520,15 @@ pub async fn bare_loop(
     client
         .execute(
             &schema.render(
-                "INSERT INTO {{schema}}.lifecycle_consumer_cursors
-                     (project_id, consumer_id, last_acked_sequence, lease_owner,
-                      lease_generation, lease_expires_at, heartbeat_at)
-                 VALUES ($1, $2, 0, $3, $4, now() + interval '1 hour', now())",
+                "WITH consumer AS (
+                     INSERT INTO {{schema}}.lifecycle_consumers
+                         (project_id, consumer_id, lease_owner, lease_generation,
+                          lease_expires_at, heartbeat_at)
+                     VALUES ($1, $2, $3, $4, now() + interval '1 hour', now())
+                     RETURNING project_id, consumer_id)
+                 INSERT INTO {{schema}}.lifecycle_consumer_positions
+                     (project_id, consumer_id, last_acked_sequence)
+                 SELECT project_id, consumer_id, 0 FROM consumer",
             ),
             &[&project, &consumer_id, &owner, &generation],
         )
@@ -537,10 +542,21 @@ pub async fn bare_loop(
          LIMIT $3",
     );
     let ack_sql = schema.render(
-        "UPDATE {{schema}}.lifecycle_consumer_cursors
-         SET last_acked_sequence = $5
-         WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3
-           AND lease_generation = $4 AND state = 'active'",
+        "WITH fence AS (
+             SELECT 1 FROM {{schema}}.lifecycle_consumers
+             WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3
+               AND lease_generation = $4 AND state = 'active'
+             FOR NO KEY UPDATE),
+         was AS (
+             SELECT position_id FROM {{schema}}.lifecycle_consumer_positions
+             WHERE project_id = $1 AND consumer_id = $2
+             ORDER BY position_id DESC LIMIT 1),
+         replaced AS (
+             DELETE FROM {{schema}}.lifecycle_consumer_positions AS p USING fence, was
+             WHERE p.project_id = $1 AND p.consumer_id = $2 AND p.position_id = was.position_id)
+         INSERT INTO {{schema}}.lifecycle_consumer_positions
+             (project_id, consumer_id, last_acked_sequence)
+         SELECT $1, $2, $5 FROM fence",
     );
     let read = client.prepare(&read_sql).await?;
     let ack = client.prepare(&ack_sql).await?;

@@ -20,12 +20,13 @@ pub(super) async fn reactivate(
     let consumer = config.consumer_id.as_str();
     let actor = reactivating_user();
     let tx = client.transaction().await?;
-    let changed = tx
-        .execute_unnamed(
+    let changed: i64 = tx
+        .query_one_unnamed(
             &config.duties.schema.render(sql::REACTIVATE),
             &[&project, &consumer],
         )
-        .await?;
+        .await?
+        .try_get("reactivated")?;
     if changed == 1 {
         let record = AuditRecord {
             kind: AuditKind::ConsumerReactivated,

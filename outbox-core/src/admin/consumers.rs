@@ -351,14 +351,14 @@ ORDER BY c.project_id, c.consumer_id";
 /// does not conflict with `FOR NO KEY UPDATE`): `$1` project, `$2` consumer.
 const CONSUMER_FOR_SHARE: &str = "
 SELECT state, retired_by, retired_at
-FROM {{schema}}.lifecycle_consumer_cursors
+FROM {{schema}}.lifecycle_consumers
 WHERE project_id = $1 AND consumer_id = $2
 FOR KEY SHARE";
 
 /// The consumer row, locked for a state change: `$1` project, `$2` consumer.
 const CONSUMER_FOR_UPDATE: &str = "
 SELECT state, retired_by, retired_at
-FROM {{schema}}.lifecycle_consumer_cursors
+FROM {{schema}}.lifecycle_consumers
 WHERE project_id = $1 AND consumer_id = $2
 FOR UPDATE";
 
@@ -366,7 +366,7 @@ FOR UPDATE";
 /// The lease columns stay as they are: the holder finds out at its next fenced write (every
 /// one requires `state = 'active'`) and the operator can see whom that concerns.
 const RETIRE: &str = "
-UPDATE {{schema}}.lifecycle_consumer_cursors
+UPDATE {{schema}}.lifecycle_consumers
 SET state = 'retired', retired_at = now(), retired_by = $3, retired_reason = $4
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
 RETURNING retired_at, lease_owner, lease_generation,

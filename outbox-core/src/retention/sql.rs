@@ -65,7 +65,7 @@ FROM (
     UNION ALL
     (SELECT 'dead_letter' AS kind, d.sequence, d.consumer_id, d.event_id
      FROM {{schema}}.lifecycle_deliveries AS d
-     JOIN {{schema}}.lifecycle_consumer_cursors AS c
+     JOIN {{schema}}.lifecycle_consumers AS c
        ON c.project_id = d.project_id AND c.consumer_id = d.consumer_id
      WHERE d.project_id = $1 AND d.sequence > $2 AND d.sequence <= $3
        AND d.state IN ('dead', 'replay_requested')
@@ -113,7 +113,7 @@ pub(super) const DELETE_DELIVERIES: &str = concat!(
 WITH doomed AS (
     SELECT d.project_id, d.consumer_id, d.event_id
     FROM {{schema}}.lifecycle_deliveries AS d
-    JOIN {{schema}}.lifecycle_consumer_cursors AS c
+    JOIN {{schema}}.lifecycle_consumers AS c
       ON c.project_id = d.project_id AND c.consumer_id = d.consumer_id
     WHERE d.project_id = $1 AND ",
     prunable_delivery!(),
@@ -133,7 +133,7 @@ pub(super) const COUNT_DELIVERIES: &str = concat!(
     "
 SELECT d.consumer_id, count(*) AS deliveries
 FROM {{schema}}.lifecycle_deliveries AS d
-JOIN {{schema}}.lifecycle_consumer_cursors AS c
+JOIN {{schema}}.lifecycle_consumers AS c
   ON c.project_id = d.project_id AND c.consumer_id = d.consumer_id
 WHERE d.project_id = $1 AND ",
     prunable_delivery!(),
@@ -148,7 +148,7 @@ pub(super) const ANY_DELIVERIES: &str = concat!(
 SELECT EXISTS (
     SELECT 1
     FROM {{schema}}.lifecycle_deliveries AS d
-    JOIN {{schema}}.lifecycle_consumer_cursors AS c
+    JOIN {{schema}}.lifecycle_consumers AS c
       ON c.project_id = d.project_id AND c.consumer_id = d.consumer_id
     WHERE d.project_id = $1 AND ",
     prunable_delivery!(),

@@ -1,0 +1,251 @@
+//! Cursor positions (migration 0011) under a held snapshot: reading a consumer's cursor costs
+//! no more after thousands of acknowledgements than before them, because positions are
+//! appended and the current one is read from the high end of their key, while the consumer
+//! row itself changes only with its lease; and a claim waits for the previous holder's last
+//! position write and starts from it.
+
+use std::time::Duration;
+
+use outbox_consumer::Consumer;
+use outbox_core::{Schema, Sequencer};
+use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, start};
+use outbox_tests::{TestDb, fresh_db};
+use tokio_postgres::{Client, GenericClient};
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// Writes and numbers `count` more events of project `p`.
+async fn write_numbered(db: &TestDb, client: &Client, tag: &str, count: i32) {
+    client
+        .execute(
+            "SELECT outbox.write_task_deleted('p', $1 || '-' || g, now(), 'w') \
+             FROM generate_series(1, $2::int) AS g",
+            &[&tag, &count],
+        )
+        .await
+        .unwrap();
+    Sequencer::new(&Schema::default())
+        .drain(&mut db.connect().await)
+        .await
+        .unwrap();
+}
+
+/// Runs consumer `c` of project `p`, one event per batch (so one position write per event),
+/// until its cursor reaches `through`.
+async fn consume_through(db: &TestDb, through: i64) {
+    let mut config = fast_config("p", "c");
+    config.delivery.batch_size = 1;
+    config.duties.sequence_interval = None;
+    config.duties.prune_interval = None;
+    let recorder = Recorder::default();
+    let runtime = Consumer::new(
+        db.pool(4),
+        Some(db.config.clone()),
+        config,
+        recorder.clone(),
+        recorder,
+    );
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let run = tokio::spawn(async move { runtime.run(token).await });
+    eventually(WAIT, "the consumer to reach its target", || async {
+        cursor(db, "p", "c").await == Some(through)
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
+/// Buffers (shared hits and reads) one statement touches, from `EXPLAIN (ANALYZE, BUFFERS)`:
+/// a figure of the plan and the data, not of time.
+async fn buffers(client: &impl GenericClient, statement: &str) -> i64 {
+    let plan: serde_json::Value = client
+        .query_one(
+            &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let top = &plan[0]["Plan"];
+    top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
+}
+
+/// Position writes so far (rows inserted into the positions table).
+async fn position_writes(client: &Client) -> i64 {
+    client
+        .query_one(
+            "SELECT pg_stat_clear_snapshot(), \
+                    COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables \
+                              WHERE schemaname = 'outbox' \
+                                AND relname = 'lifecycle_consumer_positions'), 0) AS writes",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get("writes")
+}
+
+/// What every fenced write and every cursor read pays: the consumer row, locked as a fence
+/// is, and the cursor as readers see it.
+async fn read_costs(client: &mut Client) -> (i64, i64) {
+    let cursor = buffers(
+        client,
+        "SELECT last_acked_sequence, last_acked_event_id \
+         FROM outbox.lifecycle_consumer_cursors WHERE project_id = 'p' AND consumer_id = 'c'",
+    )
+    .await;
+    let tx = client.transaction().await.unwrap();
+    let fence = buffers(
+        &tx,
+        "SELECT 1 FROM outbox.lifecycle_consumers \
+         WHERE project_id = 'p' AND consumer_id = 'c' AND state = 'active' FOR NO KEY UPDATE",
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    (cursor, fence)
+}
+
+/// The regression test of the cursor row under a held snapshot. Before migration 0011 every
+/// acknowledgement updated the consumer's row, and a snapshot older than the updates keeps
+/// every version of it, so each later read of the row walked them all: on that design this
+/// test's 3,000 acknowledgements took a read of the cursor from 2 buffers to 69 (and the
+/// benchmark's three minutes took an acknowledgement from 17 buffers to 4,423). Now the cursor
+/// read and the fence must cost what they cost before the acknowledgements (4 and 3 buffers
+/// before, 5 and 3 after).
+#[tokio::test]
+async fn cursor_reads_under_a_held_snapshot_do_not_grow_with_acknowledgements() {
+    let db = fresh_db().await;
+    let mut client = db.connect().await;
+    write_numbered(&db, &client, "warm", 50).await;
+    consume_through(&db, 50).await;
+    let (cursor_before, fence_before) = read_costs(&mut client).await;
+
+    let mut holder = db.connect().await;
+    let hold = holder
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .unwrap();
+    hold.query_one(
+        "SELECT count(*) FROM outbox.lifecycle_consumer_cursors",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let writes_before = position_writes(&client).await;
+    write_numbered(&db, &client, "held", 3_000).await;
+    consume_through(&db, 3_050).await;
+    // One position per event was written under the snapshot. (A backend reports its
+    // statistics when it exits; the consumer's pool has closed.)
+    eventually(WAIT, "3,000 position writes", || async {
+        position_writes(&client).await - writes_before >= 3_000
+    })
+    .await;
+    let (cursor_after, fence_after) = read_costs(&mut client).await;
+    hold.rollback().await.unwrap();
+
+    assert!(
+        cursor_after <= 2 * cursor_before + 4,
+        "reading the cursor: {cursor_before} buffers before 3,000 acknowledgements under a \
+         held snapshot, {cursor_after} after"
+    );
+    assert!(
+        fence_after <= 2 * fence_before + 4,
+        "the fence's lock: {fence_before} buffers before, {fence_after} after"
+    );
+}
+
+/// A holder whose lease ran out may still be writing a position: its write holds the consumer
+/// row's lock, so the successor's claim waits for it and the old holder's fence stays valid
+/// until the claim commits. The claim's statement took its snapshot before that write
+/// committed, so the successor reads its starting position once the claim is done. It starts
+/// from the old holder's last position: nothing between is delivered again and no divergence
+/// is recorded.
+#[tokio::test]
+async fn a_claim_that_waited_for_the_last_holders_write_starts_from_it() {
+    let db = fresh_db().await;
+    let mut client = db.connect().await;
+    write_numbered(&db, &client, "e", 10).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox.lifecycle_consumers
+                 (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at,
+                  heartbeat_at)
+             VALUES ('p', 'c', 'elsewhere:1:old', 3, now() - interval '1 second',
+                     now() - interval '3 seconds');
+             INSERT INTO outbox.lifecycle_consumer_positions
+                 (project_id, consumer_id, last_acked_sequence)
+             VALUES ('p', 'c', 5);",
+        )
+        .await
+        .unwrap();
+
+    // The old holder's last acknowledgement, as the runtime writes it, not yet committed.
+    let old_holder = client.transaction().await.unwrap();
+    old_holder
+        .batch_execute(
+            "SELECT 1 FROM outbox.lifecycle_consumers
+             WHERE project_id = 'p' AND consumer_id = 'c' AND lease_owner = 'elsewhere:1:old'
+               AND lease_generation = 3 AND state = 'active'
+             FOR NO KEY UPDATE;
+             DELETE FROM outbox.lifecycle_consumer_positions
+             WHERE project_id = 'p' AND consumer_id = 'c';
+             INSERT INTO outbox.lifecycle_consumer_positions
+                 (project_id, consumer_id, last_acked_sequence, last_acked_at)
+             VALUES ('p', 'c', 8, now());",
+        )
+        .await
+        .unwrap();
+
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "c");
+    config.duties.sequence_interval = None;
+    let (shutdown, run) = start(&db, config, &recorder);
+    let watcher = db.connect().await;
+    eventually(
+        WAIT,
+        "the claim to wait for the old holder's lock",
+        || async {
+            watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND query LIKE '%INSERT INTO %lifecycle_consumers AS c%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    old_holder.commit().await.unwrap();
+
+    eventually(WAIT, "the successor to reach the head", || async {
+        cursor(&db, "p", "c").await == Some(10)
+    })
+    .await;
+    shutdown.cancel();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.generation, 4);
+    assert_eq!(
+        recorder.sequences(),
+        vec![9, 10],
+        "the successor starts where the old holder's last write left the cursor"
+    );
+    let diverged: i64 = watcher
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_audit
+             WHERE kind = 'lifecycle-observation:history-diverged'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(diverged, 0);
+}
