@@ -59,6 +59,35 @@ macro_rules! replace_position {
     };
 }
 
+/// The head of every fenced position write: `fence` (the lock), `was` (the current position)
+/// and `replaced` (its deletion when `$cond` holds). The statement then appends the new
+/// position under the same condition.
+macro_rules! replacing_position {
+    ($cond:literal) => {
+        concat!(
+            "
+WITH fence AS (",
+            fence!(),
+            "),
+was AS (",
+            current_position!(),
+            "),
+replaced AS (",
+            replace_position!($cond),
+            ")"
+        )
+    };
+}
+
+/// The insert of a new position, every column the runtime writes.
+macro_rules! insert_position {
+    () => {
+        "INSERT INTO {{schema}}.lifecycle_consumer_positions
+        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+         reconciled_at)"
+    };
+}
+
 /// Claims the consumer's row when it is free or its lease has expired (generation + 1).
 /// Creates the row, with a missing (NULL) cursor, for a new consumer, and says whether it did
 /// (`xmax = 0` holds only for a freshly inserted row). `$4`: lease seconds.
@@ -116,9 +145,9 @@ replaced AS (
     WHERE p.project_id = $1 AND p.consumer_id = $2 AND p.position_id = was.position_id
 ),
 missing AS (
-    INSERT INTO {{schema}}.lifecycle_consumer_positions
-        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-         reconciled_at)
+    ",
+    insert_position!(),
+    "
     SELECT $1, $2, NULL, NULL, was.last_acked_at, was.reconciled_at
     FROM reactivated LEFT JOIN was ON true
 )
@@ -154,19 +183,11 @@ FOR NO KEY UPDATE";
 /// there: after a failover that lost a tail it is not). The cursor records the identity of
 /// the event it now stands on.
 pub const ACK: &str = concat!(
+    replacing_position!("was.last_acked_sequence = $6"),
     "
-WITH fence AS (",
-    fence!(),
-    "),
-was AS (",
-    current_position!(),
-    "),
-replaced AS (",
-    replace_position!("was.last_acked_sequence = $6"),
-    ")
-INSERT INTO {{schema}}.lifecycle_consumer_positions
-    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-     reconciled_at)
+",
+    insert_position!(),
+    "
 SELECT $1, $2, $5, ",
     event_id_at!("$5"),
     ", now(), was.reconciled_at
@@ -194,19 +215,11 @@ SELECT EXISTS (SELECT FROM (SELECT project_id FROM {{schema}}.lifecycle_outbox_u
 /// Moves the cursor without acknowledging a delivery (past a parked event, or to the floor for
 /// an earliest start). `$5`: the new cursor.
 pub const MOVE_CURSOR: &str = concat!(
+    replacing_position!("true"),
     "
-WITH fence AS (",
-    fence!(),
-    "),
-was AS (",
-    current_position!(),
-    "),
-replaced AS (",
-    replace_position!("true"),
-    ")
-INSERT INTO {{schema}}.lifecycle_consumer_positions
-    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-     reconciled_at)
+",
+    insert_position!(),
+    "
 SELECT $1, $2, $5, ",
     event_id_at!("$5"),
     ", was.last_acked_at, was.reconciled_at
@@ -215,19 +228,11 @@ FROM fence LEFT JOIN was ON true"
 
 /// Records a reconciliation's cursor. `$5`: the snapshot's head.
 pub const RECORD_RECONCILED: &str = concat!(
+    replacing_position!("true"),
     "
-WITH fence AS (",
-    fence!(),
-    "),
-was AS (",
-    current_position!(),
-    "),
-replaced AS (",
-    replace_position!("true"),
-    ")
-INSERT INTO {{schema}}.lifecycle_consumer_positions
-    (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-     reconciled_at)
+",
+    insert_position!(),
+    "
 SELECT $1, $2, $5, ",
     event_id_at!("$5"),
     ", was.last_acked_at, now()
@@ -293,20 +298,12 @@ WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <
 /// trip, no explicit transaction). Fenced like [`ACK`]: returns `acked` = 0, and changes
 /// nothing, when the lease is no longer ours.
 pub const ACK_CLEARING: &str = concat!(
-    "
-WITH fence AS (",
-    fence!(),
-    "),
-was AS (",
-    current_position!(),
-    "),
-replaced AS (",
-    replace_position!("was.last_acked_sequence = $6"),
-    "),
+    replacing_position!("was.last_acked_sequence = $6"),
+    ",
 acked AS (
-    INSERT INTO {{schema}}.lifecycle_consumer_positions
-        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-         reconciled_at)
+    ",
+    insert_position!(),
+    "
     SELECT $1, $2, $5, ",
     event_id_at!("$5"),
     ", now(), was.reconciled_at
@@ -328,20 +325,12 @@ SELECT count(*) AS acked FROM acked"
 /// `$9` seconds until the next attempt, `$10` failure class) is saved as in [`RECORD_RETRY`].
 /// Fenced like [`ACK`]: returns `acked` = 0, and changes nothing, when the lease is gone.
 pub const ACK_AND_RETRY: &str = concat!(
-    "
-WITH fence AS (",
-    fence!(),
-    "),
-was AS (",
-    current_position!(),
-    "),
-replaced AS (",
-    replace_position!("was.last_acked_sequence = $11"),
-    "),
+    replacing_position!("was.last_acked_sequence = $11"),
+    ",
 acked AS (
-    INSERT INTO {{schema}}.lifecycle_consumer_positions
-        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-         reconciled_at)
+    ",
+    insert_position!(),
+    "
     SELECT $1, $2, $5, ",
     event_id_at!("$5"),
     ",
