@@ -200,7 +200,7 @@ phase() {
 }
 
 # settle: waits until everything written is numbered and delivered, then vacuums the event
-# table, so the next baseline starts from a clean index.
+# and consumer tables, so the next baseline starts from clean indexes.
 settle() {
     local i
     for i in $(seq 1 600); do
@@ -208,8 +208,8 @@ settle() {
         sleep 0.5
     done
     sleep 2
-    log "vacuuming the event table"
-    sql -c "VACUUM outbox.lifecycle_outbox"
+    log "vacuuming the event and consumer tables"
+    sql -c "VACUUM outbox.lifecycle_outbox, outbox.lifecycle_consumers, outbox.lifecycle_consumer_positions"
 }
 
 : >"$work/samples"

@@ -94,3 +94,7 @@ pub use probe::Probe;
 pub use retry::{RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};
 pub use set::{ConsumerSet, PairFactory, PairOutcome, PairProbes, Projects};
+/// The acknowledgement statement (a template over `{{schema}}`; `$1` project, `$2` consumer,
+/// `$3` lease owner, `$4` generation, `$5` new cursor, `$6` the cursor it replaces): the
+/// position write of every delivered batch, whose plan the tests check under a held snapshot.
+pub use sql::ACK as ACK_STATEMENT;

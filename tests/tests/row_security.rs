@@ -1,19 +1,22 @@
 //! Per-project row security (`outbox migrate --row-security`): roles bound to project A in
 //! `lifecycle_role_projects` cannot read B's events, claim B's consumers, see B's dead
 //! letters, or record events for B; their own project works end to end; and their sequencer
-//! numbers only their projects and leaves the numbering frontier to one that sees all.
+//! numbers only their projects and leaves the numbering frontier to one that sees all; an
+//! upgrade of a schema under row security switches it on for the tables it adds.
 
 use std::time::Duration;
 
 use chrono::Utc;
 use outbox_consumer::{Consumer, ConsumerError};
 use outbox_core::{
-    ConnectSettings, Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, Writer,
-    WriterProcessId,
+    ConnectSettings, MIGRATIONS, Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, Writer,
+    WriterProcessId, migrate_with,
 };
-use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
+use outbox_tests::consumer_kit::{
+    Recorder, cursor, eventually, fast_config, seed_consumer, write_event,
+};
 use outbox_tests::process_kit::run_outbox;
-use outbox_tests::{TestDb, fresh_db, sequenced};
+use outbox_tests::{TestDb, empty_db, fresh_db, sequenced};
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
@@ -292,4 +295,113 @@ async fn a_bound_sequencer_numbers_its_projects_and_leaves_the_frontier_alone() 
             .collect();
         assert_eq!(numbers, vec![1, 2], "{project}");
     }
+}
+
+/// A schema already under row security at migration 10 keeps it through migration 11: the new
+/// positions table is switched on with the consumers table, so a bound role sees and writes
+/// only its projects' positions, and `migrate` reports row security as on.
+#[tokio::test]
+async fn an_upgrade_under_row_security_switches_it_on_for_the_positions_too() {
+    let db = empty_db().await;
+    let mut owner = db.connect().await;
+    migrate_with(&mut owner, &Schema::default(), &MIGRATIONS[..10])
+        .await
+        .unwrap();
+    // Row security as `migrate --row-security` of a build of migration 10 switched it on.
+    for table in [
+        "lifecycle_outbox",
+        "lifecycle_projects",
+        "lifecycle_consumer_cursors",
+        "lifecycle_deliveries",
+        "lifecycle_audit",
+    ] {
+        owner
+            .batch_execute(&format!(
+                "ALTER TABLE outbox.{table} ENABLE ROW LEVEL SECURITY"
+            ))
+            .await
+            .unwrap();
+    }
+    for (project, task) in [("A", "a1"), ("B", "b1"), ("A", "a2")] {
+        write_event(&db, project, task).await;
+    }
+    Sequencer::new(&Schema::default())
+        .drain(&mut owner)
+        .await
+        .unwrap();
+    seed_consumer(&db, "A", "c", Some(1), false).await;
+    seed_consumer(&db, "B", "c", Some(1), false).await;
+
+    let (code, out, err) =
+        run_outbox(&["--database-url", &db.url, "migrate", "--output", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(report["row_security"], true, "{out}");
+    let on: bool = owner
+        .query_one(
+            "SELECT relrowsecurity FROM pg_class \
+             WHERE oid = 'outbox.lifecycle_consumer_positions'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(on, "row security on the positions table");
+
+    let bound = bound_login(&db, "consumer").await;
+    let client = ConnectSettings::parse(&bound)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for relation in ["lifecycle_consumer_positions", "lifecycle_consumer_cursors"] {
+        let projects: Vec<String> = client
+            .query(
+                &format!("SELECT DISTINCT project_id FROM outbox.{relation}"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(projects, vec!["A".to_string()], "{relation}");
+    }
+    let err = client
+        .execute(
+            "INSERT INTO outbox.lifecycle_consumer_positions \
+                 (project_id, consumer_id, last_acked_sequence) VALUES ('B', 'c', 5)",
+            &[],
+        )
+        .await
+        .expect_err("a position for another project");
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+
+    // The bound consumer continues A from its migrated position.
+    write_event(&db, "A", "a3").await;
+    let mut config = fast_config("A", "c");
+    config.duties.prune_interval = None;
+    let recorder = Recorder::default();
+    let shutdown = CancellationToken::new();
+    let runtime = Consumer::new(
+        ConnectSettings::parse(&bound).unwrap().pool(4).unwrap(),
+        None,
+        config,
+        recorder.clone(),
+        recorder.clone(),
+    );
+    let token = shutdown.clone();
+    let run = tokio::spawn(async move { runtime.run(token).await });
+    eventually(WAIT, "the bound consumer to reach A's head", || async {
+        cursor(&db, "A", "c").await == Some(3)
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(recorder.sequences(), vec![2, 3]);
+    assert_eq!(
+        cursor(&db, "B", "c").await,
+        Some(1),
+        "B's position untouched"
+    );
 }

@@ -552,8 +552,9 @@ pub async fn bare_loop(
              WHERE project_id = $1 AND consumer_id = $2
              ORDER BY position_id DESC LIMIT 1),
          replaced AS (
-             DELETE FROM {{schema}}.lifecycle_consumer_positions AS p USING fence, was
-             WHERE p.project_id = $1 AND p.consumer_id = $2 AND p.position_id = was.position_id)
+             DELETE FROM {{schema}}.lifecycle_consumer_positions AS p
+             WHERE p.project_id = $1 AND p.consumer_id = $2
+               AND p.position_id = (SELECT was.position_id FROM fence, was))
          INSERT INTO {{schema}}.lifecycle_consumer_positions
              (project_id, consumer_id, last_acked_sequence)
          SELECT $1, $2, $5 FROM fence",
