@@ -98,3 +98,7 @@ pub use set::{ConsumerSet, PairFactory, PairOutcome, PairProbes, Projects};
 /// `$3` lease owner, `$4` generation, `$5` new cursor, `$6` the cursor it replaces): the
 /// position write of every delivered batch, whose plan the tests check under a held snapshot.
 pub use sql::ACK as ACK_STATEMENT;
+/// A consumer set's grouped acknowledgement (a template over `{{schema}}`; `$1` projects, `$2`
+/// consumers, `$3` generations, `$4` new cursors, `$5` the set's lease owner, `$6` the cursors
+/// they replace), checked by the same tests.
+pub use sql::ACK_SET as ACK_SET_STATEMENT;
