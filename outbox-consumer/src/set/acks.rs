@@ -4,10 +4,14 @@
 //! Under load every consumer of a set acknowledges after each small batch, a thousand
 //! statements for a thousand consumers woken at once. A consumer instead hands its
 //! acknowledgement to the set's one acknowledging task and waits; the task sends whatever has
-//! gathered as one fenced `UPDATE` ([`sql::ACK_SET`]) and answers each consumer: done, or its
+//! gathered as one fenced statement ([`sql::ACK_SET`]) and answers each consumer: done, or its
 //! lease is gone. While a statement runs the next group gathers, so the group grows with the
 //! load, like a group commit. An acknowledgement that also clears saved retry state takes the
 //! consumer's own statement instead.
+//!
+//! The statement runs in a transaction of its own under key scans only ([`sql::KEY_SCANS_ONLY`]),
+//! so the plan kept for it reads each consumer's current position from the high end of the
+//! key whatever the table's size when it was made.
 //!
 //! The statement writes each row once, locking rows in plan order; the set's lease heartbeat,
 //! its other many-row write, waits for it (and it for the heartbeat) on one lock, so the two
@@ -20,9 +24,13 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use outbox_core::Unnamed as _;
+use tokio_postgres::types::ToSql;
+
 use crate::error::ConsumerError;
 use crate::lease::Fence;
 use crate::runtime::GroupedAck;
+use crate::sql;
 
 /// Most acknowledgements in one statement.
 const MAX_GROUP: usize = 1000;
@@ -132,23 +140,27 @@ async fn send(
     let generations: Vec<i64> = group.iter().map(|r| r.fence.generation).collect();
     let through: Vec<i64> = group.iter().map(|r| r.through).collect();
     let left_at: Vec<i64> = group.iter().map(|r| r.left_at).collect();
+    let params: [&(dyn ToSql + Sync); 6] = [
+        &projects,
+        &consumers,
+        &generations,
+        &through,
+        &owner,
+        &left_at,
+    ];
+    let mut client = pool.get().await?;
+    // One transaction, so the statement is planned (and its plan kept) under key scans only.
+    let tx = client.transaction().await?;
+    tx.batch_execute(sql::KEY_SCANS_ONLY).await?;
     // Prepared once per pooled connection where that is safe: under load this runs hundreds
     // of times a second.
-    let client = pool.get().await?;
-    let rows = crate::store::query_hot(
-        &client,
-        cached,
-        statement,
-        &[
-            &projects,
-            &consumers,
-            &generations,
-            &through,
-            &owner,
-            &left_at,
-        ],
-    )
-    .await?;
+    let rows = if cached {
+        let prepared = tx.prepare_cached(statement).await?;
+        tx.query(&prepared, &params).await?
+    } else {
+        tx.query_unnamed(statement, &params).await?
+    };
+    tx.commit().await?;
     rows.iter()
         .map(|row| Ok((row.try_get("project_id")?, row.try_get("consumer_id")?)))
         .collect()
