@@ -442,10 +442,13 @@ RETURNING c.project_id, c.consumer_id";
 /// current positions found (one array, so the plan is a TID scan of exactly those rows; as a
 /// join on the key the planner may match project and consumer only and walk every replaced
 /// entry a held snapshot keeps: 3 → 2,970 buffers in the regression test). Nothing else
-/// removes a fenced consumer's position, so the addresses cannot change in between. The row locks are taken in whatever
-/// order the plan visits them, which is safe because a set sends its multi-row writes, this
-/// and [`HEARTBEAT_SET`], one at a time; every other write to a consumer row touches that row
-/// alone, and no other process acknowledges for a lease this set holds.
+/// removes a fenced consumer's position, so the addresses cannot change in between. The set
+/// runs it under [`KEY_SCANS_ONLY`].
+///
+/// The row locks are taken in whatever order the plan visits them, which is safe because a
+/// set sends its multi-row writes, this and [`HEARTBEAT_SET`], one at a time; every other
+/// write to a consumer row touches that row alone, and no other process acknowledges for a
+/// lease this set holds.
 pub const ACK_SET: &str = concat!(
     "
 WITH a AS (

@@ -549,8 +549,8 @@ pub async fn bare_loop(
              FOR NO KEY UPDATE),
          was AS (
              SELECT position_id FROM {{schema}}.lifecycle_consumer_positions
-             WHERE project_id = $1 AND consumer_id = $2
-             ORDER BY position_id DESC LIMIT 1),
+             WHERE (project_id, consumer_id, position_id) <= ($1, $2, 9223372036854775807)
+             ORDER BY project_id DESC, consumer_id DESC, position_id DESC LIMIT 1),
          replaced AS (
              DELETE FROM {{schema}}.lifecycle_consumer_positions AS p
              WHERE p.project_id = $1 AND p.consumer_id = $2
