@@ -326,21 +326,35 @@ pub async fn consume_durable(
     use async_nats::jetstream::consumer::{AckPolicy, pull};
     use futures_util::StreamExt;
 
-    let consumer = js
-        .get_stream(stream)
-        .await
-        .expect("get stream")
-        .get_or_create_consumer(
-            durable,
-            pull::Config {
-                durable_name: Some(durable.into()),
-                filter_subject: filter.into(),
-                ack_policy: AckPolicy::Explicit,
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("create durable consumer");
+    // After a cluster lost nodes, its JetStream API may time out until the stream and
+    // consumer leaders are elected again; a downstream service retries, and so does this.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let consumer = loop {
+        let attempt = async {
+            js.get_stream(stream)
+                .await
+                .map_err(|e| format!("get stream: {e}"))?
+                .get_or_create_consumer(
+                    durable,
+                    pull::Config {
+                        durable_name: Some(durable.into()),
+                        filter_subject: filter.into(),
+                        ack_policy: AckPolicy::Explicit,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| format!("create durable consumer: {e}"))
+        };
+        match attempt.await {
+            Ok(consumer) => break consumer,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("{e}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{e} (for 60 s)"),
+        }
+    };
     let mut messages = consumer.messages().await.expect("consume");
     let mut out = Vec::with_capacity(count);
     while out.len() < count {
