@@ -14,7 +14,7 @@ use outbox_tests::consumer_kit::{
 };
 use outbox_tests::set_kit::{Recorders, SetConfig, listed, start_set};
 use outbox_tests::{TestDb, fresh_db};
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::{Client, GenericClient, Transaction};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -61,6 +61,24 @@ async fn consume_through(db: &TestDb, through: i64) {
     run.await.unwrap().unwrap();
 }
 
+/// Opens a REPEATABLE READ transaction on `holder` and takes its snapshot, which it holds
+/// until the transaction ends.
+async fn hold_snapshot(holder: &mut Client) -> Transaction<'_> {
+    let hold = holder
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .unwrap();
+    hold.query_one(
+        "SELECT count(*) FROM outbox.lifecycle_consumer_cursors",
+        &[],
+    )
+    .await
+    .unwrap();
+    hold
+}
+
 /// Buffers (shared hits and reads) one statement touches, from `EXPLAIN (ANALYZE, BUFFERS)`:
 /// a figure of the plan and the data, not of time.
 async fn buffers(client: &impl GenericClient, statement: &str) -> i64 {
@@ -74,21 +92,6 @@ async fn buffers(client: &impl GenericClient, statement: &str) -> i64 {
         .get(0);
     let top = &plan[0]["Plan"];
     top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
-}
-
-/// Position writes so far (rows inserted into the positions table).
-async fn position_writes(client: &Client) -> i64 {
-    client
-        .query_one(
-            "SELECT pg_stat_clear_snapshot(), \
-                    COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables \
-                              WHERE schemaname = 'outbox' \
-                                AND relname = 'lifecycle_consumer_positions'), 0) AS writes",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get("writes")
 }
 
 /// What every fenced write and every cursor read pays: the consumer row, locked as a fence
@@ -218,26 +221,15 @@ async fn cursor_reads_under_a_held_snapshot_do_not_grow_with_acknowledgements() 
     let acks_before = ack_costs(&mut client, 50).await;
 
     let mut holder = db.connect().await;
-    let hold = holder
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
-    hold.query_one(
-        "SELECT count(*) FROM outbox.lifecycle_consumer_cursors",
-        &[],
-    )
-    .await
-    .unwrap();
+    let hold = hold_snapshot(&mut holder).await;
 
-    let writes_before = position_writes(&client).await;
+    let writes_before = position_traffic(&client).await.0;
     write_numbered(&db, &client, "held", 3_000).await;
     consume_through(&db, 3_050).await;
     // One position per event was written under the snapshot. (A backend reports its
     // statistics when it exits; the consumer's pool has closed.)
     eventually(WAIT, "3,000 position writes", || async {
-        position_writes(&client).await - writes_before >= 3_000
+        position_traffic(&client).await.0 - writes_before >= 3_000
     })
     .await;
     let (cursor_after, fence_after) = read_costs(&mut client).await;
@@ -423,18 +415,7 @@ async fn a_sets_acknowledgements_under_a_held_snapshot_keep_their_cost() {
     let (writes_0, buffers_0) = traffic_after(&client, 300).await;
 
     let mut holder = db.connect().await;
-    let hold = holder
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
-    hold.query_one(
-        "SELECT count(*) FROM outbox.lifecycle_consumer_cursors",
-        &[],
-    )
-    .await
-    .unwrap();
+    let hold = hold_snapshot(&mut holder).await;
     let (writes_1, buffers_1) = position_traffic(&client).await;
     write_numbered(&db, &client, "held", 3_000).await;
     eventually(WAIT, "the set to acknowledge under the hold", || async {
