@@ -4,8 +4,10 @@
 //! The binary is `OUTBOX_NATS_SERVER`, or `nats-server` on the PATH (`make test` installs
 //! Debian's package through `scripts/nats.sh ensure` when it is missing).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -34,12 +36,23 @@ pub fn nats_server_binary() -> PathBuf {
     );
 }
 
-/// A free TCP port on 127.0.0.1 (the kernel's choice; released just before use).
+/// Ports this test process has handed out already.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// A free TCP port on 127.0.0.1 (the kernel's choice; released just before use), never one
+/// this process handed out before: the kernel may offer a released port again, and two
+/// servers of concurrent tests given the same one would leave one of them unable to bind.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
+    let mut handed_out = HANDED_OUT.lock().expect("port registry");
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind an ephemeral port")
+            .port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A running nats-server with JetStream, stopped and its store removed on drop.
@@ -120,10 +133,23 @@ impl NatsServer {
             .spawn()
             .expect("start nats-server");
         self.child = Some(child);
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-                .await
-                .is_ok()
+        // Ready when this server says it listens on the port and a connection is accepted. A
+        // connection alone proves nothing: the port is in the ephemeral range, so an attempt
+        // made before the server listens can be given that same port as its source and
+        // connect the socket to itself (TCP self-connect), and the test's own client is then
+        // refused.
+        let listening = format!(
+            "Listening for client connections on 127.0.0.1:{}",
+            self.port
+        );
+        for _ in 0..400 {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("nats-server exited ({status}); log:\n{}", self.log());
+            }
+            if self.log().contains(&listening)
+                && tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .is_ok()
             {
                 return;
             }
@@ -235,8 +261,19 @@ pub async fn read_stream(js: &Context, stream: &str) -> Vec<Relayed> {
     let state = handle.info().await.expect("stream info").state.clone();
     let mut out = Vec::new();
     for seq in state.first_sequence.max(1)..=state.last_sequence {
-        let Ok(message) = handle.get_raw_message(seq).await else {
-            continue;
+        // Nothing deletes from these streams, so every sequence up to the last holds a
+        // message; a failed read is the cluster electing leaders again after a node came
+        // back, and is asked again (skipping it would report the message as never relayed).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let message = loop {
+            match handle.get_raw_message(seq).await {
+                Ok(message) => break message,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    eprintln!("read message {seq}: {e}; trying again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("read message {seq}: {e} (for 30 s)"),
+            }
         };
         let header = |name: &str| {
             // The client parses standard names into their own variant, which a lookup by
