@@ -200,3 +200,24 @@ pub async fn sequenced(client: &Client, project: &str) -> Vec<(i64, String)> {
         .map(|row| (row.get(0), row.get(1)))
         .collect()
 }
+
+/// Opens a REPEATABLE READ transaction on `holder` whose first statement, `statement`, takes
+/// its snapshot; returns the open transaction and that statement's first row. While it stays
+/// open, every row version written afterwards stays visible to it, as `pg_dump`, a long
+/// report or a replica's `hot_standby_feedback` keep them.
+pub async fn hold_snapshot<'a>(
+    holder: &'a mut Client,
+    statement: &str,
+) -> (tokio_postgres::Transaction<'a>, tokio_postgres::Row) {
+    let hold = holder
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .expect("begin the holding transaction");
+    let row = hold
+        .query_one(statement, &[])
+        .await
+        .expect("take the held snapshot");
+    (hold, row)
+}

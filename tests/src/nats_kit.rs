@@ -264,17 +264,13 @@ pub async fn read_stream(js: &Context, stream: &str) -> Vec<Relayed> {
         // Nothing deletes from these streams, so every sequence up to the last holds a
         // message; a failed read is the cluster electing leaders again after a node came
         // back, and is asked again (skipping it would report the message as never relayed).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let message = loop {
-            match handle.get_raw_message(seq).await {
-                Ok(message) => break message,
-                Err(e) if tokio::time::Instant::now() < deadline => {
-                    eprintln!("read message {seq}: {e}; trying again");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => panic!("read message {seq}: {e} (for 30 s)"),
-            }
-        };
+        let message = retry_for(
+            &format!("read message {seq}"),
+            Duration::from_secs(30),
+            Duration::from_millis(200),
+            || handle.get_raw_message(seq),
+        )
+        .await;
         let header = |name: &str| {
             // The client parses standard names into their own variant, which a lookup by
             // text does not find.
@@ -296,8 +292,6 @@ pub async fn read_stream(js: &Context, stream: &str) -> Vec<Relayed> {
             body: serde_json::from_slice(&message.payload).expect("JSON body"),
         });
     }
-    handle = js.get_stream(stream).await.expect("get stream");
-    drop(handle);
     out
 }
 
@@ -365,9 +359,11 @@ pub async fn consume_durable(
 
     // After a cluster lost nodes, its JetStream API may time out until the stream and
     // consumer leaders are elected again; a downstream service retries, and so does this.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let consumer = loop {
-        let attempt = async {
+    let consumer = retry_for(
+        "create the durable consumer",
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
             js.get_stream(stream)
                 .await
                 .map_err(|e| format!("get stream: {e}"))?
@@ -381,17 +377,10 @@ pub async fn consume_durable(
                     },
                 )
                 .await
-                .map_err(|e| format!("create durable consumer: {e}"))
-        };
-        match attempt.await {
-            Ok(consumer) => break consumer,
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                eprintln!("{e}; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("{e} (for 60 s)"),
-        }
-    };
+                .map_err(|e| format!("create: {e}"))
+        },
+    )
+    .await;
     let mut messages = consumer.messages().await.expect("consume");
     let mut out = Vec::with_capacity(count);
     while out.len() < count {
@@ -416,4 +405,26 @@ pub async fn consume_durable(
         message.ack().await.expect("ack");
     }
     out
+}
+
+/// Runs `attempt` until it succeeds, pausing `pause` after each failure, which it prints; fails
+/// the test once `limit` has passed. A cluster that lost nodes answers with timeouts until its
+/// leaders are elected again, and a downstream service asks again, as the tests do.
+async fn retry_for<T, E, F, Fut>(what: &str, limit: Duration, pause: Duration, mut attempt: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("{what}: {e}; trying again");
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) => panic!("{what}: {e} (for {limit:?})"),
+        }
+    }
 }

@@ -13,11 +13,14 @@ use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_config, fast_delivery, fast_duties, start,
 };
 use outbox_tests::set_kit::{Recorders, SetConfig, listed, start_set};
-use outbox_tests::{TestDb, fresh_db};
-use tokio_postgres::{Client, GenericClient, Transaction};
+use outbox_tests::{TestDb, fresh_db, hold_snapshot};
+use tokio_postgres::{Client, GenericClient};
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// The statement that takes the held snapshot (see [`hold_snapshot`]).
+const HOLD: &str = "SELECT count(*) FROM outbox.lifecycle_consumer_cursors";
 
 /// Writes and numbers `count` more events of project `p`.
 async fn write_numbered(db: &TestDb, client: &Client, tag: &str, count: i32) {
@@ -59,24 +62,6 @@ async fn consume_through(db: &TestDb, through: i64) {
     .await;
     shutdown.cancel();
     run.await.unwrap().unwrap();
-}
-
-/// Opens a REPEATABLE READ transaction on `holder` and takes its snapshot, which it holds
-/// until the transaction ends.
-async fn hold_snapshot(holder: &mut Client) -> Transaction<'_> {
-    let hold = holder
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
-    hold.query_one(
-        "SELECT count(*) FROM outbox.lifecycle_consumer_cursors",
-        &[],
-    )
-    .await
-    .unwrap();
-    hold
 }
 
 /// Buffers (shared hits and reads) one statement touches, from `EXPLAIN (ANALYZE, BUFFERS)`:
@@ -221,7 +206,7 @@ async fn cursor_reads_under_a_held_snapshot_do_not_grow_with_acknowledgements() 
     let acks_before = ack_costs(&mut client, 50).await;
 
     let mut holder = db.connect().await;
-    let hold = hold_snapshot(&mut holder).await;
+    let (hold, _) = hold_snapshot(&mut holder, HOLD).await;
 
     let writes_before = position_traffic(&client).await.0;
     write_numbered(&db, &client, "held", 3_000).await;
@@ -415,7 +400,7 @@ async fn a_sets_acknowledgements_under_a_held_snapshot_keep_their_cost() {
     let (writes_0, buffers_0) = traffic_after(&client, 300).await;
 
     let mut holder = db.connect().await;
-    let hold = hold_snapshot(&mut holder).await;
+    let (hold, _) = hold_snapshot(&mut holder, HOLD).await;
     let (writes_1, buffers_1) = position_traffic(&client).await;
     write_numbered(&db, &client, "held", 3_000).await;
     eventually(WAIT, "the set to acknowledge under the hold", || async {

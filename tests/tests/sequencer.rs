@@ -10,7 +10,7 @@ use outbox_core::{
     Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
 use outbox_tests::stats_kit::{assert_the_counters_move, event_table_reads};
-use outbox_tests::{TestDb, fresh_db, sequenced};
+use outbox_tests::{TestDb, fresh_db, hold_snapshot, sequenced};
 use rand::Rng;
 use tokio::sync::Mutex;
 
@@ -233,16 +233,9 @@ async fn open_transactions_elsewhere_do_not_stall_sequencing() {
     let db = fresh_db().await;
     // An unrelated long transaction holding a snapshot and an xid.
     let mut idle = db.connect().await;
-    let idle_tx = idle
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
+    let (idle_tx, _) = hold_snapshot(&mut idle, "SELECT txid_current()").await;
     idle_tx
-        .batch_execute(
-            "SELECT txid_current(); INSERT INTO tasks (id, project_id) VALUES ('x', 'p')",
-        )
+        .batch_execute("INSERT INTO tasks (id, project_id) VALUES ('x', 'p')")
         .await
         .unwrap();
     // An outbox writer that has written but not committed.

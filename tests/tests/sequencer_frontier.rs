@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use outbox_core::{Schema, Sequencer};
 use outbox_tests::consumer_kit::eventually;
-use outbox_tests::{TestDb, fresh_db, sequenced};
+use outbox_tests::{TestDb, fresh_db, hold_snapshot, sequenced};
 use tokio_postgres::Client;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -123,20 +123,12 @@ async fn a_tick_under_a_held_snapshot_reads_its_batch_not_the_history() {
         .unwrap();
 
     let mut holder = db.connect().await;
-    let hold = holder
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
-    let holder_pid: i32 = hold
-        .query_one(
-            "SELECT pg_backend_pid() FROM outbox.lifecycle_outbox LIMIT 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let (hold, row) = hold_snapshot(
+        &mut holder,
+        "SELECT pg_backend_pid() FROM outbox.lifecycle_outbox LIMIT 1",
+    )
+    .await;
+    let holder_pid: i32 = row.get(0);
 
     let first = measured_tick(&db, &client, holder_pid, "first", 100).await;
 
