@@ -12,7 +12,13 @@
 #   narrow    INSERT into proto.events (insert-only, with the writer's xid8); the frontier tick
 #             stores one (project, sequence, event_id) row per event
 #   tickrows  the same frontier; one row per project and tick with the tick's event IDs
+#   tidrows   the same frontier; one row per project and tick with the tick's events as
+#             physical addresses and arrival IDs, read back by address (a TID scan)
 #   pgq       pgq.insert_event; PgQ's ticker and one consumer's batches
+#   writer    (writer runs only) today's INSERT with nothing numbering it: what every design
+#             pays before numbering, so a design's numbering costs its figure less this one
+#   tidrows_async  (writer runs only, when named) tidrows with each tick's commit not waiting
+#             for its WAL flush (`SET LOCAL synchronous_commit = off`)
 #
 # 1. Held snapshot: for each variant and each kind of hold (a REPEATABLE READ snapshot after
 #    one SELECT; an idle transaction that wrote a row, so it holds a transaction ID), events are
@@ -22,13 +28,16 @@
 #    get_batch_events, finish_batch). Bounded means flat along the history.
 # 2. Writer: pgbench, one event per transaction (the outbox statement alone: a stricter ratio
 #    than bench/peers.sh's, whose transactions also soft-delete a task), 8 and 32 clients, with
-#    the variant's numbering running as production would run it; events/s, WAL bytes and
-#    cluster CPU per event. Every run is checked: every event numbered once, numbers dense.
+#    the variant's numbering running as production would run it (a prototype's tick from one
+#    client, a transaction per tick); events/s, WAL bytes and cluster CPU per event. Every run is checked: every event numbered once, numbers dense.
 # 3. Reader: one consumer fetch of 500 events from the middle of a 100,000-event project,
-#    shared buffers and server time (median of 20).
+#    shared buffers and server time (median of 20); for tidrows also the read by address
+#    alone, which a consumer would send beside the read of the tick rows and join itself.
 #
 # Environment:
 #   BENCH_SECONDS, BENCH_REPS, BENCH_CLIENTS ("8 32")
+#   BENCH_VARIANTS         designs of parts 1 and 2 (default "today narrow tickrows tidrows pgq")
+#   BENCH_WRITER_VARIANTS  designs of part 2 (default "writer" and BENCH_VARIANTS)
 #   OUTBOX_BENCH_PG_DIR    cluster directory (default <project>/.pg-bench-prototypes)
 #   OUTBOX_BENCH_PG_PORT   cluster port (default 54374)
 # The markdown report goes to stdout and bench/RESULTS-old-snapshot-prototypes.md.
@@ -53,7 +62,8 @@ pg_port=${OUTBOX_BENCH_PG_PORT:-54374}
 results_file=$root/bench/RESULTS-old-snapshot-prototypes.md
 cores=$(nproc)
 clk=$(getconf CLK_TCK)
-variants="today narrow tickrows pgq"
+variants=${BENCH_VARIANTS:-"today narrow tickrows tidrows pgq"}
+writer_variants=${BENCH_WRITER_VARIANTS:-"writer $variants"}
 
 bench_name=numbering-prototypes.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-prototypes.XXXXXX")
@@ -145,14 +155,15 @@ END $$;
 SQL
 
 reset_state() {
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects, outbox.lifecycle_sequencer_frontier, proto.events, proto.numbers, proto.tick_rows, proto.ticks' \
+    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects, outbox.lifecycle_sequencer_frontier, proto.events, proto.numbers, proto.tick_rows, proto.tick_tids, proto.ticks' \
         -c 'INSERT INTO proto.ticks VALUES (0, pg_current_snapshot())' \
         -c "SELECT pgq.drop_queue('bench_q', true) FROM pgq.queue WHERE queue_name = 'bench_q'" \
         -c "SELECT pgq.create_queue('bench_q')" \
         -c "SELECT pgq.register_consumer('bench_q', 'bench_c')" >/dev/null
     sql -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' \
         -c 'VACUUM (ANALYZE) proto.events' -c 'VACUUM (ANALYZE) proto.numbers' \
-        -c 'VACUUM (ANALYZE) proto.tick_rows' -c 'VACUUM (ANALYZE) proto.ticks' \
+        -c 'VACUUM (ANALYZE) proto.tick_rows' -c 'VACUUM (ANALYZE) proto.tick_tids' \
+        -c 'VACUUM (ANALYZE) proto.ticks' \
         -c 'VACUUM (ANALYZE) pgq.tick' -c 'VACUUM (ANALYZE) pgq.subscription' -c 'CHECKPOINT' >/dev/null
 }
 
@@ -162,6 +173,7 @@ number() {
         today) "$outbox" sequence >/dev/null ;;
         narrow) sql -c "SELECT proto.pending()" -c "BEGIN" -c "SELECT pg_advisory_xact_lock(4242)" -c "SELECT proto.tick_narrow()" -c "COMMIT" >/dev/null ;;
         tickrows) sql -c "SELECT proto.pending()" -c "BEGIN" -c "SELECT pg_advisory_xact_lock(4242)" -c "SELECT proto.tick_rows()" -c "COMMIT" >/dev/null ;;
+        tidrows|tidrows_async) sql -c "SELECT proto.pending()" -c "BEGIN" -c "SELECT pg_advisory_xact_lock(4242)" -c "SELECT proto.tick_tids()" -c "COMMIT" >/dev/null ;;
         pgq) sql -c "SELECT bench_pgq_tick()" >/dev/null ;;
     esac
 }
@@ -264,12 +276,57 @@ check() {
                       SELECT (SELECT count(*) FROM proto.events) - (SELECT count(DISTINCT (project_id, event_id)) FROM u)
                       + (SELECT count(*) FROM (SELECT project_id FROM u GROUP BY project_id
                                                HAVING max(sequence) <> count(*) OR count(DISTINCT sequence) <> count(*)) AS b)") ;;
-        pgq) bad=0 ;;
+        tidrows|tidrows_async) bad=$(sql -c "WITH u AS (SELECT t.project_id, first_sequence + k - 1 AS sequence, row_id, id
+                                         FROM proto.tick_tids AS t, unnest(row_ids, ids) WITH ORDINALITY AS x(row_id, id, k))
+                      SELECT (SELECT count(*) FROM proto.events) - (SELECT count(DISTINCT id) FROM u)
+                      + (SELECT count(*) FROM (SELECT project_id FROM u GROUP BY project_id
+                                               HAVING max(sequence) <> count(*) OR count(DISTINCT sequence) <> count(*)) AS b)
+                      + (SELECT count(*) FROM u LEFT JOIN proto.events AS e
+                                ON e.ctid = u.row_id AND e.id = u.id AND e.project_id = u.project_id
+                         WHERE e.id IS NULL)") ;;
+        pgq|writer) bad=0 ;;
     esac
     [ "$bad" = 0 ] || die "$1: numbering check failed ($bad)"
 }
 
 : >"$work/runs"
+# start_ticker VARIANT: the prototype's sequencer as production runs its own: one client that
+# sends each tick as its own transaction (begin, the lock, the tick, commit: four round trips,
+# statements prepared once), again at once after a tick that numbered something, otherwise
+# after 1 ms (the adaptive tick's shortest wait). A loop inside the server (a procedure) ticks
+# far more often, a few events a tick, and its cost per event is then the tick's, not the
+# numbering's. stop_ticker ends it; the next `number` finishes what it left.
+start_ticker() {
+    local tick
+    case "$1" in
+        narrow) tick=tick_narrow ;;
+        tickrows) tick=tick_rows ;;
+        tidrows|tidrows_async) tick=tick_tids ;;
+    esac
+    local commit=on
+    [ "$1" != tidrows_async ] || commit=off
+    cat >"$work/ticker.sql" <<SQL
+BEGIN;
+SET LOCAL synchronous_commit = $commit;
+SELECT pg_advisory_xact_lock(4242);
+SELECT proto.$tick() AS numbered \\gset
+COMMIT;
+\\if :numbered = 0
+\\sleep 1 ms
+\\endif
+SQL
+    pgbench -n -M prepared -c 1 -T $((seconds + 60)) -f "$work/ticker.sql" "$DATABASE_URL" \
+        >"$work/ticker.log" 2>&1 &
+    background_pid=$!
+    sleep 0.3
+}
+stop_ticker() {
+    kill -TERM "$background_pid" 2>/dev/null || true
+    wait "$background_pid" 2>/dev/null || true
+    background_pid=
+    if grep -q ERROR "$work/ticker.log"; then cat "$work/ticker.log" >&2; die "the prototype's ticker failed"; fi
+}
+
 # run VARIANT CLIENTS REP: appends "variant clients rep tps wal_per_event cpu_us_per_event".
 run() {
     local variant=$1 clients=$2 rep=$3 script threads out
@@ -277,8 +334,8 @@ run() {
     reset_state
     case "$variant" in
         today) script=today; start_sequencer ;;
-        narrow) script=proto; start_call prototype-sequencer "CALL proto.sequencer('narrow', 2000000000)" ;;
-        tickrows) script=proto; start_call prototype-sequencer "CALL proto.sequencer('rows', 2000000000)" ;;
+        writer) script=today ;;
+        narrow|tickrows|tidrows|tidrows_async) script=proto; start_ticker "$variant" ;;
         pgq) script=pgq; start_call bench-pgq-ticker "CALL bench_pgq_ticker($(( (seconds + 30) * 100 )))" ;;
     esac
     out=$work/pgbench-$variant-$clients-$rep.log
@@ -291,12 +348,12 @@ run() {
     sleep 1
     case "$variant" in
         today) stop_sequencer ;;
-        narrow|tickrows) stop_call prototype-sequencer ;;
+        narrow|tickrows|tidrows|tidrows_async) stop_ticker ;;
         pgq) stop_call bench-pgq-ticker ;;
+        writer) ;;
     esac
     c1=$(cluster_ticks); lsn1=$(wal_lsn)
-    number "$variant"
-    check "$variant"
+    [ "$variant" = writer ] || { number "$variant"; check "$variant"; }
     local tps txns wal
     tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$out")
     txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out")
@@ -309,7 +366,7 @@ run() {
 
 for clients in $clients_list; do
     for rep in $(seq 1 "$reps"); do
-        for variant in $variants; do
+        for variant in $writer_variants; do
             run "$variant" "$clients" "$rep"
         done
     done
@@ -338,8 +395,12 @@ sql -c "INSERT INTO outbox.lifecycle_outbox (project_id, event_type, event_id, t
     -c "INSERT INTO proto.numbers SELECT 'r', n, 'e' || n FROM generate_series(1, 100000) AS n" \
     -c "INSERT INTO proto.tick_rows SELECT 'r', t * 100 + 1, array_agg('e' || (t * 100 + k) ORDER BY k)
         FROM generate_series(0, 999) AS t, generate_series(1, 100) AS k GROUP BY t" \
+    -c "INSERT INTO proto.tick_tids SELECT 'r', t * 100 + 1, array_agg(ctid ORDER BY id), array_agg(id ORDER BY id)
+        FROM (SELECT ctid, id, (row_number() OVER (ORDER BY id) - 1) / 100 AS t
+              FROM proto.events WHERE project_id = 'r') AS e GROUP BY t" \
     -c "VACUUM (ANALYZE) outbox.lifecycle_outbox" -c "VACUUM (ANALYZE) proto.events" \
-    -c "VACUUM (ANALYZE) proto.numbers" -c "VACUUM (ANALYZE) proto.tick_rows" >/dev/null
+    -c "VACUUM (ANALYZE) proto.numbers" -c "VACUUM (ANALYZE) proto.tick_rows" \
+    -c "VACUUM (ANALYZE) proto.tick_tids" >/dev/null
 fetch_today="SELECT sequence, event_id, task_id, deleted_at, payload FROM outbox.lifecycle_outbox
     WHERE project_id = 'r' AND sequence > 50000 ORDER BY sequence LIMIT 500"
 fetch_narrow="SELECT n.sequence, e.event_id, e.task_id, e.deleted_at, e.payload
@@ -355,15 +416,43 @@ fetch_tickrows="SELECT t.first_sequence + x.k - 1 AS sequence, e.event_id, e.tas
     JOIN proto.events e ON e.project_id = t.project_id AND e.event_id = x.event_id
     WHERE t.first_sequence + x.k - 1 > 50000
     ORDER BY 1 LIMIT 500"
+# By address: the batch's addresses and arrival IDs first (at most 500), then the rows at those
+# addresses in one TID scan, kept only where the arrival ID matches.
+fetch_tidrows="WITH wanted AS MATERIALIZED (
+        SELECT t.first_sequence + x.k - 1 AS sequence, x.row_id, x.id
+        FROM (SELECT * FROM proto.tick_tids WHERE project_id = 'r' AND first_sequence <= 50001
+              ORDER BY first_sequence DESC LIMIT 1) AS first
+        CROSS JOIN LATERAL (SELECT * FROM proto.tick_tids WHERE project_id = 'r'
+                            AND first_sequence >= first.first_sequence AND first_sequence <= 50500
+                            ORDER BY first_sequence) AS t
+        CROSS JOIN LATERAL unnest(t.row_ids, t.ids) WITH ORDINALITY AS x(row_id, id, k)
+        WHERE t.first_sequence + x.k - 1 > 50000
+        ORDER BY 1 LIMIT 500)
+    SELECT w.sequence, e.event_id, e.task_id, e.deleted_at, e.payload
+    FROM wanted AS w JOIN proto.events AS e ON e.ctid = w.row_id AND e.id = w.id
+    WHERE e.ctid = ANY (ARRAY(SELECT row_id FROM wanted))
+    ORDER BY w.sequence"
+# The by-address read alone, as a consumer would send it beside the read of the tick rows (their
+# first numbers and arrival IDs), joining the two itself: the rows in address order.
+fetch_tidrows_split="SELECT e.id, e.event_id, e.task_id, e.deleted_at, e.payload FROM proto.events AS e
+    WHERE e.ctid = ANY (ARRAY(
+        SELECT x.row_id
+        FROM (SELECT * FROM proto.tick_tids WHERE project_id = 'r' AND first_sequence <= 50001
+              ORDER BY first_sequence DESC LIMIT 1) AS first
+        CROSS JOIN LATERAL (SELECT * FROM proto.tick_tids WHERE project_id = 'r'
+                            AND first_sequence >= first.first_sequence AND first_sequence <= 50500
+                            ORDER BY first_sequence) AS t
+        CROSS JOIN LATERAL unnest(t.row_ids) WITH ORDINALITY AS x(row_id, k)
+        WHERE t.first_sequence + x.k - 1 BETWEEN 50001 AND 50500))"
 reader_rows=
-for variant in today narrow tickrows; do
+for variant in today narrow tickrows tidrows tidrows_split; do
     eval "q=\$fetch_$variant"
     # shellcheck disable=SC2154
     line=$(for _ in $(seq 1 20); do
         sql -c "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) $q" \
             | jq -r '.[0] | "\(.Plan["Shared Hit Blocks"] + .Plan["Shared Read Blocks"]) \(.["Execution Time"]) \(.Plan["Actual Rows"])"'
     done | sort -k2 -g | sed -n 10p)
-    reader_rows+="| $variant | $(echo "$line" | awk '{ printf "%d | %.3f | %d", $1, $2, $3 }') |"$'\n'
+    reader_rows+="| ${variant/_split/, by address alone} | $(echo "$line" | awk '{ printf "%d | %.3f | %d", $1, $2, $3 }') |"$'\n'
 done
 
 # --- report --------------------------------------------------------------------------------
@@ -393,7 +482,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "|---|---:|---:|---:|---:|---:|---:|"
     for clients in $clients_list; do
         pgq_tps=$(median pgq "$clients" 4); pgq_wal=$(median pgq "$clients" 5)
-        for variant in $variants; do
+        for variant in $writer_variants; do
             tps=$(median "$variant" "$clients" 4); wal=$(median "$variant" "$clients" 5)
             printf '| %s | %s | %.0f | %s | %.0f | %s | %.1f |\n' "$variant" "$clients" "$tps" \
                 "$(ratio "$tps" "$pgq_tps")" "$wal" "$(ratio "$wal" "$pgq_wal")" "$(median "$variant" "$clients" 6)"

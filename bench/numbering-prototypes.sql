@@ -13,6 +13,14 @@
 --   probe each). PgQ finds its batches the same way (pgq.batch_event_sql).
 -- tickrows (schema proto): the same frontier; the numbers stored as one row per project and
 --   tick (the first number and the tick's event IDs in order).
+-- tidrows (schema proto): the same frontier and one row per project and tick, holding the
+--   tick's events in order as their physical addresses (`ctid`) and arrival IDs instead of
+--   their event IDs. The event rows are insert-only, so an address stays the row's until the
+--   row is pruned or the table rewritten (VACUUM FULL, CLUSTER, a restore); a reader fetches a
+--   batch by address, one TID scan in page order, and checks each row's arrival ID, so a
+--   rewritten table is detected (a row missing from the fetch) rather than misread; the
+--   readers of a real design would then find the row by its key. A reader's cost per event
+--   is then a share of a heap page, as with the sequence index today, not an index probe.
 -- Heads are not a row that every tick updates (under a held snapshot every update leaves a
 -- version that each later lookup of the key walks past): a project's head is the last
 -- number stored, read from the newest end of an insert-only index.
@@ -57,6 +65,14 @@ CREATE TABLE proto.tick_rows (
     PRIMARY KEY (project_id, first_sequence)
 );
 
+CREATE TABLE proto.tick_tids (
+    project_id     text     NOT NULL,
+    first_sequence bigint   NOT NULL,
+    row_ids        tid[]    NOT NULL,
+    ids            bigint[] NOT NULL,
+    PRIMARY KEY (project_id, first_sequence)
+);
+
 -- The writer's statement (the Rust writer's shape).
 -- INSERT INTO proto.events (project_id, event_type, event_id, task_id, deleted_at,
 --     writer_process_id, payload_version, payload) VALUES (...)
@@ -68,100 +84,123 @@ CREATE TABLE proto.tick_rows (
 -- earlier tick numbered; the in-progress list of the previous snapshot is at most the number
 -- of open transactions, each one probe of the same index.
 CREATE VIEW proto.new_work AS
-SELECT e.id, e.project_id, e.event_id, prev.tick
+SELECT e.id, e.row_id, e.project_id, e.event_id, prev.tick
 FROM (SELECT tick, snap FROM proto.ticks ORDER BY tick DESC LIMIT 1) AS prev
 CROSS JOIN LATERAL (
-    SELECT id, project_id, event_id FROM proto.events WHERE xid >= pg_snapshot_xmax(prev.snap)
+    SELECT id, ctid AS row_id, project_id, event_id FROM proto.events
+    WHERE xid >= pg_snapshot_xmax(prev.snap)
     UNION ALL
-    SELECT id, project_id, event_id FROM proto.events
+    SELECT id, ctid, project_id, event_id FROM proto.events
     WHERE xid = ANY (ARRAY(SELECT pg_snapshot_xip(prev.snap)))) AS e;
 
--- The idle probe.
-CREATE FUNCTION proto.pending() RETURNS boolean LANGUAGE sql STABLE
-AS $$ SELECT EXISTS (SELECT FROM proto.new_work) $$;
+-- The idle probe. The probe and the ticks are PL/pgSQL, which keeps each statement's plan for
+-- the session, as the real sequencer keeps its prepared statements (a SQL function's body is
+-- planned again at every call, which under a tick every millisecond costs more than the tick).
+CREATE FUNCTION proto.pending() RETURNS boolean LANGUAGE plpgsql STABLE
+AS $$ BEGIN RETURN EXISTS (SELECT FROM proto.new_work); END $$;
 
 -- One tick, narrow numbers: returns the events numbered. Run under the sequencer's
 -- transaction-level advisory lock, in a statement that starts after the lock was granted (as
 -- today's tick), so its snapshot includes the previous tick's row.
-CREATE FUNCTION proto.tick_narrow() RETURNS bigint LANGUAGE sql
+CREATE FUNCTION proto.tick_narrow() RETURNS bigint LANGUAGE plpgsql
 AS $$
-WITH pending AS (
-    SELECT project_id, event_id, tick,
-           row_number() OVER (PARTITION BY project_id ORDER BY id) AS rank
-    FROM proto.new_work
-),
-counts AS (SELECT project_id, count(*) AS n FROM pending GROUP BY project_id),
-heads AS (
-    SELECT c.project_id, coalesce(h.sequence, 0) AS head
-    FROM counts c
-    LEFT JOIN LATERAL (SELECT sequence FROM proto.numbers n
-                       WHERE n.project_id = c.project_id
-                       ORDER BY sequence DESC LIMIT 1) AS h ON true
-),
-stored AS (
-    INSERT INTO proto.numbers (project_id, sequence, event_id)
-    SELECT p.project_id, heads.head + p.rank, p.event_id
-    FROM pending p JOIN heads USING (project_id)
-    RETURNING 1
-),
-ticked AS (
-    INSERT INTO proto.ticks (tick, snap)
-    SELECT max(tick) + 1, pg_current_snapshot() FROM pending HAVING count(*) > 0
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM stored) + 0 * (SELECT count(*) FROM ticked)
-$$;
+DECLARE
+    numbered bigint;
+BEGIN
+    WITH pending AS (
+        SELECT project_id, event_id, tick,
+               row_number() OVER (PARTITION BY project_id ORDER BY id) AS rank
+        FROM proto.new_work
+    ),
+    counts AS (SELECT project_id, count(*) AS n FROM pending GROUP BY project_id),
+    heads AS (
+        SELECT c.project_id, coalesce(h.sequence, 0) AS head
+        FROM counts c
+        LEFT JOIN LATERAL (SELECT sequence FROM proto.numbers n
+                           WHERE n.project_id = c.project_id
+                           ORDER BY sequence DESC LIMIT 1) AS h ON true
+    ),
+    stored AS (
+        INSERT INTO proto.numbers (project_id, sequence, event_id)
+        SELECT p.project_id, heads.head + p.rank, p.event_id
+        FROM pending p JOIN heads USING (project_id)
+        RETURNING 1
+    ),
+    ticked AS (
+        INSERT INTO proto.ticks (tick, snap)
+        SELECT max(tick) + 1, pg_current_snapshot() FROM pending HAVING count(*) > 0
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM stored) + 0 * (SELECT count(*) FROM ticked) INTO numbered;
+    RETURN numbered;
+END $$;
 
 -- One tick, numbers as one row per project and tick.
-CREATE FUNCTION proto.tick_rows() RETURNS bigint LANGUAGE sql
+CREATE FUNCTION proto.tick_rows() RETURNS bigint LANGUAGE plpgsql
 AS $$
-WITH pending AS (SELECT project_id, event_id, id, tick FROM proto.new_work),
-counts AS (
-    SELECT project_id, count(*) AS n, array_agg(event_id ORDER BY id) AS event_ids
-    FROM pending GROUP BY project_id
-),
-heads AS (
-    SELECT c.project_id, c.event_ids,
-           coalesce(h.first_sequence + cardinality(h.event_ids) - 1, 0) AS head
-    FROM counts c
-    LEFT JOIN LATERAL (SELECT first_sequence, event_ids FROM proto.tick_rows t
-                       WHERE t.project_id = c.project_id
-                       ORDER BY first_sequence DESC LIMIT 1) AS h ON true
-),
-stored AS (
-    INSERT INTO proto.tick_rows (project_id, first_sequence, event_ids)
-    SELECT project_id, head + 1, event_ids FROM heads
-    RETURNING cardinality(event_ids) AS n
-),
-ticked AS (
-    INSERT INTO proto.ticks (tick, snap)
-    SELECT max(tick) + 1, pg_current_snapshot() FROM pending HAVING count(*) > 0
-    RETURNING 1
-)
-SELECT coalesce((SELECT sum(n) FROM stored), 0)::bigint + 0 * (SELECT count(*) FROM ticked)
-$$;
-
--- The sequencer loop of a prototype, as production runs it: tick again at once after a tick
--- that numbered something, otherwise wait 1 ms (the adaptive tick's shortest wait).
-CREATE PROCEDURE proto.sequencer(mode text, iterations int) LANGUAGE plpgsql AS $$
 DECLARE
-    n bigint;
+    numbered bigint;
 BEGIN
-    FOR i IN 1..iterations LOOP
-        IF proto.pending() THEN
-            PERFORM pg_advisory_xact_lock(4242);
-            IF mode = 'narrow' THEN
-                n := proto.tick_narrow();
-            ELSE
-                n := proto.tick_rows();
-            END IF;
-        ELSE
-            n := 0;
-        END IF;
-        COMMIT;
-        IF n = 0 THEN
-            PERFORM pg_sleep(0.001);
-            COMMIT;
-        END IF;
-    END LOOP;
+    WITH pending AS (SELECT project_id, event_id, id, tick FROM proto.new_work),
+    counts AS (
+        SELECT project_id, count(*) AS n, array_agg(event_id ORDER BY id) AS event_ids
+        FROM pending GROUP BY project_id
+    ),
+    heads AS (
+        SELECT c.project_id, c.event_ids,
+               coalesce(h.first_sequence + cardinality(h.event_ids) - 1, 0) AS head
+        FROM counts c
+        LEFT JOIN LATERAL (SELECT first_sequence, event_ids FROM proto.tick_rows t
+                           WHERE t.project_id = c.project_id
+                           ORDER BY first_sequence DESC LIMIT 1) AS h ON true
+    ),
+    stored AS (
+        INSERT INTO proto.tick_rows (project_id, first_sequence, event_ids)
+        SELECT project_id, head + 1, event_ids FROM heads
+        RETURNING cardinality(event_ids) AS n
+    ),
+    ticked AS (
+        INSERT INTO proto.ticks (tick, snap)
+        SELECT max(tick) + 1, pg_current_snapshot() FROM pending HAVING count(*) > 0
+        RETURNING 1
+    )
+    SELECT coalesce((SELECT sum(n) FROM stored), 0)::bigint + 0 * (SELECT count(*) FROM ticked)
+    INTO numbered;
+    RETURN numbered;
+END $$;
+
+-- One tick, numbers as one row per project and tick holding the events' addresses and
+-- arrival IDs.
+CREATE FUNCTION proto.tick_tids() RETURNS bigint LANGUAGE plpgsql
+AS $$
+DECLARE
+    numbered bigint;
+BEGIN
+    WITH pending AS (SELECT project_id, row_id, id, tick FROM proto.new_work),
+    counts AS (
+        SELECT project_id, array_agg(row_id ORDER BY id) AS row_ids,
+               array_agg(id ORDER BY id) AS ids
+        FROM pending GROUP BY project_id
+    ),
+    heads AS (
+        SELECT c.project_id, c.row_ids, c.ids,
+               coalesce(h.first_sequence + cardinality(h.ids) - 1, 0) AS head
+        FROM counts c
+        LEFT JOIN LATERAL (SELECT first_sequence, ids FROM proto.tick_tids t
+                           WHERE t.project_id = c.project_id
+                           ORDER BY first_sequence DESC LIMIT 1) AS h ON true
+    ),
+    stored AS (
+        INSERT INTO proto.tick_tids (project_id, first_sequence, row_ids, ids)
+        SELECT project_id, head + 1, row_ids, ids FROM heads
+        RETURNING cardinality(ids) AS n
+    ),
+    ticked AS (
+        INSERT INTO proto.ticks (tick, snap)
+        SELECT max(tick) + 1, pg_current_snapshot() FROM pending HAVING count(*) > 0
+        RETURNING 1
+    )
+    SELECT coalesce((SELECT sum(n) FROM stored), 0)::bigint + 0 * (SELECT count(*) FROM ticked)
+    INTO numbered;
+    RETURN numbered;
 END $$;
