@@ -416,15 +416,18 @@ fetch_tickrows="SELECT t.first_sequence + x.k - 1 AS sequence, e.event_id, e.tas
     JOIN proto.events e ON e.project_id = t.project_id AND e.event_id = x.event_id
     WHERE t.first_sequence + x.k - 1 > 50000
     ORDER BY 1 LIMIT 500"
+# The tick rows that cover sequences 50,001-50,500 (the newest that starts at or before the
+# first, and those after it up to the last), as `t`: both reads by address start from them.
+tid_ticks="FROM (SELECT * FROM proto.tick_tids WHERE project_id = 'r' AND first_sequence <= 50001
+              ORDER BY first_sequence DESC LIMIT 1) AS first
+        CROSS JOIN LATERAL (SELECT * FROM proto.tick_tids WHERE project_id = 'r'
+                            AND first_sequence >= first.first_sequence AND first_sequence <= 50500
+                            ORDER BY first_sequence) AS t"
 # By address: the batch's addresses and arrival IDs first (at most 500), then the rows at those
 # addresses in one TID scan, kept only where the arrival ID matches.
 fetch_tidrows="WITH wanted AS MATERIALIZED (
         SELECT t.first_sequence + x.k - 1 AS sequence, x.row_id, x.id
-        FROM (SELECT * FROM proto.tick_tids WHERE project_id = 'r' AND first_sequence <= 50001
-              ORDER BY first_sequence DESC LIMIT 1) AS first
-        CROSS JOIN LATERAL (SELECT * FROM proto.tick_tids WHERE project_id = 'r'
-                            AND first_sequence >= first.first_sequence AND first_sequence <= 50500
-                            ORDER BY first_sequence) AS t
+        $tid_ticks
         CROSS JOIN LATERAL unnest(t.row_ids, t.ids) WITH ORDINALITY AS x(row_id, id, k)
         WHERE t.first_sequence + x.k - 1 > 50000
         ORDER BY 1 LIMIT 500)
@@ -437,11 +440,7 @@ fetch_tidrows="WITH wanted AS MATERIALIZED (
 fetch_tidrows_split="SELECT e.id, e.event_id, e.task_id, e.deleted_at, e.payload FROM proto.events AS e
     WHERE e.ctid = ANY (ARRAY(
         SELECT x.row_id
-        FROM (SELECT * FROM proto.tick_tids WHERE project_id = 'r' AND first_sequence <= 50001
-              ORDER BY first_sequence DESC LIMIT 1) AS first
-        CROSS JOIN LATERAL (SELECT * FROM proto.tick_tids WHERE project_id = 'r'
-                            AND first_sequence >= first.first_sequence AND first_sequence <= 50500
-                            ORDER BY first_sequence) AS t
+        $tid_ticks
         CROSS JOIN LATERAL unnest(t.row_ids) WITH ORDINALITY AS x(row_id, k)
         WHERE t.first_sequence + x.k - 1 BETWEEN 50001 AND 50500))"
 reader_rows=
