@@ -71,13 +71,16 @@ impl StreamError {
     }
 }
 
-/// JetStream's answers that mean "no leader to answer right now", which a cluster gives while
-/// it elects one.
+/// JetStream's answers that mean "no leader to answer right now" or "the cluster's groups are
+/// still forming", which a cluster gives while it elects leaders and nodes rejoin.
 fn between_leaders(error: &async_nats::jetstream::Error) -> bool {
     [
         ErrorCode::CLUSTER_NOT_AVAILABLE,
         ErrorCode::CLUSTER_NOT_LEADER,
         ErrorCode::CLUSTER_NOT_ACTIVE,
+        ErrorCode::CLUSTER_INCOMPLETE,
+        ErrorCode::CLUSTER_NOT_ASSIGNED,
+        ErrorCode::RAFT_GENERAL,
     ]
     .contains(&error.error_code())
 }

@@ -12,18 +12,22 @@ use std::time::Duration;
 use outbox_tests::cluster_kit::try_write;
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
 use outbox_tests::nats_cluster_kit::NatsCluster;
-use outbox_tests::nats_kit::{self, assert_exactly_once_in_order, consume_durable, read_stream};
+use outbox_tests::nats_kit::{assert_exactly_once_in_order, consume_durable, read_stream};
 use outbox_tests::process_kit::OutboxProcess;
 use outbox_tests::{TestDb, fresh_db, sequenced};
 
 const PROJECTS: [&str; 2] = ["p1", "p2"];
 const STREAM: &str = "CLUSTERED";
 
+/// A relay of `project` into the cluster, logging its start-up checks at debug level so a
+/// failure shows what NATS answered each time.
 fn spawn_relay(db: &TestDb, urls: &str, project: &str) -> OutboxProcess {
     let consumer = format!("relay-{project}");
-    nats_kit::spawn_relay(
+    OutboxProcess::spawn_with_env(
         &db.url,
+        "relay",
         &[
+            "nats",
             "--project",
             project,
             "--consumer-id",
@@ -52,6 +56,7 @@ fn spawn_relay(db: &TestDb, urls: &str, project: &str) -> OutboxProcess {
             "2s",
             "--no-prune",
         ],
+        &[("OUTBOX_LOG", "outbox_relay=debug,info")],
     )
 }
 
@@ -243,12 +248,19 @@ async fn a_relay_started_while_the_cluster_has_no_leader_waits_for_one() {
 
     cluster.nodes[1].launch().await;
     cluster.nodes[2].launch().await;
-    eventually(
-        Duration::from_secs(60),
-        "the event relayed once the cluster answers",
-        || async { cursor(&db, "p1", "relay-p1").await == Some(1) },
-    )
-    .await;
+    // Generous: each unanswered check can take the JetStream request timeout (10 s) plus a
+    // backoff of up to 10 s, and a loaded host elects the cluster's leaders slowly.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while cursor(&db, "p1", "relay-p1").await != Some(1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the event was not relayed within 120 s of the cluster's return; the relay (exit \
+             {:?}) said:\n{}",
+            relay.exited(),
+            relay.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let messages = read_stream(&cluster.jetstream().await, STREAM).await;
     assert_eq!(
         messages
