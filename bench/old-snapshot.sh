@@ -23,7 +23,8 @@
 #   bufs/read      shared buffers per other statement that reads the event table (the
 #                  consumer's fetches and caught-up checks)
 #   bufs/ack       shared buffers per cursor write (a position appended from migration 11, an
-#                  update of the cursor row before) or lease renewal
+#                  update of the cursor row before) or lease renewal (a renewal appended from
+#                  migration 12, an update of the consumer row before)
 #   PG cores       CPU of every PostgreSQL process of the cluster (writers' backends included)
 #
 # Environment:
@@ -132,7 +133,8 @@ WITH s AS (
                     OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%' THEN 'probe'
                WHEN (query LIKE '%INSERT%lifecycle_consumer_positions%' AND query NOT LIKE '%reactivated%')
                     OR query LIKE '%UPDATE%lifecycle_consumer_cursors%'
-                    OR query LIKE '%UPDATE%lifecycle_consumers %' THEN 'ack'
+                    OR query LIKE '%UPDATE%lifecycle_consumers %'
+                    OR query LIKE '%INSERT INTO outbox.lifecycle_lease_renewals%' THEN 'ack'
                WHEN query LIKE '%lifecycle_outbox%' AND query NOT LIKE '%INSERT%'
                     AND query NOT LIKE '%write_task_deleted%' THEN 'read'
            END AS kind
@@ -209,7 +211,7 @@ settle() {
     done
     sleep 2
     log "vacuuming the event and consumer tables"
-    sql -c "VACUUM outbox.lifecycle_outbox, outbox.lifecycle_consumers, outbox.lifecycle_consumer_positions"
+    sql -c "VACUUM outbox.lifecycle_outbox, outbox.lifecycle_consumers, outbox.lifecycle_consumer_positions, outbox.lifecycle_lease_renewals"
 }
 
 : >"$work/samples"
@@ -307,7 +309,7 @@ done
     echo "seq µs/event: the sequencer's server time (lock, numbering, NOTIFY, idle probes; pg_stat_statements) per event numbered."
     echo "bufs/tick: shared buffers per numbering statement; bufs/probe: per idle probe of the work list;"
     echo "bufs/read: per other statement reading the event table (the consumer's fetches and caught-up checks);"
-    echo "bufs/ack: per cursor write (acknowledgements: a position appended from migration 11, an update of the cursor row before) or lease renewal. PG cores: every PostgreSQL process, the writers' backends included."
+    echo "bufs/ack: per cursor write (acknowledgements: a position appended from migration 11, an update of the cursor row before) or lease renewal (appended from migration 12, an update of the consumer row before). PG cores: every PostgreSQL process, the writers' backends included."
     echo "Each row is one window: its percentiles, and totals divided by counts. The machine is shared with other work,"
     echo "so single windows are noisy; the trend across windows is the result."
     echo

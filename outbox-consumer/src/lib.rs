@@ -102,3 +102,10 @@ pub use sql::ACK as ACK_STATEMENT;
 /// consumers, `$3` generations, `$4` new cursors, `$5` the set's lease owner, `$6` the cursors
 /// they replace), checked by the same tests.
 pub use sql::ACK_SET as ACK_SET_STATEMENT;
+/// A consumer's lease renewal (a template over `{{schema}}`; `$1` project, `$2` consumer, `$3`
+/// lease owner, `$4` generation, `$5` lease seconds), checked by the same tests.
+pub use sql::HEARTBEAT as HEARTBEAT_STATEMENT;
+/// A consumer set's renewal of every lease it holds (a template over `{{schema}}`; `$1`
+/// projects, `$2` consumers, `$3` generations, `$4` the set's lease owner, `$5` lease
+/// seconds), checked by the same tests.
+pub use sql::HEARTBEAT_SET as HEARTBEAT_SET_STATEMENT;

@@ -10,6 +10,13 @@
 //! walks the versions an old snapshot keeps. The lock is what keeps the position current for
 //! the statement: every other writer of a consumer's positions (a claim, a takeover, a
 //! reactivation) changes the lease generation or the state, which voids the fence.
+//!
+//! Renewals are written the same way (migration 0012): a heartbeat appends the lease's new
+//! expiry to `lifecycle_lease_renewals` under the fence and deletes the renewal it replaces,
+//! so the consumer row changes only when the lease changes hands or the consumer its state,
+//! and the row every fenced write locks keeps one version however old the oldest snapshot is.
+//! The row's own expiry and heartbeat are those of the claim; the lease's are the newest
+//! renewal's when it belongs to the row's generation (see `lease_expiry!`).
 
 /// The fence as a row lock on the consumer row: one row while lease `$3`/`$4` is current.
 macro_rules! fence {
@@ -21,28 +28,94 @@ macro_rules! fence {
     };
 }
 
-/// The newest positions row at or below `(project, consumer)` in key order, from the high end
-/// of the positions' key: the current position of that consumer when it has one (the caller
-/// keeps the row only if it is that consumer's). Every replaced position lies below the
-/// current one in the key, so the backward scan stops at its first entry however many a held
-/// snapshot keeps. The bound is a row comparison rather than equalities so that the plan is
-/// that scan whatever the statistics: with equalities the planner estimates one row, which
-/// leaves the ordered scan no cheaper than a bitmap scan and a sort, which read every entry
-/// of the consumer (measured under a held snapshot: 261 buffers a consumer against 3). The
-/// bound's estimate (a third of the table) makes the scan that stops at once the cheap plan.
-macro_rules! newest_position_at_or_below {
-    ($project:literal, $consumer:literal) => {
+/// The newest row of an append-only table keyed `(project_id, consumer_id, $id)` at or below
+/// `(project, consumer)` in key order, from the high end of its key: the current row of that
+/// consumer when it has one (the caller keeps the row only if it is that consumer's). Every
+/// replaced row lies below the current one in the key, so the backward scan stops at its
+/// first entry however many a held snapshot keeps. The bound is a row comparison rather than
+/// equalities so that the plan is that scan whatever the statistics: with equalities the
+/// planner estimates one row, which leaves the ordered scan no cheaper than a bitmap scan and
+/// a sort, which read every entry of the consumer (measured under a held snapshot: 261
+/// buffers a consumer against 3). The bound's estimate (a third of the table) makes the scan
+/// that stops at once the cheap plan.
+macro_rules! newest_at_or_below {
+    ($table:literal, $id:literal, $columns:literal, $project:literal, $consumer:literal) => {
         concat!(
-            "SELECT ctid AS row_id, project_id, consumer_id, position_id, last_acked_sequence,
-            last_acked_event_id, last_acked_at, reconciled_at
-     FROM {{schema}}.lifecycle_consumer_positions
-     WHERE (project_id, consumer_id, position_id) <= (",
+            "SELECT ctid AS row_id, project_id, consumer_id, ",
+            $id,
+            ", ",
+            $columns,
+            "
+     FROM {{schema}}.",
+            $table,
+            "
+     WHERE (project_id, consumer_id, ",
+            $id,
+            ") <= (",
             $project,
             ", ",
             $consumer,
             ", 9223372036854775807)
-     ORDER BY project_id DESC, consumer_id DESC, position_id DESC
+     ORDER BY project_id DESC, consumer_id DESC, ",
+            $id,
+            " DESC
      LIMIT 1"
+        )
+    };
+}
+
+/// The newest positions row at or below `(project, consumer)` (see [`newest_at_or_below!`]).
+macro_rules! newest_position_at_or_below {
+    ($project:literal, $consumer:literal) => {
+        newest_at_or_below!(
+            "lifecycle_consumer_positions",
+            "position_id",
+            "last_acked_sequence, last_acked_event_id, last_acked_at, reconciled_at",
+            $project,
+            $consumer
+        )
+    };
+}
+
+/// The newest renewals row at or below `(project, consumer)` (see [`newest_at_or_below!`]).
+macro_rules! newest_renewal_at_or_below {
+    ($project:literal, $consumer:literal) => {
+        newest_at_or_below!(
+            "lifecycle_lease_renewals",
+            "renewal_id",
+            "lease_generation, lease_expires_at, heartbeat_at",
+            $project,
+            $consumer
+        )
+    };
+}
+
+/// `$column` of the newest renewal of consumer row `c`, when that renewal belongs to the row's
+/// lease generation (NULL when the lease has not been renewed since it was claimed). A renewal
+/// of an earlier generation, committed just before a takeover, is never the new lease's.
+macro_rules! current_renewal {
+    ($column:literal) => {
+        concat!(
+            "(SELECT newest.",
+            $column,
+            " FROM (",
+            newest_renewal_at_or_below!("c.project_id", "c.consumer_id"),
+            ") AS newest
+      WHERE newest.project_id = c.project_id AND newest.consumer_id = c.consumer_id
+        AND newest.lease_generation = c.lease_generation)"
+        )
+    };
+}
+
+/// When the lease of consumer row `c` expires: its newest renewal's expiry, or the claim's
+/// while it has none. Read against the row version the statement locked, so a claim that
+/// waited for another claim judges the lease that one took.
+macro_rules! lease_expiry {
+    () => {
+        concat!(
+            "COALESCE(",
+            current_renewal!("lease_expires_at"),
+            ", c.lease_expires_at)"
         )
     };
 }
@@ -122,7 +195,12 @@ macro_rules! insert_position {
 /// Claims the consumer's row when it is free or its lease has expired (generation + 1).
 /// Creates the row, with a missing (NULL) cursor, for a new consumer, and says whether it did
 /// (`xmax = 0` holds only for a freshly inserted row). `$4`: lease seconds.
-pub const CLAIM: &str = "
+///
+/// The renewals are read in the statement's snapshot: a renewal that commits while the claim
+/// waits for the holder's lock renewed a lease that had already expired when the claim
+/// began, and the claim takes it (the generation it bumps voids the late holder's fence).
+pub const CLAIM: &str = concat!(
+    "
 INSERT INTO {{schema}}.lifecycle_consumers AS c
     (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at, heartbeat_at)
 VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4), now())
@@ -132,8 +210,11 @@ SET lease_owner = EXCLUDED.lease_owner,
     lease_expires_at = EXCLUDED.lease_expires_at,
     heartbeat_at = EXCLUDED.heartbeat_at
 WHERE c.state = 'active'
-  AND (c.lease_owner IS NULL OR c.lease_expires_at <= now())
-RETURNING c.lease_generation, (c.xmax = 0) AS created";
+  AND (c.lease_owner IS NULL OR ",
+    lease_expiry!(),
+    " <= now())
+RETURNING c.lease_generation, (c.xmax = 0) AS created"
+);
 
 /// Takes a lease over from a holder known to be gone before it expired. `$5`, `$6`: the
 /// holder and generation just read; if either moved since, nothing changes (the claim looks
@@ -147,24 +228,35 @@ WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
 RETURNING lease_generation, false AS created";
 
 /// Why a claim found nothing: who holds the row, until when, and whether it is retired.
-pub const CONSUMER_ROW: &str = "
-SELECT state, lease_owner, lease_generation,
-       GREATEST(extract(epoch FROM lease_expires_at - now()), 0)::float8 AS expires_in,
-       retired_by, retired_reason
-FROM {{schema}}.lifecycle_consumers
-WHERE project_id = $1 AND consumer_id = $2";
+pub const CONSUMER_ROW: &str = concat!(
+    "
+SELECT c.state, c.lease_owner, c.lease_generation,
+       GREATEST(extract(epoch FROM ",
+    lease_expiry!(),
+    " - now()), 0)::float8 AS expires_in,
+       c.retired_by, c.retired_reason
+FROM {{schema}}.lifecycle_consumers AS c
+WHERE c.project_id = $1 AND c.consumer_id = $2"
+);
 
 /// Makes a retired consumer active again with a missing cursor, so it reconciles. The
 /// generation is bumped so that a runtime that held the lease before retirement never finds its
-/// fence valid again; an unexpired lease is kept, so the new claim waits for it to run out
+/// fence valid again; an unexpired lease is kept (its last renewal carried into the row, as
+/// the bumped generation leaves the renewals behind), so the new claim waits for it to run out
 /// rather than overlap with a holder that has not noticed yet.
 pub const REACTIVATE: &str = concat!(
     "
 WITH reactivated AS (
-    UPDATE {{schema}}.lifecycle_consumers
+    UPDATE {{schema}}.lifecycle_consumers AS c
     SET state = 'active', retired_at = NULL, retired_by = NULL, retired_reason = NULL,
-        lease_generation = lease_generation + 1
-    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retired'
+        lease_generation = c.lease_generation + 1,
+        lease_expires_at = ",
+    lease_expiry!(),
+    ",
+        heartbeat_at = COALESCE(",
+    current_renewal!("heartbeat_at"),
+    ", c.heartbeat_at)
+    WHERE c.project_id = $1 AND c.consumer_id = $2 AND c.state = 'retired'
     RETURNING 1
 ),
 was AS (",
@@ -185,12 +277,40 @@ missing AS (
 SELECT count(*) AS reactivated FROM reactivated"
 );
 
-/// Extends the lease. `$5`: lease seconds.
-pub const HEARTBEAT: &str = "
-UPDATE {{schema}}.lifecycle_consumers
-SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
-WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
-  AND state = 'active'";
+/// The insert of a renewal, every column the runtime writes.
+macro_rules! insert_renewal {
+    () => {
+        "INSERT INTO {{schema}}.lifecycle_lease_renewals
+    (project_id, consumer_id, lease_generation, lease_expires_at, heartbeat_at)"
+    };
+}
+
+/// Extends the lease: appends a renewal under the fence and deletes the one it replaces by
+/// its exact key, as a position write does. One row changed (inserted) when the lease was
+/// still ours. `$5`: lease seconds.
+pub const HEARTBEAT: &str = concat!(
+    "
+WITH fence AS (",
+    fence!(),
+    "),
+was AS (
+    SELECT newest.renewal_id
+    FROM (",
+    newest_renewal_at_or_below!("$1", "$2"),
+    ") AS newest
+    WHERE newest.project_id = $1 AND newest.consumer_id = $2
+),
+replaced AS (
+    DELETE FROM {{schema}}.lifecycle_lease_renewals AS r
+    WHERE r.project_id = $1 AND r.consumer_id = $2
+      AND r.renewal_id = (SELECT was.renewal_id FROM fence, was)
+)
+",
+    insert_renewal!(),
+    "
+SELECT $1, $2, $4, now() + make_interval(secs => $5), now()
+FROM fence"
+);
 
 /// Gives the lease up at shutdown so a successor need not wait for expiry.
 pub const RELEASE: &str = "
@@ -421,15 +541,42 @@ RETURNING attempts, replay_requested_by";
 /// Extends every lease a consumer set holds, in one statement however many it holds: `$1`
 /// projects, `$2` consumers and `$3` generations (parallel arrays), `$4` the set's lease
 /// owner, `$5` lease seconds. Returns the pairs renewed; a pair missing from the answer lost
-/// its lease (claimed by another process, retired or gone). Its lock order is safe for the
-/// reason [`ACK_SET`] gives: a set never runs the two at the same time.
-pub const HEARTBEAT_SET: &str = "
-UPDATE {{schema}}.lifecycle_consumers AS c
-SET lease_expires_at = now() + make_interval(secs => $5), heartbeat_at = now()
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS h(project_id, consumer_id, generation)
-WHERE c.project_id = h.project_id AND c.consumer_id = h.consumer_id
-  AND c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
-RETURNING c.project_id, c.consumer_id";
+/// its lease (claimed by another process, retired or gone). Each renewal is written as in
+/// [`HEARTBEAT`], the replaced ones deleted by the addresses the read of the newest found, as
+/// [`ACK_SET`] deletes positions and for its reason. Its lock order is safe for the reason
+/// [`ACK_SET`] gives: a set never runs the two at the same time.
+pub const HEARTBEAT_SET: &str = concat!(
+    "
+WITH h AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+        AS h(project_id, consumer_id, generation)
+),
+fence AS (
+    SELECT c.project_id, c.consumer_id, c.lease_generation
+    FROM {{schema}}.lifecycle_consumers AS c
+    JOIN h ON c.project_id = h.project_id AND c.consumer_id = h.consumer_id
+    WHERE c.lease_owner = $4 AND c.lease_generation = h.generation AND c.state = 'active'
+    FOR NO KEY UPDATE OF c
+),
+was AS (
+    SELECT w.row_id
+    FROM fence
+    CROSS JOIN LATERAL (",
+    newest_renewal_at_or_below!("fence.project_id", "fence.consumer_id"),
+    ") AS w
+    WHERE w.project_id = fence.project_id AND w.consumer_id = fence.consumer_id
+),
+replaced AS (
+    DELETE FROM {{schema}}.lifecycle_lease_renewals
+    WHERE ctid = ANY (ARRAY(SELECT row_id FROM was))
+)
+",
+    insert_renewal!(),
+    "
+SELECT project_id, consumer_id, lease_generation, now() + make_interval(secs => $5), now()
+FROM fence
+RETURNING project_id, consumer_id"
+);
 
 /// Acknowledges for many consumers of a set in one statement: `$1` projects, `$2`
 /// consumers, `$3` generations, `$4` new cursors (parallel arrays, one consumer at most once),

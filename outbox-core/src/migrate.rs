@@ -91,6 +91,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cursor_positions",
         template: include_str!("../../sql/0011_cursor_positions.sql"),
     },
+    Migration {
+        version: 12,
+        name: "lease_renewals",
+        template: include_str!("../../sql/0012_lease_renewals.sql"),
+    },
 ];
 
 /// What a migration run did.

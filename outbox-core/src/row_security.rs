@@ -11,11 +11,12 @@ use crate::error::Error;
 use crate::schema::Schema;
 
 /// The tables that carry a `project_id` and the `project_binding` policy.
-pub const ROW_SECURITY_TABLES: [&str; 6] = [
+pub const ROW_SECURITY_TABLES: [&str; 7] = [
     "lifecycle_outbox",
     "lifecycle_projects",
     "lifecycle_consumers",
     "lifecycle_consumer_positions",
+    "lifecycle_lease_renewals",
     "lifecycle_deliveries",
     "lifecycle_audit",
 ];

@@ -285,6 +285,13 @@ async fn upgrade_from_0010_keeps_live_data_and_consumers_continue() {
     upgrade_keeps_live_data_and_consumers_continue(10).await;
 }
 
+/// Migration 12 moves lease renewals into their own table: a lease held across it keeps the
+/// expiry its consumer row records, and this build takes it over only once that has passed.
+#[tokio::test]
+async fn upgrade_from_0011_keeps_live_data_and_consumers_continue() {
+    upgrade_keeps_live_data_and_consumers_continue(11).await;
+}
+
 async fn upgrade_keeps_live_data_and_consumers_continue(from: usize) {
     let db = empty_db().await;
     {
@@ -318,12 +325,21 @@ async fn upgrade_keeps_live_data_and_consumers_continue(from: usize) {
     )
     .await;
     seed_consumer(&db, "p", "c-live", Some(6), false).await;
+    // The consumer rows are `lifecycle_consumers` from migration 11 on.
+    let consumers = if from >= 11 {
+        "lifecycle_consumers"
+    } else {
+        "lifecycle_consumer_cursors"
+    };
+    let lease_given_at = std::time::Instant::now();
     client
         .execute(
-            "UPDATE outbox.lifecycle_consumer_cursors \
-             SET lease_owner = 'old-build:1:a', lease_generation = 1, \
-                 lease_expires_at = now() + interval '2 seconds', heartbeat_at = now() \
-             WHERE consumer_id = 'c-live'",
+            &format!(
+                "UPDATE outbox.{consumers} \
+                 SET lease_owner = 'old-build:1:a', lease_generation = 1, \
+                     lease_expires_at = now() + interval '2 seconds', heartbeat_at = now() \
+                 WHERE consumer_id = 'c-live'"
+            ),
             &[],
         )
         .await
@@ -371,6 +387,10 @@ async fn upgrade_keeps_live_data_and_consumers_continue(from: usize) {
         cursor(&db, "p", "c-live").await == Some(8)
     })
     .await;
+    assert!(
+        lease_given_at.elapsed() >= Duration::from_secs(2),
+        "c-live's lease was taken before the expiry it was given"
+    );
     stop_live.cancel();
     let summary = run_live.await.unwrap().unwrap();
     assert_eq!(summary.generation, 2, "the old lease's generation was kept");
@@ -512,7 +532,7 @@ async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() 
     }
 }
 
-/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 to 11,
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 to 12,
 /// and the roles can then use what 3 and 4 added (their grants are column by column).
 #[tokio::test]
 async fn roles_added_after_later_migrations_get_their_grants() {
@@ -527,9 +547,12 @@ async fn roles_added_after_later_migrations_get_their_grants() {
         .await
         .unwrap();
     let report = dry_run(&db).await;
-    assert_eq!(versions(&report["pending"]), vec![2, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(
+        versions(&report["pending"]),
+        vec![2, 5, 6, 7, 8, 9, 10, 11, 12]
+    );
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10, 11, 12]);
     let row = client
         .query_one(
             "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_positions', \
@@ -539,7 +562,11 @@ async fn roles_added_after_later_migrations_get_their_grants() {
                     has_column_privilege('outbox_operator', 'outbox.lifecycle_deliveries', \
                     'replay_requested_by', 'UPDATE') AS operator_names_replays, \
                     has_table_privilege('outbox_writer', 'outbox.lifecycle_sequencer_lease', \
-                    'SELECT') AS writer_sees_lease",
+                    'SELECT') AS writer_sees_lease, \
+                    has_column_privilege('outbox_consumer', 'outbox.lifecycle_lease_renewals', \
+                    'heartbeat_at', 'INSERT') AS consumer_renews, \
+                    has_table_privilege('outbox_operator', 'outbox.lifecycle_lease_renewals', \
+                    'SELECT') AS operator_sees_renewals",
             &[],
         )
         .await
@@ -548,4 +575,6 @@ async fn roles_added_after_later_migrations_get_their_grants() {
     assert!(row.get::<_, bool>("consumer_sequences"));
     assert!(row.get::<_, bool>("operator_names_replays"));
     assert!(!row.get::<_, bool>("writer_sees_lease"));
+    assert!(row.get::<_, bool>("consumer_renews"));
+    assert!(row.get::<_, bool>("operator_sees_renewals"));
 }

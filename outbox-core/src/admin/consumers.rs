@@ -364,13 +364,17 @@ FOR UPDATE";
 
 /// Retires an active consumer: `$1` project, `$2` consumer, `$3` operator, `$4` reason.
 /// The lease columns stay as they are: the holder finds out at its next fenced write (every
-/// one requires `state = 'active'`) and the operator can see whom that concerns.
+/// one requires `state = 'active'`) and the operator can see whom that concerns. Whether the
+/// lease is live is read from the cursors view, which adds the lease's renewals to the row
+/// (migration 0012).
 const RETIRE: &str = "
-UPDATE {{schema}}.lifecycle_consumers
+UPDATE {{schema}}.lifecycle_consumers AS c
 SET state = 'retired', retired_at = now(), retired_by = $3, retired_reason = $4
-WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
-RETURNING retired_at, lease_owner, lease_generation,
-          (lease_owner IS NOT NULL AND lease_expires_at > now()) AS lease_live";
+WHERE c.project_id = $1 AND c.consumer_id = $2 AND c.state = 'active'
+RETURNING c.retired_at, c.lease_owner, c.lease_generation,
+          COALESCE((SELECT v.lease_owner IS NOT NULL AND v.lease_expires_at > now()
+                    FROM {{schema}}.lifecycle_consumer_cursors AS v
+                    WHERE v.project_id = $1 AND v.consumer_id = $2), false) AS lease_live";
 
 /// Unresolved dead letters of a consumer (dead or awaiting replay): `$1` project,
 /// `$2` consumer.
