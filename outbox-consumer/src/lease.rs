@@ -266,14 +266,21 @@ pub(crate) async fn claim(
     let ttl_secs = config.delivery.lease_ttl.as_secs_f64();
     let mut announced = false;
     loop {
-        let client = pool.get().await?;
+        let mut client = pool.get().await?;
         let sent_at = Instant::now();
-        let row = client
-            .query_opt_unnamed(
-                &schema.render(sql::CLAIM),
-                &[&project, &consumer, &owner, &ttl_secs],
-            )
-            .await?;
+        let row = {
+            let tx = client.transaction().await?;
+            tx.execute_unnamed(&schema.render(sql::LOCK_FOR_CLAIM), &[&project, &consumer])
+                .await?;
+            let row = tx
+                .query_opt_unnamed(
+                    &schema.render(sql::CLAIM),
+                    &[&project, &consumer, &owner, &ttl_secs],
+                )
+                .await?;
+            tx.commit().await?;
+            row
+        };
         if let Some(row) = row {
             return claimed(&client, &row, sent_at, config, owner)
                 .await

@@ -192,13 +192,22 @@ macro_rules! insert_position {
     };
 }
 
+/// Locks the consumer row (when it exists) for the claim that follows in the same
+/// transaction. A renewal holds this lock until it commits, so once it is granted every
+/// renewal sent before it has committed, and the claim's own statement, which takes its
+/// snapshot after this one, reads them all. In one statement the claim would read the
+/// renewals in a snapshot taken before it waited: a renewal in flight would then go unseen,
+/// the claim would take a lease its holder had just renewed, and the holder, told its renewal
+/// succeeded, would dispatch until its next fenced write, beside the new holder.
+pub const LOCK_FOR_CLAIM: &str = "
+SELECT 1 FROM {{schema}}.lifecycle_consumers
+WHERE project_id = $1 AND consumer_id = $2
+FOR NO KEY UPDATE";
+
 /// Claims the consumer's row when it is free or its lease has expired (generation + 1).
 /// Creates the row, with a missing (NULL) cursor, for a new consumer, and says whether it did
-/// (`xmax = 0` holds only for a freshly inserted row). `$4`: lease seconds.
-///
-/// The renewals are read in the statement's snapshot: a renewal that commits while the claim
-/// waits for the holder's lock renewed a lease that had already expired when the claim
-/// began, and the claim takes it (the generation it bumps voids the late holder's fence).
+/// (`xmax = 0` holds only for a freshly inserted row). `$4`: lease seconds. Sent after
+/// [`LOCK_FOR_CLAIM`], in its transaction.
 pub const CLAIM: &str = concat!(
     "
 INSERT INTO {{schema}}.lifecycle_consumers AS c

@@ -300,7 +300,7 @@ async fn a_claim_that_waited_for_the_last_holders_write_starts_from_it() {
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity
                  WHERE datname = current_database() AND wait_event_type = 'Lock'
-                   AND query LIKE '%INSERT INTO %lifecycle_consumers AS c%'",
+                   AND query LIKE '%FROM %lifecycle_consumers%FOR NO KEY UPDATE%'",
                     &[],
                 )
                 .await

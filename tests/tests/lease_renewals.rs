@@ -1,9 +1,14 @@
 //! Lease renewals (migration 0012) under a held snapshot: a consumer's heartbeat appends a
 //! renewal instead of rewriting the consumer row, so the row every fenced write locks keeps
 //! one version however long a snapshot is held, and neither the fence, the renewal itself nor
-//! a read of the lease grows with the heartbeats sent since the snapshot was taken.
+//! a read of the lease grows with the heartbeats sent since the snapshot was taken. And a
+//! claim that arrives while a renewal is in flight reads that renewal: it never takes a lease
+//! its holder was just told it renewed.
+
+use std::time::Duration;
 
 use outbox_core::Schema;
+use outbox_tests::consumer_kit::{Recorder, eventually, fast_config, start};
 use outbox_tests::{fresh_db, hold_snapshot};
 use tokio_postgres::{Client, GenericClient};
 
@@ -188,4 +193,79 @@ async fn renewals_under_a_held_snapshot_do_not_grow_the_cost_of_the_lease() {
         grown.is_empty(),
         "buffers before and after {RENEWALS} renewals under a held snapshot: {grown:?}"
     );
+}
+
+/// A holder whose renewal reaches the database just as its lease runs out, while another
+/// process claims: the renewal holds the consumer row's lock, so the claim waits for it, and
+/// must then judge the lease by that renewal. Read in the claim's first snapshot (taken before
+/// it waited), the renewal would be unseen and the claim would take a lease renewed for 30
+/// seconds, while its holder, told the renewal succeeded, dispatched beside it.
+#[tokio::test]
+async fn a_claim_waiting_for_a_renewal_in_flight_reads_it_and_leaves_the_lease() {
+    let db = fresh_db().await;
+    let mut client = db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox.lifecycle_consumers
+                 (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at,
+                  heartbeat_at)
+             VALUES ('p', 'c', 'holder', 3, now() - interval '1 second',
+                     now() - interval '3 seconds')",
+        )
+        .await
+        .unwrap();
+    // The holder's renewal, sent before the claim and not yet committed.
+    let renewal = client.transaction().await.unwrap();
+    let renewed = renewal
+        .execute(
+            &Schema::default().render(outbox_consumer::HEARTBEAT_STATEMENT),
+            &[&"p", &"c", &"holder", &3i64, &30f64],
+        )
+        .await
+        .unwrap();
+    assert_eq!(renewed, 1);
+
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "c");
+    config.duties.sequence_interval = None;
+    let (shutdown, run) = start(&db, config, &recorder);
+    let watcher = db.connect().await;
+    eventually(
+        Duration::from_secs(60),
+        "the claim to wait for the renewal's lock",
+        || async {
+            watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    renewal.commit().await.unwrap();
+
+    // The claimant looks again at least once a second; the lease stays the holder's.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let row = watcher
+        .query_one(
+            "SELECT lease_owner, lease_generation FROM outbox.lifecycle_consumers
+             WHERE project_id = 'p' AND consumer_id = 'c'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, i64>(1)),
+        ("holder".to_owned(), 3),
+        "the claim took a lease renewed while it waited"
+    );
+    shutdown.cancel();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.generation, 0, "nothing was claimed");
+    assert!(recorder.sequences().is_empty());
 }
