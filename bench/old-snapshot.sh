@@ -134,7 +134,8 @@ WITH s AS (
                WHEN (query LIKE '%INSERT%lifecycle_consumer_positions%' AND query NOT LIKE '%reactivated%')
                     OR query LIKE '%UPDATE%lifecycle_consumer_cursors%'
                     OR query LIKE '%UPDATE%lifecycle_consumers %'
-                    OR query LIKE '%INSERT INTO outbox.lifecycle_lease_renewals%' THEN 'ack'
+                    OR (query LIKE '%INSERT INTO %lifecycle_lease_renewals%'
+                        AND query NOT LIKE '%INSERT INTO %lifecycle_consumers AS c%') THEN 'ack'
                WHEN query LIKE '%lifecycle_outbox%' AND query NOT LIKE '%INSERT%'
                     AND query NOT LIKE '%write_task_deleted%' THEN 'read'
            END AS kind

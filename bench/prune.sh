@@ -138,8 +138,8 @@ stats() {
 load() {
     log "loading $n_events eligible events over $n_projects projects"
     sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
-                     outbox.lifecycle_sequencer_frontier, outbox.lifecycle_deliveries, outbox.lifecycle_consumer_positions, outbox.lifecycle_consumers,
-                     outbox.lifecycle_audit'
+                     outbox.lifecycle_sequencer_frontier, outbox.lifecycle_deliveries, outbox.lifecycle_consumer_positions,
+                     outbox.lifecycle_lease_renewals, outbox.lifecycle_consumers, outbox.lifecycle_audit'
     sql <<SQL
 INSERT INTO outbox.lifecycle_outbox
     (project_id, sequence, event_type, event_id, task_id, deleted_at, writer_process_id,

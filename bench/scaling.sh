@@ -176,8 +176,8 @@ done
 
 clear_outbox() {
     sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
-                      outbox.lifecycle_sequencer_frontier, outbox.lifecycle_consumer_positions, outbox.lifecycle_consumers, outbox.lifecycle_deliveries,
-                      outbox.lifecycle_audit'
+                      outbox.lifecycle_sequencer_frontier, outbox.lifecycle_consumer_positions, outbox.lifecycle_lease_renewals,
+                      outbox.lifecycle_consumers, outbox.lifecycle_deliveries, outbox.lifecycle_audit'
 }
 
 reset_state() {

@@ -4,19 +4,26 @@
 -- Each update leaves a version that nothing can remove while any snapshot in the database is
 -- older, and the row is read by every fenced write (its lock is the fence) and by every read
 -- of the lease: under a snapshot held for 30 minutes, a position write read 167 buffers
--- instead of 51, growing by about 4 a minute, and 3,000 renewals took the fence from 5 to 73.
+-- instead of 51, growing by about 4 a minute, and 3,000 renewals took the fence from 3 to 37.
 --
 -- Now a renewal is appended, never updated, as cursor positions are (migration 0011): each
 -- renewal inserts the new expiry and deletes the renewal it replaces, by its exact key, in one
 -- statement, under the fence. The consumer row changes only with a claim, a takeover, a
--- release, a retirement or a reactivation; its `lease_expires_at` and `heartbeat_at` are
--- those the lease was given when claimed. The lease's expiry is that of the newest renewal
--- when it belongs to the current lease generation, otherwise the claim's. A renewal of an
--- earlier generation (one that committed just before a takeover) is never read as the current
--- lease's, and the next renewal replaces it.
+-- release, a retirement or a reactivation. Its expiry and heartbeat become `claimed_until`
+-- and `claimed_at`: what the lease was given when claimed (or carried over when
+-- reactivated). The lease's expiry is that of the newest renewal when it belongs to the
+-- current lease generation, otherwise `claimed_until`. A renewal of an earlier generation
+-- (one that committed just before a takeover) is never read as the current lease's, and the
+-- next renewal replaces it.
 --
--- Nothing is copied: a lease held across the upgrade keeps the expiry its row records until
--- its holder's next renewal.
+-- The columns are renamed, not kept, so that a process of an earlier build still running
+-- when this migration lands fails its next claim or heartbeat loudly instead of judging a
+-- lease by an expiry that renewals no longer move (it would take a lease that is being
+-- renewed). Nothing is copied: a lease held across the upgrade keeps the expiry its row
+-- records until its holder's next renewal.
+
+ALTER TABLE {{schema}}.lifecycle_consumers RENAME COLUMN lease_expires_at TO claimed_until;
+ALTER TABLE {{schema}}.lifecycle_consumers RENAME COLUMN heartbeat_at TO claimed_at;
 
 CREATE TABLE {{schema}}.lifecycle_lease_renewals (
     project_id       text        NOT NULL,
@@ -35,8 +42,8 @@ CREATE TABLE {{schema}}.lifecycle_lease_renewals (
 CREATE OR REPLACE VIEW {{schema}}.lifecycle_consumer_cursors WITH (security_invoker = true) AS
 SELECT c.project_id, c.consumer_id, p.last_acked_sequence, c.lease_owner, c.lease_generation,
        CASE WHEN c.lease_owner IS NOT NULL
-            THEN COALESCE(r.lease_expires_at, c.lease_expires_at) END AS lease_expires_at,
-       COALESCE(r.heartbeat_at, c.heartbeat_at) AS heartbeat_at,
+            THEN COALESCE(r.lease_expires_at, c.claimed_until) END AS lease_expires_at,
+       COALESCE(r.heartbeat_at, c.claimed_at) AS heartbeat_at,
        c.state, c.created_at, c.retired_at, c.retired_by, c.retired_reason, p.reconciled_at,
        p.last_acked_at, p.last_acked_event_id
 FROM {{schema}}.lifecycle_consumers AS c

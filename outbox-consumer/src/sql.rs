@@ -15,8 +15,9 @@
 //! expiry to `lifecycle_lease_renewals` under the fence and deletes the renewal it replaces,
 //! so the consumer row changes only when the lease changes hands or the consumer its state,
 //! and the row every fenced write locks keeps one version however old the oldest snapshot is.
-//! The row's own expiry and heartbeat are those of the claim; the lease's are the newest
-//! renewal's when it belongs to the row's generation (see `lease_expiry!`).
+//! The row's `claimed_until` and `claimed_at` are what the claim gave the lease; the lease's
+//! expiry and heartbeat are the newest renewal's when it belongs to the row's generation (see
+//! `lease_expiry!`).
 
 /// The fence as a row lock on the consumer row: one row while lease `$3`/`$4` is current.
 macro_rules! fence {
@@ -108,14 +109,14 @@ macro_rules! current_renewal {
 }
 
 /// When the lease of consumer row `c` expires: its newest renewal's expiry, or the claim's
-/// while it has none. Read against the row version the statement locked, so a claim that
+/// (`claimed_until`) while it has none. Read against the row version the statement locked, so a claim that
 /// waited for another claim judges the lease that one took.
 macro_rules! lease_expiry {
     () => {
         concat!(
             "COALESCE(",
             current_renewal!("lease_expires_at"),
-            ", c.lease_expires_at)"
+            ", c.claimed_until)"
         )
     };
 }
@@ -211,13 +212,13 @@ FOR NO KEY UPDATE";
 pub const CLAIM: &str = concat!(
     "
 INSERT INTO {{schema}}.lifecycle_consumers AS c
-    (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at, heartbeat_at)
+    (project_id, consumer_id, lease_owner, lease_generation, claimed_until, claimed_at)
 VALUES ($1, $2, $3, 1, now() + make_interval(secs => $4), now())
 ON CONFLICT (project_id, consumer_id) DO UPDATE
 SET lease_owner = EXCLUDED.lease_owner,
     lease_generation = c.lease_generation + 1,
-    lease_expires_at = EXCLUDED.lease_expires_at,
-    heartbeat_at = EXCLUDED.heartbeat_at
+    claimed_until = EXCLUDED.claimed_until,
+    claimed_at = EXCLUDED.claimed_at
 WHERE c.state = 'active'
   AND (c.lease_owner IS NULL OR ",
     lease_expiry!(),
@@ -231,7 +232,7 @@ RETURNING c.lease_generation, (c.xmax = 0) AS created"
 pub const TAKE_OVER: &str = "
 UPDATE {{schema}}.lifecycle_consumers
 SET lease_owner = $3, lease_generation = lease_generation + 1,
-    lease_expires_at = now() + make_interval(secs => $4), heartbeat_at = now()
+    claimed_until = now() + make_interval(secs => $4), claimed_at = now()
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'active'
   AND lease_owner = $5 AND lease_generation = $6
 RETURNING lease_generation, false AS created";
@@ -259,12 +260,12 @@ WITH reactivated AS (
     UPDATE {{schema}}.lifecycle_consumers AS c
     SET state = 'active', retired_at = NULL, retired_by = NULL, retired_reason = NULL,
         lease_generation = c.lease_generation + 1,
-        lease_expires_at = ",
+        claimed_until = ",
     lease_expiry!(),
     ",
-        heartbeat_at = COALESCE(",
+        claimed_at = COALESCE(",
     current_renewal!("heartbeat_at"),
-    ", c.heartbeat_at)
+    ", c.claimed_at)
     WHERE c.project_id = $1 AND c.consumer_id = $2 AND c.state = 'retired'
     RETURNING 1
 ),
@@ -324,7 +325,7 @@ FROM fence"
 /// Gives the lease up at shutdown so a successor need not wait for expiry.
 pub const RELEASE: &str = "
 UPDATE {{schema}}.lifecycle_consumers
-SET lease_owner = NULL, lease_expires_at = NULL
+SET lease_owner = NULL, claimed_until = NULL
 WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4";
 
 /// Locks the consumer row for the rest of a transaction if the lease is still ours; every

@@ -495,7 +495,7 @@ async fn stale_holder(fail: bool) {
         .batch_execute(
             "UPDATE outbox.lifecycle_consumers
              SET lease_owner = 'intruder', lease_generation = lease_generation + 1,
-                 lease_expires_at = now() + interval '1 minute'",
+                 claimed_until = now() + interval '1 minute'",
         )
         .await
         .unwrap();
@@ -716,7 +716,7 @@ async fn held_by(db: &TestDb, owner: &str) {
         .execute(
             "UPDATE outbox.lifecycle_consumers
              SET lease_owner = $1, lease_generation = 4,
-                 lease_expires_at = now() + interval '1 hour', heartbeat_at = now()
+                 claimed_until = now() + interval '1 hour', claimed_at = now()
              WHERE project_id = 'p' AND consumer_id = 'c1'",
             &[&owner],
         )

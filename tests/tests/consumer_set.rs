@@ -177,7 +177,7 @@ async fn a_lost_lease_stops_only_its_pair() {
         .execute(
             "UPDATE outbox.lifecycle_consumers \
              SET lease_owner = 'thief', lease_generation = lease_generation + 1, \
-                 lease_expires_at = now() + interval '1 hour' \
+                 claimed_until = now() + interval '1 hour' \
              WHERE project_id = 'p1' AND consumer_id = 'c1'",
             &[],
         )

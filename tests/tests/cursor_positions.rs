@@ -259,8 +259,8 @@ async fn a_claim_that_waited_for_the_last_holders_write_starts_from_it() {
     client
         .batch_execute(
             "INSERT INTO outbox.lifecycle_consumers
-                 (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at,
-                  heartbeat_at)
+                 (project_id, consumer_id, lease_owner, lease_generation, claimed_until,
+                  claimed_at)
              VALUES ('p', 'c', 'elsewhere:1:old', 3, now() - interval '1 second',
                      now() - interval '3 seconds');
              INSERT INTO outbox.lifecycle_consumer_positions

@@ -168,8 +168,8 @@ async fn renewals_under_a_held_snapshot_do_not_grow_the_cost_of_the_lease() {
     client
         .batch_execute(
             "INSERT INTO outbox.lifecycle_consumers
-                 (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at,
-                  heartbeat_at)
+                 (project_id, consumer_id, lease_owner, lease_generation, claimed_until,
+                  claimed_at)
              VALUES ('p', 'c', 'probe', 7, now() + interval '30 seconds', now())",
         )
         .await
@@ -207,8 +207,8 @@ async fn a_claim_waiting_for_a_renewal_in_flight_reads_it_and_leaves_the_lease()
     client
         .batch_execute(
             "INSERT INTO outbox.lifecycle_consumers
-                 (project_id, consumer_id, lease_owner, lease_generation, lease_expires_at,
-                  heartbeat_at)
+                 (project_id, consumer_id, lease_owner, lease_generation, claimed_until,
+                  claimed_at)
              VALUES ('p', 'c', 'holder', 3, now() - interval '1 second',
                      now() - interval '3 seconds')",
         )

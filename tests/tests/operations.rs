@@ -140,10 +140,10 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
         .batch_execute(
             "UPDATE outbox.lifecycle_consumers \
              SET lease_owner = 'host:1:aa', lease_generation = 2, \
-                 lease_expires_at = now() + interval '50 seconds', heartbeat_at = now() \
+                 claimed_until = now() + interval '50 seconds', claimed_at = now() \
              WHERE consumer_id = 'c-ok'; \
              INSERT INTO outbox.lifecycle_consumers (project_id, consumer_id, lease_owner, \
-                 lease_generation, lease_expires_at, heartbeat_at) \
+                 lease_generation, claimed_until, claimed_at) \
              VALUES ('p', 'c-behind', NULL, 1, NULL, now() - interval '1 hour'), \
                     ('p', 'c-stale', 'host:2:bb', 5, now() - interval '1 second', \
                      now() - interval '1 minute'); \

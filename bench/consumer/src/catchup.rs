@@ -523,7 +523,7 @@ pub async fn bare_loop(
                 "WITH consumer AS (
                      INSERT INTO {{schema}}.lifecycle_consumers
                          (project_id, consumer_id, lease_owner, lease_generation,
-                          lease_expires_at, heartbeat_at)
+                          claimed_until, claimed_at)
                      VALUES ($1, $2, $3, $4, now() + interval '1 hour', now())
                      RETURNING project_id, consumer_id)
                  INSERT INTO {{schema}}.lifecycle_consumer_positions
