@@ -267,6 +267,26 @@ where
     }
 }
 
+/// Waits up to `timeout` for `count`, a query returning one `bigint`, to return `expected`
+/// (a row count reached, a session seen waiting).
+pub async fn eventually_count(
+    client: &tokio_postgres::Client,
+    timeout: Duration,
+    what: &str,
+    count: &str,
+    expected: i64,
+) {
+    eventually(timeout, what, || async {
+        client
+            .query_one(count, &[])
+            .await
+            .expect("count query")
+            .get::<_, i64>(0)
+            == expected
+    })
+    .await;
+}
+
 /// Records what it receives; fails the tasks in `failing` with class `forced_failure`.
 #[derive(Clone, Default)]
 pub struct Recorder {

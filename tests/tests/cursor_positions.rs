@@ -10,7 +10,7 @@ use std::time::Duration;
 use outbox_consumer::{Consumer, Duties};
 use outbox_core::{Schema, Sequencer};
 use outbox_tests::consumer_kit::{
-    Recorder, cursor, eventually, fast_config, fast_delivery, fast_duties, start,
+    Recorder, cursor, eventually, eventually_count, fast_config, fast_delivery, fast_duties, start,
 };
 use outbox_tests::set_kit::{Recorders, SetConfig, listed, start_set};
 use outbox_tests::{TestDb, fresh_db, hold_snapshot};
@@ -292,22 +292,14 @@ async fn a_claim_that_waited_for_the_last_holders_write_starts_from_it() {
     config.duties.sequence_interval = None;
     let (shutdown, run) = start(&db, config, &recorder);
     let watcher = db.connect().await;
-    eventually(
+    eventually_count(
+        &watcher,
         WAIT,
         "the claim to wait for the old holder's lock",
-        || async {
-            watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'
-                   AND query LIKE '%FROM %lifecycle_consumers%FOR NO KEY UPDATE%'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-                == 1
-        },
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND query LIKE '%FROM %lifecycle_consumers%FOR NO KEY UPDATE%'",
+        1,
     )
     .await;
     old_holder.commit().await.unwrap();

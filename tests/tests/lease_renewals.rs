@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use outbox_core::Schema;
-use outbox_tests::consumer_kit::{Recorder, eventually, fast_config, start};
+use outbox_tests::consumer_kit::{Recorder, eventually_count, fast_config, start};
 use outbox_tests::{fresh_db, hold_snapshot};
 use tokio_postgres::{Client, GenericClient};
 
@@ -121,6 +121,34 @@ async fn costs(client: &mut Client) -> Vec<(&'static str, i64)> {
     out
 }
 
+/// Adds consumer `p`/`c` with its lease held by `owner` in `generation`, claimed
+/// `claimed_ago` seconds ago and running out `expires_in` seconds from now (negative: already
+/// run out).
+async fn leased_consumer(
+    client: &Client,
+    owner: &str,
+    generation: i64,
+    expires_in: i32,
+    claimed_ago: i32,
+) {
+    client
+        .execute(
+            "INSERT INTO outbox.lifecycle_consumers
+                 (project_id, consumer_id, lease_owner, lease_generation, claimed_until,
+                  claimed_at)
+             VALUES ('p', 'c', $1, $2, now() + make_interval(secs => $3),
+                     now() - make_interval(secs => $4))",
+            &[
+                &owner,
+                &generation,
+                &f64::from(expires_in),
+                &f64::from(claimed_ago),
+            ],
+        )
+        .await
+        .unwrap();
+}
+
 /// Sends `count` renewals of consumer `p`/`c`'s lease, alternating a lone consumer's and a
 /// set's statement, each prepared once as the runtime's pool keeps them; every one must renew.
 async fn renew(client: &impl GenericClient, count: usize) {
@@ -165,15 +193,7 @@ async fn renew(client: &impl GenericClient, count: usize) {
 async fn renewals_under_a_held_snapshot_do_not_grow_the_cost_of_the_lease() {
     let db = fresh_db().await;
     let mut client = db.connect().await;
-    client
-        .batch_execute(
-            "INSERT INTO outbox.lifecycle_consumers
-                 (project_id, consumer_id, lease_owner, lease_generation, claimed_until,
-                  claimed_at)
-             VALUES ('p', 'c', 'probe', 7, now() + interval '30 seconds', now())",
-        )
-        .await
-        .unwrap();
+    leased_consumer(&client, "probe", 7, 30, 0).await;
     renew(&client, 10).await;
     let before = costs(&mut client).await;
 
@@ -204,16 +224,7 @@ async fn renewals_under_a_held_snapshot_do_not_grow_the_cost_of_the_lease() {
 async fn a_claim_waiting_for_a_renewal_in_flight_reads_it_and_leaves_the_lease() {
     let db = fresh_db().await;
     let mut client = db.connect().await;
-    client
-        .batch_execute(
-            "INSERT INTO outbox.lifecycle_consumers
-                 (project_id, consumer_id, lease_owner, lease_generation, claimed_until,
-                  claimed_at)
-             VALUES ('p', 'c', 'holder', 3, now() - interval '1 second',
-                     now() - interval '3 seconds')",
-        )
-        .await
-        .unwrap();
+    leased_consumer(&client, "holder", 3, -1, 3).await;
     // The holder's renewal, sent before the claim and not yet committed.
     let renewal = client.transaction().await.unwrap();
     let renewed = renewal
@@ -230,21 +241,13 @@ async fn a_claim_waiting_for_a_renewal_in_flight_reads_it_and_leaves_the_lease()
     config.duties.sequence_interval = None;
     let (shutdown, run) = start(&db, config, &recorder);
     let watcher = db.connect().await;
-    eventually(
+    eventually_count(
+        &watcher,
         Duration::from_secs(60),
         "the claim to wait for the renewal's lock",
-        || async {
-            watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-                == 1
-        },
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        1,
     )
     .await;
     renewal.commit().await.unwrap();

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use outbox_core::{Schema, Sequencer};
-use outbox_tests::consumer_kit::eventually;
+use outbox_tests::consumer_kit::{eventually, eventually_count};
 use outbox_tests::{TestDb, fresh_db, hold_snapshot, sequenced};
 use tokio_postgres::Client;
 
@@ -289,18 +289,14 @@ async fn a_tick_cut_off_in_the_middle_leaves_nothing_half_done() {
                 .map(|t| t.numbered)
         })
     };
-    eventually(WAIT, "the tick to reach the frontier", || async {
-        client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event = 'PgSleep'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-            == 1
-    })
+    eventually_count(
+        &client,
+        WAIT,
+        "the tick to reach the frontier",
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event = 'PgSleep'",
+        1,
+    )
     .await;
     client
         .execute(

@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{cursor, eventually, eventually_count, write_event};
 use outbox_tests::process_kit::{ConsumeProcess, outbox_binary, run_outbox, send_signal};
 use outbox_tests::{TestDb, fresh_db};
 use tokio::io::AsyncReadExt;
@@ -360,20 +360,12 @@ async fn a_hanging_child_is_ended_with_its_whole_process_group() {
     ]);
     let mut consumer = spawn_consume(&db, &args, Stdio::null());
     let client = db.connect().await;
-    eventually(
+    eventually_count(
+        &client,
         Duration::from_secs(30),
         "the hung event to be parked",
-        || async {
-            client
-                .query_one(
-                    "SELECT count(*) FROM outbox.lifecycle_deliveries WHERE state = 'dead'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-                == 1
-        },
+        "SELECT count(*) FROM outbox.lifecycle_deliveries WHERE state = 'dead'",
+        1,
     )
     .await;
     // Three timeouts happened; not one of those children is left.
