@@ -25,9 +25,14 @@ pub const RECORD_MIGRATION: &str =
 /// Serialises migrators (transaction-scoped).
 pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
-/// Elects one sequencer at a time (transaction-scoped); others skip their tick. Also bounds
-/// how long the tick may sit idle in its transaction (`$2`, milliseconds as text): a paused
-/// or stalled process would otherwise hold the lock, and stop all numbering, indefinitely.
+/// Elects one sequencer at a time (transaction-scoped); others skip their tick. The result
+/// is also kept for the rest of the transaction in `outbox.sequencer_locked`, which the
+/// numbering statement checks: the tick is one message (see
+/// [`Sequencer::tick`](crate::Sequencer::tick)), so the numbering statement runs whether or
+/// not the lock was granted, and must then do nothing. Also bounds how long the tick's
+/// transaction may sit idle (`{{idle_timeout_ms}}`, milliseconds): its statements arrive
+/// together, so a tick never waits for its client between them, and the bound is a backstop
+/// for a transaction left open all the same (a failed tick's, until its client ends it).
 ///
 /// And fixes the numbering statement's plan whatever the statistics and the table's size,
 /// for the rest of the tick: the work only through the frontier index (no sequential or
@@ -37,13 +42,19 @@ pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 /// kept on the session (see
 /// [`Sequencer::with_session_plan`](crate::Sequencer::with_session_plan)) is made under the
 /// same settings, so it cannot be one that was only cheap while the table was small.
+///
+/// The lock key and the timeout are written into the text: the tick is sent as one
+/// simple-protocol message, which takes no parameters.
 pub const TRY_LOCK: &str = "
-SELECT pg_try_advisory_xact_lock($1) AS locked,
-       set_config('idle_in_transaction_session_timeout', $2, true),
+WITH attempt AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({{lock_key}}) AS locked)
+SELECT locked,
+       set_config('outbox.sequencer_locked', locked::text, true),
+       set_config('idle_in_transaction_session_timeout', '{{idle_timeout_ms}}', true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true),
        set_config('enable_nestloop', 'off', true),
-       set_config('jit', 'off', true)";
+       set_config('jit', 'off', true)
+FROM attempt";
 
 /// Takes the sequencer lease when it is free or expired (a new generation), or renews it for
 /// its holder (`$1` owner, `$2` generation) while it has not expired; `$3`: lease seconds.
@@ -136,8 +147,13 @@ SELECT EXISTS (SELECT FROM (SELECT id FROM {{schema}}.lifecycle_outbox_unsequenc
 /// tree the planner would pick nested loops over the touched projects, quadratic in them
 /// (10,000 projects in one batch took over 10 s).
 ///
+/// **The wake-ups**: one `NOTIFY` on `{{channel}}` (a quoted literal) per touched project,
+/// delivered at commit.
+///
 /// Runs under the sequencer lock, in a statement started after the lock was granted, so its
-/// snapshot includes every earlier tick and sees every frontier they stored. Rows of
+/// snapshot includes every earlier tick and sees every frontier they stored; when this
+/// transaction did not get the lock ([`TRY_LOCK`] says so in `outbox.sequencer_locked`), the
+/// work it finds is empty and it changes nothing. Rows of
 /// uncommitted writers are invisible here and are numbered by a later tick, after everything
 /// already numbered: a reader at `sequence > n` can never miss a lower number that appears
 /// later.
@@ -151,6 +167,7 @@ WITH found AS MATERIALIZED (
           (SELECT row_id, xid, id, project_id
            FROM {{schema}}.lifecycle_outbox_unsequenced_after
            LIMIT {{batch}} + 1)) AS work
+    WHERE current_setting('outbox.sequencer_locked', true) = 'true'
     ORDER BY xid, id
     LIMIT {{batch}} + 1
 ),
@@ -216,10 +233,7 @@ trimmed AS (
     DELETE FROM {{schema}}.lifecycle_sequencer_frontier
     WHERE tick = (SELECT tick - 1024 FROM advanced)
 )
-SELECT starts.project_id, starts.head + starts.numbered AS head_sequence, starts.numbered
+SELECT starts.project_id, starts.head + starts.numbered AS head_sequence, starts.numbered,
+       pg_notify({{channel}}, starts.project_id) AS notified
 FROM starts
 ORDER BY starts.project_id";
-
-/// One wake-up per touched project, delivered at commit.
-pub const NOTIFY_PROJECTS: &str =
-    "SELECT pg_notify($1, project_id) FROM unnest($2::text[]) AS project_id";

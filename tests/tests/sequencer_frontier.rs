@@ -1,8 +1,8 @@
 //! Numbering from the frontier (migration 0010) under the conditions that broke the work-list
 //! design: a snapshot held while tens of thousands of events are numbered costs a tick no more
 //! than before it, a writer that holds its transaction open while thousands of later events
-//! commit is numbered after them and never skipped, and a tick cut off in the middle leaves
-//! nothing half-done.
+//! commit is numbered after them and never skipped, and a tick cut off in the middle or failed
+//! leaves nothing half-done.
 
 use std::time::Duration;
 
@@ -323,6 +323,58 @@ async fn a_tick_cut_off_in_the_middle_leaves_nothing_half_done() {
         .unwrap();
     assert_eq!(numbered, 50);
     assert_eq!(assert_dense(&client).await, 100);
+}
+
+/// A tick whose numbering statement fails (here a trigger refuses the frontier) leaves
+/// nothing behind and its session usable: the statements after the failure in the tick's
+/// message were skipped, the transaction is ended, and the same connection's next tick
+/// numbers what the failed one did not.
+#[tokio::test]
+async fn a_failed_tick_leaves_nothing_behind_and_its_session_usable() {
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'frontier refused'; END $$;
+             CREATE TRIGGER refuse BEFORE INSERT ON outbox.lifecycle_sequencer_frontier
+                 FOR EACH ROW EXECUTE FUNCTION public.refuse();",
+        )
+        .await
+        .unwrap();
+    write(&client, "refused", 30).await;
+    let mut ticker = db.connect().await;
+    for plan_kept in [false, true] {
+        let sequencer = Sequencer::new(&Schema::default()).with_session_plan(plan_kept);
+        let error = sequencer.tick(&mut ticker).await.unwrap_err();
+        assert!(
+            error.to_string().contains("frontier refused"),
+            "the tick reports the failure: {error}"
+        );
+        assert_eq!(
+            unsequenced(&client).await,
+            30,
+            "the failed tick's numbers were rolled back"
+        );
+        let status: String = ticker
+            .query_one("SELECT 'usable'::text", &[])
+            .await
+            .expect("the failed tick's session takes the next statement")
+            .get(0);
+        assert_eq!(status, "usable");
+    }
+    client
+        .batch_execute("DROP TRIGGER refuse ON outbox.lifecycle_sequencer_frontier")
+        .await
+        .unwrap();
+    let tick = Sequencer::new(&Schema::default())
+        .with_session_plan(true)
+        .tick(&mut ticker)
+        .await
+        .unwrap();
+    assert!(tick.ran);
+    assert_eq!(tick.numbered, 30);
+    assert_eq!(assert_dense(&client).await, 30);
 }
 
 /// A frontier ahead of this cluster's transaction IDs, as a logical restore from another
