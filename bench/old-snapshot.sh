@@ -11,11 +11,15 @@
 # line; `outbox-bench stamp-lines` stamps each line as it arrives. Writers: pgbench at a fixed
 # rate (open loop, `-R`) through the SQL writer (`outbox.write_task_deleted`, with
 # `clock_timestamp()` as `deleted_at`) over 8 projects, one event per transaction. Latency runs
-# from `deleted_at` (inside the writer's transaction, so it includes the commit) to the line
-# on the consumer's stdout; both ends read this machine's wall clock.
+# from the writer's commit (its commit timestamp, `track_commit_timestamp = on`, read through
+# the event's `xid`) to the line on the consumer's stdout; both ends read this machine's wall
+# clock. The latency from `deleted_at` (inside the writer's transaction, so it also holds the
+# rest of the writer's statement and its commit) is reported beside it, as earlier runs
+# measured it, and the commit-to-stdout latency is split at the start of the tick that
+# numbered the event (`sequenced_at`).
 #
 # Per window (a minute by default), from the arrival times and pg_stat_statements:
-#   p50/p99/max    commit (deleted_at) to stdout
+#   p50/p99/max    commit to stdout
 #   seq us/event   the sequencer's server time (lock + numbering + NOTIFY + idle probes) per
 #                  event it numbered
 #   bufs/tick      shared buffers (hit + read) per numbering statement (one per tick)
@@ -86,8 +90,9 @@ bench_cluster
 log "building outbox-bench (release)"
 cargo build --release -p outbox-bench >&2
 bench_bin=$root/target/release/outbox-bench
-log "loading pg_stat_statements"
-sql -c "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'" >/dev/null
+log "loading pg_stat_statements, tracking commit timestamps"
+sql -c "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'" \
+    -c "ALTER SYSTEM SET track_commit_timestamp = on" >/dev/null
 pg down >/dev/null
 pg up >/dev/null
 sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
@@ -232,6 +237,11 @@ sleep 2
 kill -TERM "$consumer_pid"
 wait "$consumer_pid" || { cat "$work/consumer.err" >&2; die "the consumer failed"; }
 consumer_pid=
+# What the consumer warned about (a failed step, a lost lease) explains a stall in a window.
+if [ -s "$work/consumer.err" ]; then
+    log "the consumer's warnings:"
+    cat "$work/consumer.err" >&2
+fi
 # The stamper ends with the consumer's stdout.
 wait "$stamper_pid" || die "stamp-lines failed"
 stamper_pid=
@@ -264,9 +274,27 @@ awk -v clk="$clk" '
         prev[$1] = $0
     }' "$work/samples" >"$work/windows"
 
-# percentiles START_MS END_MS: p50 p99 max (ms) of the latencies that arrived in the window.
+# Each arrival joined to its event: arrival ms, then commit to stdout, commit to the start of
+# the numbering tick, and that start to stdout (µs).
+sql -c "CREATE TABLE bench_arrivals (arrival_ms bigint, since_deleted_us bigint, project_id text,
+                                     sequence bigint, arrival_us bigint)" \
+    -c "\\copy bench_arrivals FROM '$work/stamps' WITH (DELIMITER ' ')"
+sql -F ' ' -c "
+WITH e AS (
+    SELECT a.arrival_ms, a.arrival_us,
+           (extract(epoch FROM pg_xact_commit_timestamp(o.xid::xid)) * 1e6)::bigint AS commit_us,
+           (extract(epoch FROM o.sequenced_at) * 1e6)::bigint AS numbered_us
+    FROM bench_arrivals AS a
+    JOIN outbox.lifecycle_outbox AS o USING (project_id, sequence))
+SELECT arrival_ms, arrival_us - commit_us, numbered_us - commit_us, arrival_us - numbered_us
+FROM e ORDER BY arrival_ms" >"$work/commits"
+joined=$(wc -l <"$work/commits")
+[ "$joined" -eq "$delivered" ] || die "$delivered lines delivered but $joined joined to their events"
+
+# percentiles FILE COLUMN START_MS END_MS: p50 p99 max (ms) of column COLUMN (µs) of FILE over
+# the arrivals in the window.
 percentiles() {
-    awk -v s="$1" -v e="$2" '$1 >= s && $1 < e { print $2 }' "$work/stamps" | sort -n | awk '
+    awk -v c="$2" -v s="$3" -v e="$4" '$1 >= s && $1 < e { print $c }' "$1" | sort -n | awk '
         { x[NR] = $1 }
         END {
             if (NR == 0) { print "nan nan nan"; exit }
@@ -276,9 +304,16 @@ percentiles() {
 }
 
 : >"$work/rows"
+# rows: as windows, with commit-to-stdout percentiles; split: per window, p50 and p99 from
+# deleted_at, from commit to the numbering tick, and from that tick to stdout.
+: >"$work/split"
 while read -r label end s e eps seq_us bt bp br ba cores; do
-    read -r p50 p99 max < <(percentiles "$s" "$e")
+    read -r p50 p99 max < <(percentiles "$work/commits" 2 "$s" "$e")
     echo "$label $end $eps $p50 $p99 $max $seq_us $bt $bp $br $ba $cores" >>"$work/rows"
+    read -r d50 d99 _ < <(percentiles "$work/stamps" 2 "$s" "$e")
+    read -r n50 n99 _ < <(percentiles "$work/commits" 3 "$s" "$e")
+    read -r t50 t99 _ < <(percentiles "$work/commits" 4 "$s" "$e")
+    echo "$label $end $d50 $d99 $n50 $n99 $t50 $t99" >>"$work/split"
 done <"$work/windows"
 
 # Goals, for each hold against the baseline before it: the last window's p99 at most 1.5x the
@@ -306,7 +341,7 @@ done
     echo "each hold $hold s; windows of $window s. $written events written, $delivered lines delivered, $total_seconds s in all;"
     echo "largest writer schedule lag ${lag_max:-?} ms."
     echo
-    echo "Latency: \`deleted_at\` (\`clock_timestamp()\` in the writer's transaction) to the line on stdout."
+    echo "Latency: the writer's commit (its commit timestamp, \`track_commit_timestamp = on\`) to the line on stdout."
     echo "seq µs/event: the sequencer's server time (lock, numbering, NOTIFY, idle probes; pg_stat_statements) per event numbered."
     echo "bufs/tick: shared buffers per numbering statement; bufs/probe: per idle probe of the work list;"
     echo "bufs/read: per other statement reading the event table (the consumer's fetches and caught-up checks);"
@@ -317,6 +352,15 @@ done
     echo "| phase | s | events/s | p50 ms | p99 ms | max ms | seq µs/event | bufs/tick | bufs/probe | bufs/read | bufs/ack | PG cores |"
     echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     awk '{ printf "| %s | %s | %.0f | %s | %s | %s | %.1f | %.0f | %.0f | %.1f | %.1f | %.2f |\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 }' "$work/rows"
+    echo
+    echo "Where the time goes, per window (ms): from \`deleted_at\` (\`clock_timestamp()\` in the writer's"
+    echo "statement, as earlier runs measured) to stdout; from the commit to the start of the tick that"
+    echo "numbered the event (\`sequenced_at\`: the tick's transaction start); from that start to stdout"
+    echo "(the tick, its commit, the NOTIFY, the consumer's read and its line)."
+    echo
+    echo "| phase | s | deleted_at p50 | deleted_at p99 | to the tick p50 | to the tick p99 | tick to stdout p50 | tick to stdout p99 |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5, $6, $7, $8 }' "$work/split"
     echo
     echo "Goals (issue 21):"
     echo

@@ -57,7 +57,8 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
     let Some(mut client) = connect_waiting(&database, &shutdown.token()).await? else {
         return Ok(());
     };
-    // A paused leader inside its tick is cut off by the server within the lease TTL.
+    // A tick's transaction left open (a failed one, until it is ended) is cut off by the
+    // server within the lease TTL.
     let sequencer =
         sequencer.with_idle_timeout(args.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
     let mut elected = ElectedSequencer::new(

@@ -4,8 +4,10 @@
 //! The benchmark measures what a user of the CLI sees: the time from an event's `deleted_at`
 //! (the writer's `clock_timestamp()`, inside its transaction) to its line arriving on the
 //! consumer's stdout. Both ends read the wall clock of one machine. Each event line becomes
-//! `ARRIVAL_UNIX_MS LATENCY_US` on stdout, so the script can cut the run into windows by
-//! arrival time; other lines (reconciliations) are skipped.
+//! `ARRIVAL_UNIX_MS LATENCY_US PROJECT SEQUENCE ARRIVAL_UNIX_US` on stdout, so the script can
+//! cut the run into windows by arrival time, and join each arrival to its event's row (its
+//! writer's commit timestamp, when it was numbered); other lines (reconciliations) are
+//! skipped.
 
 use std::io::{BufRead, BufWriter, Write};
 
@@ -23,6 +25,8 @@ struct Line {
     #[serde(rename = "type")]
     kind: String,
     deleted_at: Option<DateTime<Utc>>,
+    project_id: Option<String>,
+    sequence: Option<i64>,
 }
 
 /// Reads lines until stdin closes. Each line is stamped when it is read, so buffering the
@@ -36,11 +40,21 @@ pub fn stamp(_args: StampArgs) -> BoxResult<()> {
         let Ok(parsed) = serde_json::from_str::<Line>(&line) else {
             continue;
         };
-        let (true, Some(deleted_at)) = (parsed.kind == "event", parsed.deleted_at) else {
+        let (true, Some(deleted_at), Some(project), Some(sequence)) = (
+            parsed.kind == "event",
+            parsed.deleted_at,
+            parsed.project_id,
+            parsed.sequence,
+        ) else {
             continue;
         };
         let latency = (now - deleted_at).num_microseconds().unwrap_or(i64::MAX);
-        writeln!(out, "{} {latency}", now.timestamp_millis())?;
+        writeln!(
+            out,
+            "{} {latency} {project} {sequence} {}",
+            now.timestamp_millis(),
+            now.timestamp_micros()
+        )?;
     }
     out.flush()?;
     Ok(())
