@@ -132,7 +132,9 @@ impl Sequencer {
     /// server runs the whole tick without waiting for this process between its statements
     /// (each statement still takes its own snapshot, the numbering statement's after the
     /// lock was granted). That is two round trips a tick instead of six, and a process paused
-    /// while its tick runs no longer holds the lock: the server finishes the tick alone.
+    /// while its tick runs no longer holds the lock: the server finishes the tick alone (its
+    /// answer, a row per touched project, fits the socket's buffer unless a tick touches
+    /// thousands of projects).
     pub async fn tick(&self, client: &mut Client) -> Result<Tick, Error> {
         let (pending, prepared): (bool, bool) = match &self.session_plan {
             None => {
