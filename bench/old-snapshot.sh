@@ -135,7 +135,8 @@ WITH s AS (
                     OR query LIKE '%PARTITION BY project_id ORDER BY xid, id%' THEN 'number'
                WHEN query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_notify%' THEN 'seq'
                WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%'
-                    OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%' THEN 'probe'
+                    OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%'
+                    OR query LIKE '%lifecycle_outbox_unsequenced_exists()%' THEN 'probe'
                WHEN (query LIKE '%INSERT%lifecycle_consumer_positions%' AND query NOT LIKE '%reactivated%')
                     OR query LIKE '%UPDATE%lifecycle_consumer_cursors%'
                     OR query LIKE '%UPDATE%lifecycle_consumers %'

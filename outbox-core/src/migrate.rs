@@ -96,6 +96,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "lease_renewals",
         template: include_str!("../../sql/0012_lease_renewals.sql"),
     },
+    Migration {
+        version: 13,
+        name: "unsequenced_probe",
+        template: include_str!("../../sql/0013_unsequenced_probe.sql"),
+    },
 ];
 
 /// What a migration run did.

@@ -1,6 +1,7 @@
-//! What builds before migration 10 did, for upgrade tests that must leave a database as such a
-//! build left it.
+//! What builds of earlier migrations did, for upgrade tests that must leave a database as such
+//! a build left it.
 
+use outbox_core::{MIGRATIONS, Schema, Sequencer};
 use tokio_postgres::Client;
 
 /// The numbering of builds before migration 10: every committed, unsequenced row in arrival
@@ -29,4 +30,27 @@ pub async fn number_pending(client: &Client) -> u64 {
         )
         .await
         .expect("numbering as builds before migration 10 did")
+}
+
+/// The numbering of builds of migrations 10 to 12: this build's sequencer, whose idle probe is
+/// the function migration 13 adds. The function is created for the call, from migration 13's
+/// own text, and dropped again, so the schema stays as those builds left it.
+pub async fn number_from_frontier(client: &mut Client) -> u64 {
+    let probe = MIGRATIONS
+        .iter()
+        .find(|m| m.version == 13)
+        .expect("migration 13");
+    client
+        .batch_execute(&Schema::default().render(probe.template))
+        .await
+        .expect("the probe function of migration 13");
+    let numbered = Sequencer::new(&Schema::default())
+        .drain(client)
+        .await
+        .expect("numbering as builds of migrations 10 to 12 did");
+    client
+        .batch_execute("DROP FUNCTION outbox.lifecycle_outbox_unsequenced_exists()")
+        .await
+        .expect("dropping the probe function again");
+    numbered
 }

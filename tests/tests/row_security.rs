@@ -16,7 +16,7 @@ use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_config, seed_consumer, write_event,
 };
 use outbox_tests::process_kit::run_outbox;
-use outbox_tests::{TestDb, empty_db, fresh_db, sequenced};
+use outbox_tests::{TestDb, empty_db, fresh_db, legacy, sequenced};
 use tokio_postgres::error::SqlState;
 use tokio_util::sync::CancellationToken;
 
@@ -325,10 +325,7 @@ async fn an_upgrade_under_row_security_switches_it_on_for_the_positions_too() {
     for (project, task) in [("A", "a1"), ("B", "b1"), ("A", "a2")] {
         write_event(&db, project, task).await;
     }
-    Sequencer::new(&Schema::default())
-        .drain(&mut owner)
-        .await
-        .unwrap();
+    legacy::number_from_frontier(&mut owner).await;
     seed_consumer(&db, "A", "c", Some(1), false).await;
     seed_consumer(&db, "B", "c", Some(1), false).await;
 
