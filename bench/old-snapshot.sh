@@ -95,7 +95,8 @@ sql -c "ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'" \
     -c "ALTER SYSTEM SET track_commit_timestamp = on" >/dev/null
 pg down >/dev/null
 pg up >/dev/null
-sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+sql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+    -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" -c "SELECT pg_reload_conf()" >/dev/null
 "$outbox" migrate >&2
 postmaster_pid=$(head -n 1 "$(sql -c 'SHOW data_directory')/postmaster.pid")
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -122,18 +123,24 @@ cluster_ticks() {
 # sample: one line of counters: unix ms, events numbered (sum of heads), cluster CPU ticks,
 # then calls, time (ms) and buffers of: the numbering statement, the sequencer's other
 # statements (lock, NOTIFY), the idle probe, other reads of the event table, the consumer's
-# cursor writes (acknowledgements, lease renewals).
+# cursor writes (acknowledgements, lease renewals). Statements inside functions are tracked
+# too (the tick is one function call since migration 14): they give the numbering statement's
+# and the probe's calls and buffers (the probe's read inside its function; the call itself is
+# a PL/pgSQL expression, which is not tracked), while time is taken from top-level statements
+# only (the tick call's includes theirs).
 sample() {
     local now ticks
     now=$(date +%s%3N)
     ticks=$(cluster_ticks)
     sql -F ' ' -c "
 WITH s AS (
-    SELECT calls, total_exec_time AS ms, shared_blks_hit + shared_blks_read AS bufs,
+    SELECT calls, CASE WHEN toplevel THEN total_exec_time ELSE 0 END AS ms,
+           shared_blks_hit + shared_blks_read AS bufs,
            CASE
                WHEN query LIKE '%PARTITION BY project_id ORDER BY id%'
                     OR query LIKE '%PARTITION BY project_id ORDER BY xid, id%' THEN 'number'
-               WHEN query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_notify%' THEN 'seq'
+               WHEN query LIKE '%pg_try_advisory_xact_lock%' OR query LIKE '%pg_notify%'
+                    OR query LIKE '%lifecycle_outbox_tick(%' THEN 'seq'
                WHEN query LIKE '%sequence IS NULL ORDER BY id LIMIT%'
                     OR query LIKE '%lifecycle_outbox_unsequenced_open%LIMIT%'
                     OR query LIKE '%lifecycle_outbox_unsequenced_exists()%' THEN 'probe'

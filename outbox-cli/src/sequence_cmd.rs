@@ -38,9 +38,7 @@ impl Render for Drained {
 
 pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
     let database = global.database()?;
-    let sequencer = Sequencer::new(&global.schema)
-        .with_batch(args.batch_size)
-        .with_session_plan(database.settings.pooler == outbox_core::Pooler::None);
+    let sequencer = Sequencer::new(&global.schema).with_batch(args.batch_size);
     let Some(every) = args.every else {
         let mut client = database.connect().await?;
         let numbered = sequencer.drain(&mut client).await?;
@@ -57,10 +55,6 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
     let Some(mut client) = connect_waiting(&database, &shutdown.token()).await? else {
         return Ok(());
     };
-    // A tick's transaction left open (a failed one, until it is ended) is cut off by the
-    // server within the lease TTL.
-    let sequencer =
-        sequencer.with_idle_timeout(args.lease_ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT));
     let mut elected = ElectedSequencer::new(
         sequencer,
         &global.schema,

@@ -90,11 +90,7 @@ pub(crate) fn spawn_sequencer(
 ) -> Task {
     let (pool, stop) = (pool.clone(), stop.clone());
     let ttl = duties.sequencer_lease_ttl;
-    // A tick's transaction left open (a failed one, until it is ended) is cut off by the
-    // server within the lease TTL, so nothing of a tick outlasts the lease.
-    let sequencer = Sequencer::new(&duties.schema)
-        .with_idle_timeout(ttl.min(outbox_core::DEFAULT_IDLE_TIMEOUT))
-        .with_session_plan(duties.pooler == outbox_core::Pooler::None);
+    let sequencer = Sequencer::new(&duties.schema);
     let elected = ElectedSequencer::new(
         sequencer,
         &duties.schema,

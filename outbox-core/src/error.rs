@@ -68,9 +68,6 @@ pub enum Error {
          not repeat writer-owned delete effects"
     )]
     WriteInsideObservedDispatch,
-    /// A statement's answer lacked a column or held a value this build cannot read.
-    #[error("unexpected answer from the database: {0}")]
-    UnexpectedAnswer(String),
 }
 
 impl From<IdError> for Error {

@@ -106,7 +106,7 @@ pub use retention::{
 };
 pub use row_security::{ROW_SECURITY_TABLES, enable_row_security, row_security_enabled};
 pub use schema::{DEFAULT_SCHEMA, Schema, SchemaNameError};
-pub use sequencer::{DEFAULT_BATCH, DEFAULT_IDLE_TIMEOUT, Sequencer, Tick};
+pub use sequencer::{DEFAULT_BATCH, Sequencer, Tick};
 pub use snapshot::read_only_snapshot;
 pub use states::{AuditKind, ConsumerState, DeliveryState, Health};
 pub use stmt::Unnamed;

@@ -101,6 +101,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "unsequenced_probe",
         template: include_str!("../../sql/0013_unsequenced_probe.sql"),
     },
+    Migration {
+        version: 14,
+        name: "tick_function",
+        template: include_str!("../../sql/0014_tick_function.sql"),
+    },
 ];
 
 /// What a migration run did.

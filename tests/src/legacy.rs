@@ -32,25 +32,42 @@ pub async fn number_pending(client: &Client) -> u64 {
         .expect("numbering as builds before migration 10 did")
 }
 
-/// The numbering of builds of migrations 10 to 12: this build's sequencer, whose idle probe is
-/// the function migration 13 adds. The function is created for the call, from migration 13's
-/// own text, and dropped again, so the schema stays as those builds left it.
-pub async fn number_from_frontier(client: &mut Client) -> u64 {
-    let probe = MIGRATIONS
+/// The functions this build's sequencer calls, by the migration that adds each: the idle
+/// probe (13) and the tick (14).
+const SEQUENCER_FUNCTIONS: &[(i32, &str)] = &[
+    (13, "outbox.lifecycle_outbox_unsequenced_exists()"),
+    (14, "outbox.lifecycle_outbox_tick(bigint, bigint, text)"),
+];
+
+/// The numbering of builds of migrations 10 to 13 (`version`): this build's sequencer, whose
+/// statements live in functions that later migrations add. Each function the schema lacks is
+/// created for the call, from its migration's own text, and dropped again, so the schema
+/// stays as those builds left it.
+pub async fn number_from_frontier(client: &mut Client, version: usize) -> u64 {
+    assert!((10..14).contains(&version), "version {version}");
+    let missing: Vec<_> = SEQUENCER_FUNCTIONS
         .iter()
-        .find(|m| m.version == 13)
-        .expect("migration 13");
-    client
-        .batch_execute(&Schema::default().render(probe.template))
-        .await
-        .expect("the probe function of migration 13");
+        .filter(|(added, _)| *added as usize > version)
+        .collect();
+    for (added, _) in &missing {
+        let migration = MIGRATIONS
+            .iter()
+            .find(|m| m.version == *added)
+            .expect("the function's migration");
+        client
+            .batch_execute(&Schema::default().render(migration.template))
+            .await
+            .expect("the sequencer's function");
+    }
     let numbered = Sequencer::new(&Schema::default())
         .drain(client)
         .await
-        .expect("numbering as builds of migrations 10 to 12 did");
-    client
-        .batch_execute("DROP FUNCTION outbox.lifecycle_outbox_unsequenced_exists()")
-        .await
-        .expect("dropping the probe function again");
+        .unwrap_or_else(|e| panic!("numbering as builds of migration {version} did: {e}"));
+    for (_, function) in missing.iter().rev() {
+        client
+            .batch_execute(&format!("DROP FUNCTION {function}"))
+            .await
+            .expect("dropping the sequencer's function again");
+    }
     numbered
 }

@@ -325,7 +325,7 @@ async fn an_upgrade_under_row_security_switches_it_on_for_the_positions_too() {
     for (project, task) in [("A", "a1"), ("B", "b1"), ("A", "a2")] {
         write_event(&db, project, task).await;
     }
-    legacy::number_from_frontier(&mut owner).await;
+    legacy::number_from_frontier(&mut owner, 10).await;
     seed_consumer(&db, "A", "c", Some(1), false).await;
     seed_consumer(&db, "B", "c", Some(1), false).await;
 

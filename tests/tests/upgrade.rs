@@ -262,12 +262,12 @@ fn start(
 }
 
 /// Numbers what waits as the build that migrated to `version` did: the work-list numbering
-/// before migration 10, the frontier's from then on (this build's sequencer from 13).
+/// before migration 10, the frontier's from then on (this build's sequencer from 14).
 async fn number_as_of(client: &mut tokio_postgres::Client, version: usize) -> u64 {
     if version < 10 {
         legacy::number_pending(client).await
-    } else if version < 13 {
-        legacy::number_from_frontier(client).await
+    } else if version < 14 {
+        legacy::number_from_frontier(client, version).await
     } else {
         Sequencer::new(&Schema::default())
             .drain(client)
@@ -534,7 +534,7 @@ async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() 
     }
 }
 
-/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 to 13,
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 to 14,
 /// and the roles can then use what 3 and 4 added (their grants are column by column).
 #[tokio::test]
 async fn roles_added_after_later_migrations_get_their_grants() {
@@ -551,10 +551,10 @@ async fn roles_added_after_later_migrations_get_their_grants() {
     let report = dry_run(&db).await;
     assert_eq!(
         versions(&report["pending"]),
-        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     );
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
     let row = client
         .query_one(
             "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_positions', \
