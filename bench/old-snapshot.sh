@@ -350,7 +350,7 @@ done
     echo "largest writer schedule lag ${lag_max:-?} ms."
     echo
     echo "Latency: the writer's commit (its commit timestamp, \`track_commit_timestamp = on\`) to the line on stdout."
-    echo "seq µs/event: the sequencer's server time (lock, numbering, NOTIFY, idle probes; pg_stat_statements) per event numbered."
+    echo "seq µs/event: the sequencer's server time (lock, numbering, NOTIFY, idle probes; pg_stat_statements) per event numbered; since schema version 14 the tick is one function call, whose time includes its statements' executor start-up, which top-level statements' times leave out, so compare it within one build only."
     echo "bufs/tick: shared buffers per numbering statement; bufs/probe: per idle probe of the work list;"
     echo "bufs/read: per other statement reading the event table (the consumer's fetches and caught-up checks);"
     echo "bufs/ack: per cursor write (acknowledgements: a position appended from migration 11, an update of the cursor row before) or lease renewal (appended from migration 12, an update of the consumer row before). PG cores: every PostgreSQL process, the writers' backends included."

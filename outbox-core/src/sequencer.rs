@@ -41,8 +41,8 @@ pub struct Tick {
 /// Numbers committed events. Cheap to clone; holds only the rendered statement.
 #[derive(Debug, Clone)]
 pub struct Sequencer {
-    /// The tick statement for the schema.
-    tick: String,
+    /// The tick statement (a call of the tick function) for the schema.
+    statement: String,
     /// Advisory lock that elects one sequencer at a time within the schema.
     lock_key: i64,
     /// Channel notified with each touched project ID.
@@ -56,7 +56,7 @@ impl Sequencer {
     /// transaction pooler's included.
     pub fn new(schema: &Schema) -> Self {
         Self {
-            tick: schema.render(sql::TICK),
+            statement: schema.render(sql::TICK),
             lock_key: schema.lock_key("sequence"),
             channel: schema.channel(),
             batch: DEFAULT_BATCH,
@@ -81,7 +81,10 @@ impl Sequencer {
     /// buffer unless a tick touches thousands of projects). A failed tick rolls back whole.
     pub async fn tick(&self, client: &mut Client) -> Result<Tick, Error> {
         let rows = client
-            .query_unnamed(&self.tick, &[&self.lock_key, &self.batch, &self.channel])
+            .query_unnamed(
+                &self.statement,
+                &[&self.lock_key, &self.batch, &self.channel],
+            )
             .await?;
         let mut tick = Tick {
             ran: true,
