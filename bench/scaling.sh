@@ -103,16 +103,16 @@ SQL
 }
 # seqstats LABEL SECONDS: the sequencer's ticks that numbered something per second, projects
 # touched per such tick (rows of its numbering statement) and NOTIFYs per second, into
-# $work/seqstats. The numbering statement is matched anywhere in the text: pg_stat_statements
-# keeps the text it saw first for a statement, which may be the parameter-type probe's
-# `PREPARE ... AS WITH found AS ...` (outbox-core's stmt.rs).
+# $work/seqstats. The numbering statement runs inside `lifecycle_outbox_tick` (tracked because
+# `track = all`) and is matched by a piece of its text. It sends its NOTIFYs itself, one per
+# row (a row is a project it numbered), so NOTIFY/s is its rows per second.
 seqstats() {
     local label=$1 secs=$2
     sql -F ' ' <<SQL | awk -v l="$label" '{ print l "\t" $0 }' >>"$work/seqstats"
 SELECT round(coalesce(sum(calls) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0) / $secs),
        round(coalesce(sum(rows) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0)::numeric
              / greatest(sum(calls) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 1), 1),
-       round(coalesce(sum(rows) FILTER (WHERE query LIKE 'SELECT pg_notify(%'), 0) / $secs)
+       round(coalesce(sum(rows) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0) / $secs)
 FROM pg_stat_statements;
 SQL
 }
@@ -367,7 +367,7 @@ report() {
     echo "- **Sequencer**: $n_seq unsequenced events round-robin over P projects, numbered by one \`outbox sequence\` drain (batches of 10,000 per transaction), checked dense 1..N per project."
     echo "- **Catch-up**: project p0 holds $n_catchup numbered events; with P > 1 the table holds as many again for the other P − 1 projects, interleaved one for one with p0's (so p0's rows share heap pages with theirs). K consumers of p0 (fresh IDs, the consumer runtime with its defaults but pools of 3 (the minimum) and no LISTEN, no-op handler) start together in one process (\`outbox-bench scale-catch-up\`) and each drains all of p0. Aggregate = K × events / wall time until the last one finishes."
     echo "- **Latency**: 8 writer tasks commit one event per transaction with the Rust \`Writer\` at $rate events/s in all for $latency_seconds s (open loop); every second event goes to p0, the rest round-robin over the other P − 1 projects (with P = 1 all go to p0). K consumers of p0 in one process (\`outbox-bench scale-latency\`), each with its own pool of 3, LISTEN connection and embedded sequencer candidate (one is elected), as K \`outbox consume\` processes would have. Latency = writer's COMMIT returning to each consumer's handler, every (event, consumer) pair, nearest-rank percentiles."
-    echo "- Statements/s: \`pg_stat_statements\` (\`track = all\`, so the INSERT inside \`write_task_deleted\` counts too) over each scenario, reset before it, all statements of the cluster. Sequencer ticks/s and projects per tick: calls and rows of the sequencer's numbering statement (only ticks that found work run it); NOTIFY/s: rows of its \`pg_notify\` statement. WAL records, full-page images and HOT updates: \`pg_get_wal_stats\` over the run."
+    echo "- Statements/s: \`pg_stat_statements\` (\`track = all\`, so the INSERT inside \`write_task_deleted\` counts too) over each scenario, reset before it, all statements of the cluster. Sequencer ticks/s and projects per tick: calls and rows of the sequencer's numbering statement (only ticks that found work run it); NOTIFY/s: rows of the numbering statement too, which sends one NOTIFY per project it numbers. WAL records, full-page images and HOT updates: \`pg_get_wal_stats\` over the run."
     echo
     echo "## Results"
     echo
