@@ -109,11 +109,10 @@ SQL
 seqstats() {
     local label=$1 secs=$2
     sql -F ' ' <<SQL | awk -v l="$label" '{ print l "\t" $0 }' >>"$work/seqstats"
-SELECT round(coalesce(sum(calls) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0) / $secs),
-       round(coalesce(sum(rows) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0)::numeric
-             / greatest(sum(calls) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 1), 1),
-       round(coalesce(sum(rows) FILTER (WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%'), 0) / $secs)
-FROM pg_stat_statements;
+SELECT round(calls / $secs), round(rows::numeric / greatest(calls, 1), 1), round(rows / $secs)
+FROM (SELECT coalesce(sum(calls), 0) AS calls, coalesce(sum(rows), 0) AS rows
+      FROM pg_stat_statements
+      WHERE query LIKE '%PARTITION BY project_id ORDER BY xid, id%') AS numbering;
 SQL
 }
 pgss_reset() { sql -c 'SELECT pg_stat_statements_reset()' >/dev/null; }
