@@ -99,26 +99,31 @@ impl<H: Handler> DispatchMode for Plain<H> {
         ctx: &DispatchContext<'_>,
         events: &[ObservedEvent],
     ) -> Result<BatchOutcome, ConsumerError> {
+        // One guard for the whole run of handler calls, not one per event: the grace after
+        // a shutdown bounds them all the same, since no event starts after the shutdown.
         let mut handled = 0;
+        let handling = async {
+            for event in events {
+                if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
+                    break;
+                }
+                self.0.handle(event).await?;
+                handled += 1;
+            }
+            Ok(())
+        };
+        let outcome = guarded(ctx, handling).await;
         let mut failure = None;
-        for event in events {
-            if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
-                break;
+        let abandoned = match outcome {
+            Some(Ok(())) => false,
+            Some(Err(f)) => {
+                failure = triage(f)?;
+                failure.is_none()
             }
-            match guarded(ctx, self.0.handle(event)).await {
-                Some(Ok(())) => handled += 1,
-                Some(Err(f)) => {
-                    failure = triage(f)?;
-                    if failure.is_none() {
-                        tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");
-                    }
-                    break;
-                }
-                None => {
-                    tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");
-                    break;
-                }
-            }
+            None => true,
+        };
+        if let Some(event) = events.get(handled).filter(|_| abandoned) {
+            tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");
         }
         if handled > 0 {
             if let Err(partial) = self.0.before_ack_prefix(&events[..handled]).await {

@@ -407,14 +407,26 @@ SELECT COALESCE(max(head_sequence), 0) AS head_sequence,
 FROM {{schema}}.lifecycle_project_heads
 WHERE project_id = $1";
 
+/// The event's columns, of `lifecycle_outbox AS o`, that every statement whose rows
+/// `store::decode` reads starts with, in the order it reads them by position.
+macro_rules! event_columns {
+    () => {
+        "o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload"
+    };
+}
+
 /// Up to `$3` sequenced events after cursor `$2`, in order.
-pub const READ_BATCH: &str = "
-SELECT sequence, event_type, event_id, task_id, deleted_at, writer_process_id, occurred_at,
-       payload_version, payload
-FROM {{schema}}.lifecycle_outbox
-WHERE project_id = $1 AND sequence > $2
-ORDER BY sequence
-LIMIT $3";
+pub const READ_BATCH: &str = concat!(
+    "
+SELECT ",
+    event_columns!(),
+    "
+FROM {{schema}}.lifecycle_outbox AS o
+WHERE o.project_id = $1 AND o.sequence > $2
+ORDER BY o.sequence
+LIMIT $3"
+);
 
 /// The retrying delivery that holds the cursor, with the time left until its next attempt
 /// measured on the database clock (so a restarted process honours it exactly).
@@ -524,15 +536,18 @@ SELECT count(*) AS acked FROM acked"
 );
 
 /// Dead letters an operator asked to replay, with their events.
-pub const REPLAY_REQUESTED: &str = "
-SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
-       o.occurred_at, o.payload_version, o.payload, d.attempts
+pub const REPLAY_REQUESTED: &str = concat!(
+    "
+SELECT ",
+    event_columns!(),
+    ", d.attempts
 FROM {{schema}}.lifecycle_deliveries AS d
 JOIN {{schema}}.lifecycle_outbox AS o
   ON o.project_id = d.project_id AND o.event_id = d.event_id
 WHERE d.project_id = $1 AND d.consumer_id = $2 AND d.state = 'replay_requested'
 ORDER BY o.sequence
-LIMIT 100";
+LIMIT 100"
+);
 
 /// Marks a replayed dead letter. `$3` event. Run inside a fenced transaction.
 pub const MARK_REPLAYED: &str = "
@@ -669,9 +684,11 @@ WHERE $1::text[] IS NULL OR h.project_id = ANY($1::text[])";
 /// ephemeral followers (SSE clients), which own no cursor. Events consumer `$5` parked
 /// without handling them (dead, waiting for a replay, or resolved by hand) are left out: the
 /// followers see what that consumer handled.
-pub const READ_RANGE: &str = "
-SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
-       o.occurred_at, o.payload_version, o.payload
+pub const READ_RANGE: &str = concat!(
+    "
+SELECT ",
+    event_columns!(),
+    "
 FROM {{schema}}.lifecycle_outbox AS o
 WHERE o.project_id = $1 AND o.sequence > $2 AND o.sequence <= $3
   AND NOT EXISTS (
@@ -679,7 +696,8 @@ WHERE o.project_id = $1 AND o.sequence > $2 AND o.sequence <= $3
       WHERE d.project_id = o.project_id AND d.consumer_id = $5 AND d.event_id = o.event_id
         AND d.state IN ('dead', 'replay_requested', 'resolved'))
 ORDER BY o.sequence
-LIMIT $4";
+LIMIT $4"
+);
 
 /// The figures behind the runtime's gauges, in one round trip: head, this consumer's cursor,
 /// its dead letters, and the unsequenced backlog of the whole outbox with the age of its

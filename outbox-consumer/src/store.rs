@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use outbox_core::admin::{AuditLog, AuditRecord};
-use outbox_core::{AuditKind, ConsumerId, Pooler, Prior, ProjectId, Schema, Unnamed as _};
+use outbox_core::{
+    AuditKind, ConsumerId, PayloadText, Pooler, Prior, ProjectId, Schema, Unnamed as _,
+};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Transaction};
 
@@ -268,10 +270,12 @@ pub(crate) async fn load_held(
     }))
 }
 
-/// Decodes an event row (columns as in `READ_BATCH`; `REPLAY_REQUESTED` adds `attempts`).
-/// The event comes back whole even when its payload cannot be decoded: then with an empty
-/// prior and the failure class `undecodable_payload`, carried far enough to be failed and
-/// parked like any other failure. A missing or mistyped column is an error.
+/// Decodes an event row: one that starts with `sql::event_columns!()`, read by position in
+/// that order (`REPLAY_REQUESTED` adds `attempts` after them). The payload is parsed from its
+/// text straight into [`Prior`]. The event comes back whole even when its payload cannot be
+/// decoded: then with an empty prior and the failure class `undecodable_payload`, carried far
+/// enough to be failed and parked like any other failure. A missing or mistyped column is an
+/// error.
 pub(crate) fn decode(
     row: &Row,
     project: &ProjectId,
@@ -279,23 +283,23 @@ pub(crate) fn decode(
     replay: bool,
     attempt: u32,
 ) -> Result<(ObservedEvent, Option<FailureClass>), ConsumerError> {
-    let payload: serde_json::Value = row.try_get("payload")?;
-    let (prior, undecodable) = match serde_json::from_value::<Prior>(payload) {
+    let PayloadText(payload) = row.try_get(8)?;
+    let (prior, undecodable) = match serde_json::from_slice::<Prior>(payload) {
         Ok(prior) => (prior, None),
         Err(_) => (Prior::default(), Some(FailureClass::undecodable_payload())),
     };
     let event = ObservedEvent {
         observed: true,
-        event_type: row.try_get("event_type")?,
+        sequence: row.try_get(0)?,
+        event_type: row.try_get(1)?,
+        event_id: row.try_get(2)?,
+        task_id: row.try_get(3)?,
+        deleted_at: row.try_get::<_, DateTime<Utc>>(4)?,
+        writer_process_id: row.try_get(5)?,
+        occurred_at: row.try_get::<_, DateTime<Utc>>(6)?,
+        payload_version: row.try_get(7)?,
         project_id: project.clone(),
         consumer_id: consumer.clone(),
-        sequence: row.try_get("sequence")?,
-        event_id: row.try_get("event_id")?,
-        task_id: row.try_get("task_id")?,
-        deleted_at: row.try_get::<_, DateTime<Utc>>("deleted_at")?,
-        writer_process_id: row.try_get("writer_process_id")?,
-        occurred_at: row.try_get::<_, DateTime<Utc>>("occurred_at")?,
-        payload_version: row.try_get("payload_version")?,
         prior,
         replay,
         attempt,

@@ -88,8 +88,8 @@ pub use election::{
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{
-    MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, MIN_DELETED_AT, PAYLOAD_VERSION, Prior, TASK_DELETED,
-    TaskDeleted, ValidationError, format_timestamp,
+    MAX_FUTURE_SKEW, MAX_PRIOR_VALUE_LEN, MIN_DELETED_AT, PAYLOAD_VERSION, PayloadText, Prior,
+    TASK_DELETED, TaskDeleted, ValidationError, format_timestamp,
 };
 pub use ids::{
     ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, ProjectId, TaskId, WriterProcessId,

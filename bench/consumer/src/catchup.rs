@@ -586,8 +586,8 @@ pub async fn bare_loop(
             let _writer: String = row.get(5);
             let _occurred_at: chrono::DateTime<chrono::Utc> = row.get(6);
             let _version: i32 = row.get(7);
-            let payload: serde_json::Value = row.get(8);
-            let _prior: Prior = serde_json::from_value(payload)?;
+            let outbox_core::PayloadText(payload) = row.get(8);
+            let _prior: Prior = serde_json::from_slice(payload)?;
             decoded += 1;
         }
         cursor = last.get(0);

@@ -41,10 +41,12 @@ impl<D, R> Consumer<D, R> {
         let Read::Events { events, cut_short } = &read else {
             return Ok(Some((read, false)));
         };
+        // Writer's transaction start to dispatch (which follows this read), on this host's
+        // clock, read once for the batch. Retries and events kept across a retry wait are not
+        // counted again.
+        let now = chrono::Utc::now();
         for event in events.iter().filter(|e| e.attempt == 1) {
-            // Writer's transaction start to dispatch (which follows this read), on this
-            // host's clock. Retries and events kept across a retry wait are not counted again.
-            let waited = (chrono::Utc::now() - event.occurred_at).num_microseconds();
+            let waited = (now - event.occurred_at).num_microseconds();
             progress
                 .meters
                 .commit_to_dispatch
