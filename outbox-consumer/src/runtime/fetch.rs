@@ -61,6 +61,7 @@ impl AheadRead {
 /// after `n` ends exactly there. A read whose cursor turns out not to be the consumer's
 /// (the batch before it was short, or a failure or a reconciliation came between) is
 /// dropped unused, so a wrong guess costs one read and never an event.
+#[derive(Default)]
 pub(crate) struct Prefetch {
     reads: std::collections::VecDeque<AheadRead>,
 }
@@ -140,9 +141,7 @@ pub(super) async fn alone(
     if batch.full {
         if let Some((last, _)) = batch.events.last() {
             ahead
-                .get_or_insert_with(|| Prefetch {
-                    reads: Default::default(),
-                })
+                .get_or_insert_default()
                 .extend(last.sequence, limit, |after_cursor| {
                     Box::pin(after(
                         pool,
@@ -226,9 +225,7 @@ mod tests {
     #[tokio::test]
     async fn keeps_two_reads_ahead_each_a_full_batch_apart() {
         let (seen, read) = recorder();
-        let mut ahead = Prefetch {
-            reads: Default::default(),
-        };
+        let mut ahead = Prefetch::default();
         ahead.extend(500, 500, &read);
         assert_eq!(cursors(&ahead), [500, 1000]);
         // The batch after 500 is taken; it was full and ended at 1000: the read after 1000
@@ -242,9 +239,7 @@ mod tests {
     #[tokio::test]
     async fn a_wrong_guess_drops_every_read() {
         let (seen, read) = recorder();
-        let mut ahead = Prefetch {
-            reads: Default::default(),
-        };
+        let mut ahead = Prefetch::default();
         ahead.extend(500, 500, &read);
         // The cursor is elsewhere (a batch with a failure, a reconciliation): nothing read
         // ahead is used.
