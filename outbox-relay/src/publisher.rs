@@ -49,7 +49,8 @@ use tokio::time::error::Elapsed;
 use crate::diagnose::{PermissionWatch, describe_connect_error};
 use crate::security::Security;
 use crate::settings::{NatsServer, event_subject, reconcile_subject};
-use crate::tail::{self, Tail};
+use crate::stream::{self, Ensured, StreamSpec};
+use crate::tail::{self, Tail, TailError};
 use outbox_service::lines::{event_line, reconcile_line};
 
 /// How the publisher reaches NATS.
@@ -126,6 +127,9 @@ struct Pipeline {
 /// The relay's handler and reconciler.
 pub struct Publisher {
     settings: PublisherSettings,
+    /// The stream as the relay checks it at start, checked (or created) again when
+    /// JetStream says it is missing.
+    stream: StreamSpec,
     subject: String,
     state: Mutex<Pipeline>,
 }
@@ -148,10 +152,11 @@ fn publish_failure(error: &PublishError) -> HandlerFailure {
 
 impl Publisher {
     /// A publisher with no connection yet; `connect_now` or the first event makes one.
-    pub fn new(settings: PublisherSettings) -> Self {
+    pub fn new(settings: PublisherSettings, stream: StreamSpec) -> Self {
         let subject = event_subject(&settings.prefix, &settings.project);
         Self {
             settings,
+            stream,
             subject,
             state: Mutex::new(Pipeline {
                 link: None,
@@ -369,7 +374,26 @@ impl Publisher {
             return Ok(*tail);
         }
         let js = state.link.as_ref().expect("ensured").js.clone();
-        match tail::learn(&js, &self.settings.stream, subject).await {
+        let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
+        if let Err(TailError::StreamMissing(detail)) = &learned {
+            // The stream is gone (an operator deleted it, or the cluster lost it): the relay
+            // checks it again as at start, which creates it when missing, and reads again.
+            tracing::warn!(error = %detail, "the stream is missing; checking it again");
+            match stream::ensure(&js, &self.stream).await {
+                Ok(Ensured::Created) => {
+                    tracing::warn!(stream = %self.stream.name, "created the stream again")
+                }
+                Ok(Ensured::Verified) => {
+                    tracing::info!(stream = %self.stream.name, "stream matches")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check the stream");
+                    return Err(class("nats_unavailable"));
+                }
+            }
+            learned = tail::learn(&js, &self.settings.stream, subject).await;
+        }
+        match learned {
             Ok(tail) => {
                 tracing::info!(
                     subject,

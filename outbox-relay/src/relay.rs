@@ -42,7 +42,7 @@ impl Relay {
         stream: &StreamSpec,
     ) -> Result<Self, RelayError> {
         let publish_timeout = publisher.publish_timeout;
-        let publisher = Publisher::new(publisher);
+        let publisher = Publisher::new(publisher, stream.clone());
         let mut unanswered = 0;
         loop {
             let (js, permissions) = match publisher.connect_now().await {

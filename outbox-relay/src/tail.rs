@@ -11,6 +11,7 @@
 //! PubAcks.
 
 use async_nats::jetstream::Context;
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
 
 /// The end of one subject in the stream.
@@ -38,12 +39,29 @@ impl Tail {
     }
 }
 
+/// Why the tail could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TailError {
+    /// JetStream says the stream does not exist (deleted, or lost by the cluster).
+    StreamMissing(String),
+    /// Anything else: the server did not answer, or answered with another error.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for TailError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::StreamMissing(detail) | Self::Unavailable(detail) => f.write_str(detail),
+        }
+    }
+}
+
 /// Reads the last message of `subject` in `stream`.
-pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<Tail, String> {
+pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<Tail, TailError> {
     let handle = js
         .get_stream_no_info(stream)
         .await
-        .map_err(|e| format!("cannot look up stream {stream}: {e}"))?;
+        .map_err(|e| TailError::Unavailable(format!("cannot look up stream {stream}: {e}")))?;
     match handle.get_last_raw_message_by_subject(subject).await {
         Ok(message) => Ok(Tail {
             stream_sequence: message.sequence,
@@ -56,9 +74,20 @@ pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<Tail, St
             stream_sequence: 0,
             outbox_sequence: None,
         }),
-        Err(e) => Err(format!(
-            "cannot read the last message of {subject} in stream {stream}: {e}"
-        )),
+        Err(e) => {
+            let detail =
+                format!("cannot read the last message of {subject} in stream {stream}: {e}");
+            let missing = matches!(
+                e.kind(),
+                LastRawMessageErrorKind::JetStream(js_err)
+                    if js_err.error_code() == ErrorCode::STREAM_NOT_FOUND
+            );
+            Err(if missing {
+                TailError::StreamMissing(detail)
+            } else {
+                TailError::Unavailable(detail)
+            })
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! in the stream exactly once and in per-project order, read back with the Rust client, across
 //! kill -9 of the relay under live writers, a nats-server restart and a PostgreSQL restart; a
 //! refused publish follows the retry schedule into a dead letter that `dead-letters replay`
-//! then publishes; bad input exits 2.
+//! then publishes; a stream deleted while the relay runs is created again; bad input exits 2.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -368,6 +368,63 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     );
     assert_exactly_once_in_order(&messages, "lifecycle", "p1", &expected);
     assert_eq!(messages[1].body["replay"], true, "flagged as a replay");
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_deleted_under_the_relay_is_created_again() {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    let mut relay = spawn_relay(&db.url, &nats.url(), "p1", "GONE");
+    write_event(&db, "p1", "T-1").await;
+    eventually(
+        Duration::from_secs(20),
+        "the first event relayed",
+        || async {
+            js.get_stream("GONE").await.is_ok() && read_stream(&js, "GONE").await.len() == 1
+        },
+    )
+    .await;
+
+    // The stream disappears while the relay runs (an operator deleted it, or the cluster
+    // lost it). The relay's next publish finds no stream; it checks the stream again, as at
+    // start, which creates it, and the event lands in the new stream.
+    js.delete_stream("GONE").await.unwrap();
+    let second = write_event(&db, "p1", "T-2").await;
+    eventually(
+        Duration::from_secs(30),
+        "the stream created again and the next event relayed",
+        || async {
+            js.get_stream("GONE").await.is_ok()
+                && read_stream(&js, "GONE").await.len() == 1
+                && cursor(&db, "p1", "relay-p1").await == Some(2)
+        },
+    )
+    .await;
+    let messages = read_stream(&js, "GONE").await;
+    assert_eq!(
+        messages
+            .iter()
+            .map(|m| m.msg_id.clone())
+            .collect::<Vec<_>>(),
+        vec![second.clone()]
+    );
+    assert_eq!(
+        stream_config(&js, "GONE").await.subjects,
+        vec!["lifecycle.>".to_owned()],
+        "created as at start"
+    );
+    assert!(
+        relay.stderr().contains("created the stream again"),
+        "{}",
+        relay.stderr()
+    );
+    assert!(
+        !matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "dead"),
+        "never parked"
+    );
     relay.signal("TERM");
     assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }
