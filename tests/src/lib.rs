@@ -103,6 +103,16 @@ pub fn with_dbname(url: &str, name: &str) -> String {
 static CLUSTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
+/// This test process's prefix for the databases it creates: its PID and its start time, since
+/// a long run spawns enough processes for PIDs to wrap around (`pid_max` is 32,768 by
+/// default), and a later test binary with an earlier one's PID must not meet its databases.
+static PREFIX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_micros();
+    format!("t_{}_{started}", std::process::id())
+});
 
 fn cluster() -> &'static str {
     CLUSTER.get_or_init(cluster_url)
@@ -118,11 +128,7 @@ async fn admin() -> Client {
 }
 
 async fn create_database(template: Option<&str>) -> TestDb {
-    let name = format!(
-        "t_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
+    let name = format!("{}_{}", *PREFIX, COUNTER.fetch_add(1, Ordering::Relaxed));
     let admin = admin().await;
     let sql = match template {
         Some(template) => format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""),
@@ -139,7 +145,11 @@ async fn create_database(template: Option<&str>) -> TestDb {
                 let _ = e;
                 tokio::time::sleep(std::time::Duration::from_millis(20 * attempt)).await;
             }
-            Err(e) => panic!("create database {name}: {e}"),
+            Err(e) => panic!(
+                "create database {name}: {}",
+                e.as_db_error()
+                    .map_or_else(|| e.to_string(), |db| db.message().to_owned())
+            ),
         }
     }
     let url = with_dbname(cluster(), &name);
