@@ -112,15 +112,15 @@ impl<H: Handler> DispatchMode for Plain<H> {
             }
             Ok(())
         };
-        let outcome = guarded(ctx, handling).await;
-        let mut failure = None;
-        let abandoned = match outcome {
-            Some(Ok(())) => false,
+        // An abandonment is a handler cut off at shutdown, or one that gave up for it.
+        let (failure, abandoned) = match guarded(ctx, handling).await {
+            Some(Ok(())) => (None, false),
             Some(Err(f)) => {
-                failure = triage(f)?;
-                failure.is_none()
+                let failure = triage(f)?;
+                let abandoned = failure.is_none();
+                (failure, abandoned)
             }
-            None => true,
+            None => (None, true),
         };
         if let Some(event) = events.get(handled).filter(|_| abandoned) {
             tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");

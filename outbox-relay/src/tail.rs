@@ -40,20 +40,14 @@ impl Tail {
 }
 
 /// Why the tail could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TailError {
     /// JetStream says the stream does not exist (deleted, or lost by the cluster).
+    #[error("{0}")]
     StreamMissing(String),
     /// Anything else: the server did not answer, or answered with another error.
+    #[error("{0}")]
     Unavailable(String),
-}
-
-impl std::fmt::Display for TailError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::StreamMissing(detail) | Self::Unavailable(detail) => f.write_str(detail),
-        }
-    }
 }
 
 /// Reads the last message of `subject` in `stream`.

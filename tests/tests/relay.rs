@@ -251,6 +251,25 @@ async fn stream_config(js: &async_nats::jetstream::Context, name: &str) -> Strea
         .clone()
 }
 
+/// Writes project p1's first event and waits until the relay has it in `stream` (which the
+/// relay creates at start); returns its event ID.
+async fn first_event_relayed(
+    db: &TestDb,
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+) -> String {
+    let event = write_event(db, "p1", "T-1").await;
+    eventually(
+        Duration::from_secs(20),
+        "the first event relayed",
+        || async {
+            js.get_stream(stream).await.is_ok() && read_stream(js, stream).await.len() == 1
+        },
+    )
+    .await;
+    event
+}
+
 /// The delivery state of one event: (state, attempts, last failure class).
 async fn delivery(db: &TestDb, event_id: &str) -> Option<(String, i32, Option<String>)> {
     db.connect()
@@ -278,15 +297,7 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut relay = nats_kit::spawn_relay(&db.url, &args);
 
-    let first = write_event(&db, "p1", "T-1").await;
-    eventually(
-        Duration::from_secs(20),
-        "the first event relayed",
-        || async {
-            js.get_stream("REFUSE").await.is_ok() && read_stream(&js, "REFUSE").await.len() == 1
-        },
-    )
-    .await;
+    let first = first_event_relayed(&db, &js, "REFUSE").await;
 
     // Point the stream elsewhere: JetStream now has no stream for the relay's subject.
     let mut refusing = stream_config(&js, "REFUSE").await;
@@ -378,15 +389,7 @@ async fn a_stream_deleted_under_the_relay_is_created_again() {
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
     let mut relay = spawn_relay(&db.url, &nats.url(), "p1", "GONE");
-    write_event(&db, "p1", "T-1").await;
-    eventually(
-        Duration::from_secs(20),
-        "the first event relayed",
-        || async {
-            js.get_stream("GONE").await.is_ok() && read_stream(&js, "GONE").await.len() == 1
-        },
-    )
-    .await;
+    first_event_relayed(&db, &js, "GONE").await;
 
     // The stream disappears while the relay runs (an operator deleted it, or the cluster
     // lost it). The relay's next publish finds no stream; it checks the stream again, as at
