@@ -2,9 +2,10 @@
 # Peers benchmark: this project's writer and consumer against the one-insert outbox floor and
 # PgQ, on one cluster, in one run, side by side.
 #
-#   bench/peers.sh                  full run (~22 min): 10 s per pgbench run, 3 repetitions,
-#                                   1M-event drains
-#   BENCH_QUICK=1 bench/peers.sh    smoke run (~5 min): 3 s per run, 1 repetition, 200k events
+#   bench/peers.sh                  full run (~30 min): 60,000 transactions per pgbench run,
+#                                   3 repetitions, 1M-event drains
+#   BENCH_QUICK=1 bench/peers.sh    smoke run (~7 min): 15,000 transactions per run, 1 repetition,
+#                                   200k events
 #
 # Writer side (pgbench, 8 and 32 clients): every variant runs the same first statement, the
 # soft delete with RETURNING, then:
@@ -17,11 +18,18 @@
 #             the Rust writer validates in the service), no sequencer
 #   rust+seq  the same while `outbox sequence --every 50ms` runs
 #   pgq       SELECT pgq.insert_event(...) while pgq.ticker() is called 100 times a second
+#   rust+apart  a prototype, not the product (bench/numbering-apart.sql): the Rust writer's
+#             statement into a schema whose tick stores the numbers apart, by the events'
+#             addresses, instead of rewriting the event rows; with a read of 500 events by
+#             address against the read of the sequence index (BENCH_PROTOTYPES=0 leaves it out)
 # Consumer side: a backlog drained by our consumer runtime (outbox-bench catch-up-worker) and
 # by a PgQ batch-API consumer (outbox-bench pgq-drain), interleaved.
 #
 # Environment:
-#   BENCH_SECONDS          seconds per pgbench run (default 10; 3 with BENCH_QUICK=1)
+#   BENCH_TXNS             transactions per pgbench run (default 60000; 15000 with BENCH_QUICK=1):
+#                          every variant deletes as many tasks, so the full-page images of
+#                          the tasks table weigh the same per transaction in each
+#   BENCH_PROTOTYPES       1 (default) to run the rust+apart prototype as well, 0 not to
 #   BENCH_REPS             repetitions (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_CLIENTS          client counts (default "8 32")
 #   BENCH_TASKS            rows in the tasks table (default 1000000)
@@ -38,14 +46,17 @@ cd "$root"
 
 quick=${BENCH_QUICK:-0}
 if [ "$quick" = 1 ]; then
-    seconds=${BENCH_SECONDS:-3}
+    txns_per_run=${BENCH_TXNS:-15000}
     reps=${BENCH_REPS:-1}
     n_drain=${BENCH_DRAIN_EVENTS:-200000}
+    read_seconds=3
 else
-    seconds=${BENCH_SECONDS:-10}
+    txns_per_run=${BENCH_TXNS:-60000}
     reps=${BENCH_REPS:-3}
     n_drain=${BENCH_DRAIN_EVENTS:-1000000}
+    read_seconds=10
 fi
+prototypes=${BENCH_PROTOTYPES:-1}
 clients_list=${BENCH_CLIENTS:-"8 32"}
 n_tasks=${BENCH_TASKS:-1000000}
 n_projects=64
@@ -55,6 +66,7 @@ results_file=$root/bench/RESULTS-peers.md
 cores=$(nproc)
 clk=$(getconf CLK_TCK)
 variants="bare floor ours ours+seq rust rust+seq pgq"
+[ "$prototypes" = 1 ] && variants="$variants rust+apart"
 
 bench_name=peers.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-peers-bench.XXXXXX")
@@ -132,6 +144,10 @@ BEGIN
 END \$\$;
 SQL
 "$outbox" migrate >&2
+if [ "$prototypes" = 1 ]; then
+    OUTBOX_SCHEMA=apart "$outbox" migrate >&2
+    sed 's/{{schema}}/apart/g' bench/numbering-apart.sql | sql >/dev/null
+fi
 pgq_version=$(sql -c "SELECT extversion FROM pg_extension WHERE extname = 'pgq'")
 
 # --- pgbench scripts -----------------------------------------------------------------------
@@ -177,6 +193,13 @@ $rust_writer_insert
 \endif
 COMMIT;
 SQL
+cat >"$work/apart.sql" <<SQL
+$first_statement
+\if :hit > 0
+${rust_writer_insert//outbox.lifecycle_outbox/apart.lifecycle_outbox}
+\endif
+COMMIT;
+SQL
 cat >"$work/pgq.sql" <<SQL
 $first_statement
 \if :hit > 0
@@ -189,14 +212,46 @@ SQL
 # --- one writer run ------------------------------------------------------------------------
 
 reset_state() {
-    sql -c 'TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
-                     outbox.lifecycle_sequencer_frontier, bench_floor' \
+    local apart_tables='' apart_vacuum=()
+    if [ "$prototypes" = 1 ]; then
+        apart_tables=', apart.lifecycle_outbox, apart.lifecycle_projects,
+                       apart.lifecycle_sequencer_frontier, apart.lifecycle_event_numbers'
+        apart_vacuum=(-c 'VACUUM (ANALYZE) apart.lifecycle_outbox'
+                      -c 'VACUUM (ANALYZE) apart.lifecycle_event_numbers')
+    fi
+    sql -c "TRUNCATE outbox.lifecycle_outbox, outbox.lifecycle_projects,
+                     outbox.lifecycle_sequencer_frontier, bench_floor $apart_tables" \
         -c 'UPDATE tasks SET deleted_at = NULL WHERE deleted_at IS NOT NULL' \
         -c "SELECT pgq.drop_queue('bench_q') FROM pgq.queue WHERE queue_name = 'bench_q'" \
         -c "SELECT pgq.create_queue('bench_q')" >/dev/null
     sql -c 'VACUUM (ANALYZE) tasks' -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' \
         -c 'VACUUM (ANALYZE) outbox.lifecycle_projects' -c 'VACUUM (ANALYZE) bench_floor' \
+        "${apart_vacuum[@]}" \
         -c 'VACUUM (ANALYZE) pgq.queue' -c 'VACUUM (ANALYZE) pgq.tick' -c 'CHECKPOINT'
+}
+
+# The schema a variant's sequencer numbers in.
+schema_of() { case "$1" in *+apart) echo apart ;; *) echo outbox ;; esac; }
+
+# Ticks that numbered something so far in SCHEMA (each stores one frontier row, numbered by
+# the table's identity).
+productive_ticks() {
+    sql -c "SELECT coalesce(last_value, 0) FROM pg_sequences
+            WHERE schemaname = '$1' AND sequencename = 'lifecycle_sequencer_frontier_tick_seq'"
+}
+
+# apart_check: every event of the apart schema numbered exactly once, densely from 1 in each
+# project (the prototype's frontier is exact only for ticks that take all they find).
+apart_check() {
+    local bad
+    bad=$(sql -c "SELECT (SELECT count(*) FROM apart.lifecycle_outbox AS o
+                          WHERE NOT EXISTS (SELECT FROM apart.lifecycle_event_numbers AS n
+                                            WHERE n.row_id = o.ctid AND n.arrival = o.id))
+                       + (SELECT count(*) - count(DISTINCT (row_id, arrival)) FROM apart.lifecycle_event_numbers)
+                       + (SELECT count(*) FROM (SELECT project_id FROM apart.lifecycle_event_numbers
+                                                GROUP BY project_id
+                                                HAVING min(sequence) <> 1 OR max(sequence) <> count(*)) AS p)")
+    [ "$bad" = 0 ] || die "the apart prototype numbered wrongly ($bad unnumbered, repeated or misplaced)"
 }
 
 # Events a variant wrote (tasks deleted for bare).
@@ -205,34 +260,46 @@ events_written() {
         bare) sql -c 'SELECT count(*) FROM tasks WHERE deleted_at IS NOT NULL' ;;
         floor) sql -c 'SELECT count(*) FROM bench_floor' ;;
         ours|ours+seq|rust|rust+seq) sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox' ;;
+        rust+apart) sql -c 'SELECT count(*) FROM apart.lifecycle_outbox' ;;
         pgq) sql -c "SELECT count(*) FROM pgq.event_$(sql -c "SELECT queue_id FROM pgq.queue WHERE queue_name = 'bench_q'")" ;;
     esac
 }
 
-# run VARIANT CLIENTS REP [SECONDS]: appends to $work/runs:
+# run VARIANT CLIENTS REP [SECONDS]: $txns_per_run transactions, or SECONDS of them (the
+# unrecorded warm-up); appends to $work/runs:
 # variant clients rep tps latency_ms txns deleted events lag cpu_us wal_b ticks
 # record_b fpi_b heap_updates hot_updates btree_inserts (the last five per transaction)
+# (ticks: PgQ's ticks, or the sequencer's ticks that numbered something)
 run() {
-    local variant=$1 clients=$2 rep=$3 duration=${4:-$seconds} script threads out
+    local variant=$1 clients=$2 rep=$3 span script threads out schema
+    span="-t $(( txns_per_run / clients ))"
+    [ -n "${4:-}" ] && span="-T $4"
     threads=$(( clients < cores ? clients : cores ))
     script=${variant%%+*}
+    [ "$variant" = rust+apart ] && script=apart
+    schema=$(schema_of "$variant")
     reset_state
     case "$variant" in
-        *+seq) start_sequencer ;;
-        pgq) start_call bench-pgq-ticker "CALL bench_pgq_ticker($(( (duration + 30) * 100 )))" ;;
+        *+seq|*+apart) OUTBOX_SCHEMA=$schema start_sequencer ;;
+        pgq) start_call bench-pgq-ticker "CALL bench_pgq_ticker(60000)" ;;
     esac
     out=$work/pgbench-$variant-$clients-$rep.log
     local lsn0 lsn1 c0 c1 ticks0 ticks=0
-    ticks0=$(sql -c 'SELECT count(*) FROM pgq.tick')
+    case "$variant" in
+        pgq) ticks0=$(sql -c 'SELECT count(*) FROM pgq.tick') ;;
+        *) ticks0=$(productive_ticks "$schema") ;;
+    esac
     lsn0=$(wal_lsn); c0=$(cluster_ticks)
-    pgbench -n -M prepared -T "$duration" -c "$clients" -j "$threads" \
+    # shellcheck disable=SC2086 # $span is two words on purpose
+    pgbench -n -M prepared $span -c "$clients" -j "$threads" \
         -D k=0 -D clients="$clients" -D event_type=task:deleted \
         -f "$work/$script.sql" "$DATABASE_URL" >"$out" 2>&1 \
         || { cat "$out" >&2; die "pgbench failed ($variant, $clients clients)"; }
     local unsequenced=0
     case "$variant" in
-        *+seq)
-            unsequenced=$(sql -c 'SELECT count(*) FROM outbox.lifecycle_outbox_unsequenced')
+        *+seq|*+apart)
+            unsequenced=$(sql -c "SELECT count(*) FROM $schema.lifecycle_outbox_unsequenced")
+            ticks=$(( $(productive_ticks "$schema") - ticks0 ))
             stop_sequencer ;;
         pgq)
             ticks=$(( $(sql -c 'SELECT count(*) FROM pgq.tick') - ticks0 ))
@@ -260,6 +327,11 @@ run() {
         round(coalesce(sum(count) FILTER (WHERE \"resource_manager/record_type\" = 'Btree/INSERT_LEAF'), 0)::numeric / $txns, 2)
         FROM pg_get_wal_stats('$lsn0', '$lsn1', true)")
     [ "$events" -eq "$deleted" ] || die "$variant: $deleted tasks deleted but $events events written"
+    if [ "$variant" = rust+apart ]; then
+        OUTBOX_SCHEMA=apart "$outbox" sequence >/dev/null 2>"$work/apart-drain.err" \
+            || { cat "$work/apart-drain.err" >&2; die "the apart prototype's last drain failed"; }
+        apart_check
+    fi
 
     local line
     line=$(awk -v v="$variant" -v c="$clients" -v r="$rep" -v tps="$tps" -v lat="$latency" \
@@ -284,7 +356,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.3f", a / b; 
 : >"$work/runs"
 log "warm-up (unrecorded)"
 for variant in $variants; do
-    run "$variant" 32 warm $(( seconds < 3 ? seconds : 3 ))
+    run "$variant" 32 warm 3
 done
 : >"$work/runs"
 started=$(date +%s)
@@ -376,6 +448,71 @@ drain_median() {
     awk -v v="$1" '$1 == v { print $4 }' "$work/drains" | sort -g | awk '{ x[NR] = $1 } END {
         if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
 }
+
+# --- prototype: a batch read by address ----------------------------------------------------
+#
+# The drain backlog copied into the apart schema and numbered there by its tick, then one
+# read of 500 events after a random cursor, as the consumer's READ_BATCH makes it: from the
+# sequence index of the event table (as built) and from the numbers stored apart, joined to
+# the events by address (a nested loop of TID lookups, kept whatever the statistics by the
+# LATERAL subquery; each row's arrival ID is returned to be compared, as a reader must).
+# pgbench, one client, prepared, interleaved; per read: latency and the cluster's CPU.
+
+: >"$work/reads"
+if [ "$prototypes" = 1 ]; then
+    log "numbering the drain backlog apart"
+    sql -c "INSERT INTO apart.lifecycle_outbox
+                (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
+                 occurred_at, payload_version, payload)
+            SELECT project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
+                   occurred_at, payload_version, payload
+            FROM outbox.lifecycle_outbox WHERE project_id = 'drain' ORDER BY sequence" >/dev/null
+    OUTBOX_SCHEMA=apart "$outbox" sequence >/dev/null 2>"$work/apart-drain.err" \
+        || { cat "$work/apart-drain.err" >&2; die "numbering the backlog apart failed"; }
+    apart_check
+    sql -c 'VACUUM (ANALYZE) apart.lifecycle_outbox' -c 'VACUUM (ANALYZE) apart.lifecycle_event_numbers' \
+        -c 'VACUUM (ANALYZE) outbox.lifecycle_outbox' >/dev/null
+    cat >"$work/read-row.sql" <<SQL
+\set c random(0, $(( n_drain - 500 )))
+SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload
+FROM outbox.lifecycle_outbox AS o
+WHERE o.project_id = 'drain' AND o.sequence > :c
+ORDER BY o.sequence
+LIMIT 500;
+SQL
+    cat >"$work/read-apart.sql" <<SQL
+\set c random(0, $(( n_drain - 500 )))
+SELECT n.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
+       o.occurred_at, o.payload_version, o.payload, o.id = n.arrival AS same_row
+FROM (SELECT sequence, row_id, arrival FROM apart.lifecycle_event_numbers
+      WHERE project_id = 'drain' AND sequence > :c
+      ORDER BY sequence
+      LIMIT 500) AS n
+LEFT JOIN LATERAL (SELECT * FROM apart.lifecycle_outbox WHERE ctid = n.row_id OFFSET 0) AS o ON true
+ORDER BY n.sequence;
+SQL
+    for rep in $(seq 1 "$reps"); do
+        for shape in row apart; do
+            c0=$(cluster_ticks)
+            pgbench -n -M prepared -T "$read_seconds" -c 1 -f "$work/read-$shape.sql" "$DATABASE_URL" \
+                >"$work/read-$shape-$rep.log" 2>&1 \
+                || { cat "$work/read-$shape-$rep.log" >&2; die "the $shape read failed"; }
+            sleep 0.3  # the backend's CPU reaches the postmaster's account once it has exited
+            c1=$(cluster_ticks)
+            reads=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$work/read-$shape-$rep.log")
+            ms=$(sed -n 's/^latency average = \([0-9.]*\) ms.*/\1/p' "$work/read-$shape-$rep.log")
+            echo "$shape $rep $ms $(awk -v t=$((c1 - c0)) -v clk="$clk" -v n="$reads" 'BEGIN { printf "%.0f", t / clk * 1e6 / n }')" >>"$work/reads"
+            log "read of 500 ($shape), rep $rep: $ms ms, $(tail -n 1 "$work/reads" | cut -d' ' -f4) server us"
+        done
+    done
+fi
+read_median() {
+    awk -v s="$1" -v f="$2" '$1 == s { print $f }' "$work/reads" | sort -g | awk '{ x[NR] = $1 } END {
+        if (NR == 0) { print "nan"; exit }
+        if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
+}
+
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- report --------------------------------------------------------------------------------
@@ -419,7 +556,39 @@ why() {
     echo
     echo "So the full path pays for the numbering in the event table itself: the one-insert floor and PgQ do one heap insert and one or two index inserts per event and never touch the row again; ours inserts (two index entries) and then updates (two more) every event. Without the sequencer the Rust writer's statement is the floor's work (two b-tree inserts, one heap insert; the event table has no key on \`id\`, migration 6), and the SQL writer adds the plpgsql call and its checks (migration 7 made those cheap)."
     echo
-    echo "Numbering that leaves the event row alone (the numbers stored apart) is measured by \`bench/numbering-prototypes.sh\` (\`bench/RESULTS-old-snapshot-prototypes.md\`): it writes less WAL per event, but every read then joins the numbers to the events, which the catch-up goal cannot afford, so the sequencer keeps writing the number into the event row (docs/design.md, \"Numbering under an old snapshot\"). And a tick's work (finding the new rows, numbering them per project, storing its frontier, committing) runs on the same cores as the writers whatever it stores. PgQ's ticker does none of that per event (it records a transaction snapshot and numbers nothing), which is why it stays near the floor; it gives no per-project sequence in return."
+    echo "Numbering that leaves the event row alone (the numbers stored apart) is measured in this run as a prototype (rust+apart, below): it writes less WAL per event, but every read then joins the numbers to the events. And a tick's work (finding the new rows, numbering them per project, storing its frontier, committing) runs on the same cores as the writers whatever it stores. PgQ's ticker does none of that per event (it records a transaction snapshot and numbers nothing), which is why it stays near the floor; it gives no per-project sequence in return."
+}
+
+# prototype_report: the rust+apart prototype beside the full path as built and PgQ.
+prototype_report() {
+    local clients v
+    echo "## Prototype: numbers stored apart"
+    echo
+    echo "\`bench/numbering-apart.sql\` (read it for what the prototype leaves out): the same writer statement and elected sequencer as rust+seq, in a schema whose tick inserts one row per event into \`lifecycle_event_numbers (project_id, sequence, row_id tid, arrival)\` instead of writing the number into the event row, which is then never rewritten. Checked after every run: every event numbered exactly once, densely per project."
+    echo
+    echo "| clients | variant | TPS | TPS / pgq | WAL B/txn | WAL / pgq | records B/txn | full-page images B/txn | b-tree leaf inserts | server µs/txn | productive ticks | events per tick |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for clients in $clients_list; do
+        for v in rust rust+seq rust+apart pgq; do
+            printf '| %s | %s | %.0f | %s | %.0f | %s | %.0f | %.0f | %s | %.0f | %s | %s |\n' "$clients" "$v" \
+                "$(median "$v" "$clients" 4)" "$(ratio "$(median "$v" "$clients" 4)" "$(median pgq "$clients" 4)")" \
+                "$(median "$v" "$clients" 11)" "$(ratio "$(median "$v" "$clients" 11)" "$(median pgq "$clients" 11)")" \
+                "$(median "$v" "$clients" 13)" "$(median "$v" "$clients" 14)" "$(median "$v" "$clients" 17)" \
+                "$(median "$v" "$clients" 10)" "$(median "$v" "$clients" 12)" \
+                "$(case "$v" in *+seq|*+apart) awk -v t="$(median "$v" "$clients" 12)" -v n="$(median "$v" "$clients" 6)" 'BEGIN { if (t > 0) printf "%.1f", n / t; else print "-" }' ;; *) echo - ;; esac)"
+        done
+    done
+    echo
+    echo "(PgQ's ticks are its ticker's, which number nothing; rust has no sequencer.)"
+    echo
+    echo "A consumer's read of 500 events after a random cursor in the $n_drain-event drain backlog (numbered apart by the prototype's tick for the second row), pgbench, one client, prepared, $read_seconds s per run, $reps round(s) interleaved, medians:"
+    echo
+    echo "| read | ms per read | server µs per read | runs (ms) |"
+    echo "|---|---:|---:|---|"
+    echo "| sequence index of the event table (as built, the consumer's READ_BATCH) | $(read_median row 3) | $(read_median row 4) | $(awk '$1 == "row" { printf "%s%s", sep, $3; sep = ", " }' "$work/reads") |"
+    echo "| numbers apart, joined to the events by address | $(read_median apart 3) | $(read_median apart 4) | $(awk '$1 == "apart" { printf "%s%s", sep, $3; sep = ", " }' "$work/reads") |"
+    echo
+    echo "By address / as built: **$(ratio "$(read_median apart 3)" "$(read_median row 3)")** in time, $(ratio "$(read_median apart 4)" "$(read_median row 4)") in server CPU."
 }
 
 report() {
@@ -446,8 +615,8 @@ report() {
     echo "  - **rust+seq**: the same while \`outbox sequence --every 50ms\` runs;"
     echo "  - **pgq**: \`SELECT pgq.insert_event('bench_q', 'task:deleted', payload, project_id, event_id, task_id, deleted_at)\` while a procedure calls \`pgq.ticker()\` every 10 ms, each in its own transaction (PgQ's own queue settings decide when a tick is made: at 500 events or 3 s)."
     echo "- What the peers do not do: the floor numbers nothing (a reader cannot tell a gap from a commit still in flight); PgQ numbers nothing per project and has no idempotency key (one index, on \`ev_txid\`), and its readers see batches between ticks. Ours gives dense per-project sequences, never visible out of order, and suppresses a repeated delete. The ratios are the price of that."
-    echo "- \`pgbench -n -M prepared -T $seconds -c C -j min(C, nproc)\`, task ids random without repeats; per client count the variants run interleaved, $reps round(s), after one unrecorded warm-up of each; cells are medians. Before every run: all tables emptied (PgQ's queue dropped and re-created), every task undeleted, \`VACUUM (ANALYZE)\`, \`CHECKPOINT\`. After every run: exactly one event per deleted task (checked)."
-    echo "- WAL B/txn: \`pg_current_wal_insert_lsn()\` difference over the run / transactions, so the sequencer's or ticker's WAL during the run is included. Server µs/txn: CPU of all the cluster's processes / transactions."
+    echo "- \`pgbench -n -M prepared -t $txns_per_run/C -c C -j min(C, nproc)\` ($txns_per_run transactions per run), task ids random without repeats; per client count the variants run interleaved, $reps round(s), after one unrecorded warm-up of each (3 s at 32 clients); cells are medians. Before every run: all tables emptied (PgQ's queue dropped and re-created), every task undeleted, \`VACUUM (ANALYZE)\`, \`CHECKPOINT\`. After every run: exactly one event per deleted task (checked)."
+    echo "- WAL B/txn: \`pg_current_wal_insert_lsn()\` difference over the run / transactions, so the sequencer's or ticker's WAL during the run is included. Every run deletes the same number of tasks: most of the full-page images are the tasks table's (the first change of each of its pages after the \`CHECKPOINT\`), and a run of fixed length would spread the same images over fewer transactions in a slower variant, charging it for being slow (the images column below is about equal in every variant for that reason). Server µs/txn: CPU of all the cluster's processes / transactions. Ticks: PgQ's ticks, or the sequencer's ticks that numbered something (each stores a frontier row)."
     echo "- Drain: $n_drain events in one project. Ours: numbered 1..N already (as the writer and the sequencer leave them), drained by \`outbox-bench catch-up-worker\` (the consumer runtime, \`ConsumerConfig\` defaults but no LISTEN, batches of 500, no-op handler, a fresh consumer ID per run). PgQ: written by \`pgq.insert_event\` in transactions of 500, a tick after each, consumers registered before, drained by \`outbox-bench pgq-drain\`: \`pgq.next_batch\`, \`pgq.get_batch_events\` (every row read, \`ev_data\` decoded into the same struct as our payload), \`pgq.finish_batch\`, prepared statements, one connection. Interleaved, $reps round(s), medians."
     echo
     echo "## Writer"
@@ -480,18 +649,20 @@ report() {
     echo
     echo "TPS ratios are the goal's measure; on this shared two-core host they move by ±30 % from run to run with the load (see All runs). Server CPU per transaction hardly depends on the load, so the last two columns give the same ratios by CPU cost (the peer's server µs/txn over the full path's): what TPS would be on a host where the server's CPU is the limit. Full path = the writer with the sequencer running."
     echo
-    echo "| clients | writer | full path / floor | full path / pgq | writer alone / floor | writer alone / pgq | WAL B/txn full path − floor | by CPU: full path / floor | by CPU: full path / pgq |"
-    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| clients | writer | full path / floor | full path / pgq | writer alone / floor | writer alone / pgq | WAL B/txn full path − floor | WAL full path / pgq | WAL writer alone / pgq | by CPU: full path / floor | by CPU: full path / pgq |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     local alone label
     for clients in $clients_list; do
         for alone in ours rust; do
             label="SQL (\`write_task_deleted\`)"; [ "$alone" = rust ] && label="Rust (one INSERT)"
-            printf '| %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n' "$clients" "$label" \
+            printf '| %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s | %s |\n' "$clients" "$label" \
                 "$(ratio "$(median "$alone+seq" "$clients" 4)" "$(median floor "$clients" 4)")" \
                 "$(ratio "$(median "$alone+seq" "$clients" 4)" "$(median pgq "$clients" 4)")" \
                 "$(ratio "$(median "$alone" "$clients" 4)" "$(median floor "$clients" 4)")" \
                 "$(ratio "$(median "$alone" "$clients" 4)" "$(median pgq "$clients" 4)")" \
                 "$(awk -v a="$(median "$alone+seq" "$clients" 11)" -v b="$(median floor "$clients" 11)" 'BEGIN { print a - b }')" \
+                "$(ratio "$(median "$alone+seq" "$clients" 11)" "$(median pgq "$clients" 11)")" \
+                "$(ratio "$(median "$alone" "$clients" 11)" "$(median pgq "$clients" 11)")" \
                 "$(ratio "$(median floor "$clients" 10)" "$(median "$alone+seq" "$clients" 10)")" \
                 "$(ratio "$(median pgq "$clients" 10)" "$(median "$alone+seq" "$clients" 10)")"
         done
@@ -514,6 +685,10 @@ report() {
     echo
     why
     echo
+    if [ "$prototypes" = 1 ]; then
+        prototype_report
+        echo
+    fi
     echo "## All runs"
     echo
     echo '```'
