@@ -16,6 +16,8 @@
 //! behind a transaction pooler as well as on a direct connection. The function's planner
 //! settings leave those plans no choice that depends on the statistics or the table's size.
 
+use std::time::Duration;
+
 use crate::stmt::Unnamed as _;
 
 use tokio_postgres::Client;
@@ -122,4 +124,41 @@ impl Sequencer {
             }
         }
     }
+
+    /// Ticks until everything committed before the call is numbered, for a caller about to
+    /// read a snapshot that should include it (a reconciliation's head). Where [`drain`]
+    /// stops at another sequencer's lock, this waits it out: the lock lasts one tick's
+    /// transaction, and that tick may be numbering exactly the events the caller means to
+    /// read, still uncommitted. A tick that gets the lock runs after the holder's commit, so
+    /// when this returns having ticked, every earlier tick's numbers are visible. Past
+    /// `patience` it stops waiting and returns what it numbered, leaving the rest to the
+    /// holder: the caller then reads a head a little behind, never a wrong one.
+    ///
+    /// [`drain`]: Self::drain
+    pub async fn drain_through(
+        &self,
+        client: &mut Client,
+        patience: Duration,
+    ) -> Result<u64, Error> {
+        let give_up_at = tokio::time::Instant::now() + patience;
+        let mut total = 0;
+        loop {
+            let tick = self.tick(client).await?;
+            total += tick.numbered;
+            if tick.ran && tick.numbered < self.batch as u64 {
+                return Ok(total);
+            }
+            if !tick.ran {
+                if tokio::time::Instant::now() >= give_up_at {
+                    tracing::debug!(numbered = total, "another sequencer kept the lock");
+                    return Ok(total);
+                }
+                tokio::time::sleep(LOCK_RETRY).await;
+            }
+        }
+    }
 }
+
+/// How long [`Sequencer::drain_through`] waits before asking for the lock again: about the
+/// length of a small tick.
+const LOCK_RETRY: Duration = Duration::from_millis(1);

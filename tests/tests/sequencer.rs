@@ -285,6 +285,53 @@ async fn a_held_lock_makes_other_sequencers_skip() {
     assert_eq!(sequencer.tick(&mut client).await.unwrap().numbered, 1);
 }
 
+/// A reconciliation reads the head right after draining; another sequencer's tick, holding
+/// the lock, may be numbering the very events it means to include. `drain` stops at the lock;
+/// `drain_through` waits for the holder to commit, and gives up only after its patience.
+#[tokio::test]
+async fn draining_through_waits_out_another_sequencers_tick() {
+    let db = fresh_db().await;
+    // The holder: a transaction with the sequencer's lock, as a tick in progress has it.
+    let holder = db.connect().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&Schema::default().lock_key("sequence")],
+        )
+        .await
+        .unwrap();
+    write_committed(&db, "p", "a").await;
+    let mut client = db.connect().await;
+    let sequencer = Sequencer::new(&Schema::default());
+    assert_eq!(sequencer.drain(&mut client).await.unwrap(), 0);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        sequencer
+            .drain_through(&mut client, Duration::from_millis(200))
+            .await
+            .unwrap(),
+        0,
+        "past its patience it leaves the events to the holder"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(200));
+
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.batch_execute("COMMIT").await.unwrap();
+    });
+    assert_eq!(
+        sequencer
+            .drain_through(&mut client, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        1,
+        "numbered once the holder's transaction ended"
+    );
+    assert_eq!(sequenced(&client, "p").await.len(), 1);
+    release.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_sequencers_never_assign_a_number_twice() {
     let db = fresh_db().await;

@@ -13,6 +13,11 @@ use crate::handler::{LiveSet, ReconcileReason, Reconciler};
 use crate::lease::Lease;
 use crate::store::{self, Statements};
 
+/// How long a reconciliation's snapshot waits for another sequencer's tick to commit before
+/// reading the head without it (a tick is a few milliseconds; a longer hold is a sequencer
+/// that has stalled, and the events it holds are then delivered after the snapshot).
+const SEQUENCER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl<D, R: Reconciler> Consumer<D, R> {
     /// A consumer without a cursor reconciles, or replays retained history when asked to and
     /// nothing has been pruned yet.
@@ -122,9 +127,11 @@ impl<D, R: Reconciler> Consumer<D, R> {
         // The run then ends with the error, releasing its lease.
         crate::live_query::check(client, self.config.delivery.live_query.sql()).await?;
         if self.config.duties.sequence_interval.is_some() {
-            // Number what has committed, so fewer deletions arrive again after the snapshot.
+            // Number what has committed, so fewer deletions arrive again after the snapshot:
+            // waiting out a tick of this process's own elected sequencer (or another's),
+            // which may hold exactly those events uncommitted.
             Sequencer::new(&self.config.duties.schema)
-                .drain(client)
+                .drain_through(client, SEQUENCER_PATIENCE)
                 .await?;
         }
         let tx = outbox_core::read_only_snapshot(client).await?;
