@@ -65,6 +65,13 @@ VALUES (:project_id::text, :event_type::text, :event_id::text, :task_id::text,
 ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
 RETURNING id;"
 
+# median_of: the median of the numbers on stdin, one a line; "nan" when there are none.
+median_of() {
+    sort -g | awk '{ x[NR] = $1 } END {
+        if (NR == 0) { print "nan"; exit }
+        if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
+}
+
 # wal_flushed LSN: waits until the WAL is flushed up to LSN (the WAL writer does it within
 # wal_writer_delay); pg_walinspect refuses to read beyond the flushed end.
 wal_flushed() {

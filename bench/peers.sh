@@ -345,9 +345,7 @@ run() {
 
 median() {
     awk -v v="$1" -v c="$2" -v f="$3" '$1 == v && $2 == c && $3 ~ /^[0-9]/ { print $f }' "$work/runs" \
-        | sort -g | awk '{ x[NR] = $1 } END {
-            if (NR == 0) { print "nan"; exit }
-            if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
+        | median_of
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.3f", a / b; else print "nan" }'; }
 
@@ -445,8 +443,7 @@ for rep in $(seq 1 "$reps"); do
     log "rep $rep: PgQ drained $n_drain events in $secs s ($batches batches)"
 done
 drain_median() {
-    awk -v v="$1" '$1 == v { print $4 }' "$work/drains" | sort -g | awk '{ x[NR] = $1 } END {
-        if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
+    awk -v v="$1" '$1 == v { print $4 }' "$work/drains" | median_of
 }
 
 # --- prototype: a batch read by address ----------------------------------------------------
@@ -508,9 +505,7 @@ SQL
     done
 fi
 read_median() {
-    awk -v s="$1" -v f="$2" '$1 == s { print $f }' "$work/reads" | sort -g | awk '{ x[NR] = $1 } END {
-        if (NR == 0) { print "nan"; exit }
-        if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
+    awk -v s="$1" -v f="$2" '$1 == s { print $f }' "$work/reads" | median_of
 }
 
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)

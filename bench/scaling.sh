@@ -234,8 +234,6 @@ for rep in $(seq 1 "$reps"); do
     done
 done
 
-median_of() { sort -g | awk '{ x[NR] = $1 } END { if (NR == 0) { print "nan"; exit }
-    if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'; }
 # seq_median LABEL FIELD: median of a seqstats field (1 ticks/s, 2 projects per tick,
 # 3 NOTIFY/s) over the lines labelled LABEL or starting with "LABEL ".
 seq_median() { awk -F '\t' -v l="$1" -v f="$2" '$1 == l || index($1, l " ") == 1 { split($2, x, " "); print x[f] }' "$work/seqstats" | median_of; }

@@ -111,10 +111,7 @@ done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 median() {
-    awk -v s="$1" -v c="$2" '$1 == s && $2 == c { print $4 }' "$work/runs" | sort -g \
-        | awk '{ x[NR] = $1 } END {
-            if (NR == 0) { print "nan"; exit }
-            if (NR % 2) print x[(NR + 1) / 2]; else print (x[NR / 2] + x[NR / 2 + 1]) / 2 }'
+    awk -v s="$1" -v c="$2" '$1 == s && $2 == c { print $4 }' "$work/runs" | median_of
 }
 
 report() {
