@@ -115,14 +115,7 @@ impl Sequencer {
     /// Ticks until no committed event is left unsequenced (or another sequencer holds the
     /// lock); returns how many events this call numbered.
     pub async fn drain(&self, client: &mut Client) -> Result<u64, Error> {
-        let mut total = 0;
-        loop {
-            let tick = self.tick(client).await?;
-            total += tick.numbered;
-            if !tick.ran || tick.numbered < self.batch as u64 {
-                return Ok(total);
-            }
-        }
+        self.drain_through(client, Duration::ZERO).await
     }
 
     /// Ticks until everything committed before the call is numbered, for a caller about to
