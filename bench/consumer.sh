@@ -32,11 +32,7 @@ bench_name=consumer.sh
 # to finish would stop the other's): refuse a second one. Taken before the trap is set, so a
 # refused run leaves the running one's cluster alone. Use OUTBOX_BENCH_PG_DIR/_PORT to run
 # side by side (though two benchmarks on one machine measure each other).
-exec 9>"$pg_dir.lock"
-if ! flock -n 9; then
-    log "another run is using $pg_dir; set OUTBOX_BENCH_PG_DIR and OUTBOX_BENCH_PG_PORT to use another cluster"
-    exit 1
-fi
+bench_lock "$pg_dir"
 
 trap bench_cleanup EXIT
 trap 'exit 130' INT TERM

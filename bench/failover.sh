@@ -68,11 +68,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-failover.XXXXXX")
 # shellcheck source=bench/lib.sh
 . "$root/bench/lib.sh"
 
-exec 9>"$base.lock"
-if ! flock -n 9; then
-    log "another run is using $base; set OUTBOX_BENCH_PG_DIR and OUTBOX_BENCH_PG_PORT"
-    exit 1
-fi
+bench_lock "$base"
 
 declare -A consumer_pids=()
 writer_pids=()

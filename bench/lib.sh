@@ -12,6 +12,16 @@ pg() { OUTBOX_PG_DIR=$pg_dir OUTBOX_PG_PORT=$pg_port scripts/pg.sh "$@"; }
 # Quiet, unaligned, stop at the first error: results are read back by the scripts.
 sql() { psql "$DATABASE_URL" -X -q -t -A -v ON_ERROR_STOP=1 "$@"; }
 
+# bench_lock DIR: holds DIR.lock (descriptor 9) for the rest of the script, so two runs never
+# share a cluster; exits when another run holds it.
+bench_lock() {
+    exec 9>"$1.lock"
+    if ! flock -n 9; then
+        log "another run is using $1; set OUTBOX_BENCH_PG_DIR and OUTBOX_BENCH_PG_PORT to use another cluster"
+        exit 1
+    fi
+}
+
 # bench_cluster: builds the CLI (release) and resets the cluster; sets `outbox` and exports
 # DATABASE_URL.
 bench_cluster() {

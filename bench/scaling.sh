@@ -64,11 +64,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-scaling-bench.XXXXXX")
 # shellcheck source=bench/lib.sh
 . "$root/bench/lib.sh"
 
-exec 9>"$pg_dir.lock"
-if ! flock -n 9; then
-    log "another run is using $pg_dir; set OUTBOX_BENCH_PG_DIR and OUTBOX_BENCH_PG_PORT to use another cluster"
-    exit 1
-fi
+bench_lock "$pg_dir"
 trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 

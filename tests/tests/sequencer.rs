@@ -260,38 +260,9 @@ async fn open_transactions_elsewhere_do_not_stall_sequencing() {
     idle_tx.rollback().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_held_lock_makes_other_sequencers_skip() {
-    let db = fresh_db().await;
-    let mut holder = db.connect().await;
-    let holder_tx = holder.transaction().await.unwrap();
-    holder_tx
-        .execute(
-            "SELECT pg_advisory_xact_lock($1)",
-            &[&Schema::default().lock_key("sequence")],
-        )
-        .await
-        .unwrap();
-    let mut client = db.connect().await;
-    let sequencer = Sequencer::new(&Schema::default());
-    // With nothing to number the tick ends at its probe, before asking for the lock.
-    let idle = sequencer.tick(&mut client).await.unwrap();
-    assert!(idle.ran, "an idle tick does not ask for the lock");
-    write_committed(&db, "p", "a").await;
-    let tick = sequencer.tick(&mut client).await.unwrap();
-    assert!(!tick.ran);
-    assert_eq!(tick.numbered, 0);
-    holder_tx.commit().await.unwrap();
-    assert_eq!(sequencer.tick(&mut client).await.unwrap().numbered, 1);
-}
-
-/// A reconciliation reads the head right after draining; another sequencer's tick, holding
-/// the lock, may be numbering the very events it means to include. `drain` stops at the lock;
-/// `drain_through` waits for the holder to commit, and gives up only after its patience.
-#[tokio::test]
-async fn draining_through_waits_out_another_sequencers_tick() {
-    let db = fresh_db().await;
-    // The holder: a transaction with the sequencer's lock, as a tick in progress has it.
+/// A session in a transaction that holds the sequencer's lock, as a tick in progress holds
+/// it; `COMMIT` on it releases the lock.
+async fn hold_sequencer_lock(db: &TestDb) -> tokio_postgres::Client {
     let holder = db.connect().await;
     holder.batch_execute("BEGIN").await.unwrap();
     holder
@@ -301,6 +272,33 @@ async fn draining_through_waits_out_another_sequencers_tick() {
         )
         .await
         .unwrap();
+    holder
+}
+
+#[tokio::test]
+async fn a_held_lock_makes_other_sequencers_skip() {
+    let db = fresh_db().await;
+    let holder = hold_sequencer_lock(&db).await;
+    let mut client = db.connect().await;
+    let sequencer = Sequencer::new(&Schema::default());
+    // With nothing to number the tick ends at its probe, before asking for the lock.
+    let idle = sequencer.tick(&mut client).await.unwrap();
+    assert!(idle.ran, "an idle tick does not ask for the lock");
+    write_committed(&db, "p", "a").await;
+    let tick = sequencer.tick(&mut client).await.unwrap();
+    assert!(!tick.ran);
+    assert_eq!(tick.numbered, 0);
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(sequencer.tick(&mut client).await.unwrap().numbered, 1);
+}
+
+/// A reconciliation reads the head right after draining; another sequencer's tick, holding
+/// the lock, may be numbering the very events it means to include. `drain` stops at the lock;
+/// `drain_through` waits for the holder to commit, and gives up only after its patience.
+#[tokio::test]
+async fn draining_through_waits_out_another_sequencers_tick() {
+    let db = fresh_db().await;
+    let holder = hold_sequencer_lock(&db).await;
     write_committed(&db, "p", "a").await;
     let mut client = db.connect().await;
     let sequencer = Sequencer::new(&Schema::default());
