@@ -4,6 +4,7 @@
 //! record what it did.
 
 use tokio_postgres::GenericClient;
+use tokio_postgres::types::ToSql;
 
 use crate::schema::Schema;
 use crate::states::AuditKind;
@@ -35,6 +36,8 @@ pub struct AuditRecord<'a> {
 pub struct AuditLog {
     /// [`AUDIT`], rendered for the schema.
     insert: String,
+    /// [`AUDIT`] with `RETURNING id`, rendered for the schema.
+    insert_returning_id: String,
 }
 
 impl AuditLog {
@@ -42,38 +45,59 @@ impl AuditLog {
     pub fn new(schema: &Schema) -> Self {
         Self {
             insert: schema.render(AUDIT),
+            insert_returning_id: schema.render(&format!("{AUDIT}\nRETURNING id")),
         }
     }
 
-    /// Appends `record` on `client` (normally inside the transaction whose change it records)
-    /// and returns the new row's ID.
+    /// Appends `record` on `client` (normally inside the transaction whose change it records).
+    ///
+    /// A plain insert: the consumer role may append to the trail but not read it, and
+    /// `RETURNING` needs the right to read what it returns.
     pub async fn record(
+        &self,
+        client: &(impl GenericClient + Sync),
+        record: &AuditRecord<'_>,
+    ) -> Result<(), tokio_postgres::Error> {
+        client
+            .execute_unnamed(&self.insert, &params(&record.kind.as_str(), record))
+            .await?;
+        Ok(())
+    }
+
+    /// Appends `record` like [`record`](Self::record) and returns the new row's ID, for the
+    /// retention sweep, which adds to its row later. Needs the right to read the trail (the
+    /// operator's).
+    pub async fn record_returning_id(
         &self,
         client: &(impl GenericClient + Sync),
         record: &AuditRecord<'_>,
     ) -> Result<i64, tokio_postgres::Error> {
         client
             .query_one_unnamed(
-                &self.insert,
-                &[
-                    &record.kind.as_str(),
-                    &record.project_id,
-                    &record.consumer_id,
-                    &record.event_id,
-                    &record.actor,
-                    &record.count,
-                    &record.reason,
-                ],
+                &self.insert_returning_id,
+                &params(&record.kind.as_str(), record),
             )
             .await?
             .try_get("id")
     }
 }
 
+/// [`AUDIT`]'s parameters, `kind` being `record.kind` as stored.
+fn params<'r>(kind: &'r &'static str, record: &'r AuditRecord<'_>) -> [&'r (dyn ToSql + Sync); 7] {
+    [
+        kind,
+        &record.project_id,
+        &record.consumer_id,
+        &record.event_id,
+        &record.actor,
+        &record.count,
+        &record.reason,
+    ]
+}
+
 /// Appends an audit row: `$1` kind, `$2` project, `$3` consumer (or NULL), `$4` event (or
-/// NULL), `$5` actor (or NULL), `$6` count (or NULL), `$7` reason (or NULL). Returns its ID.
+/// NULL), `$5` actor (or NULL), `$6` count (or NULL), `$7` reason (or NULL).
 const AUDIT: &str = "
 INSERT INTO {{schema}}.lifecycle_audit
     (kind, project_id, consumer_id, event_id, actor, count, reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
-RETURNING id";
+VALUES ($1, $2, $3, $4, $5, $6, $7)";

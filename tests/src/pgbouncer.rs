@@ -57,8 +57,20 @@ fn free_port() -> u16 {
 
 impl PgBouncer {
     /// Starts PgBouncer (`pool_mode = transaction`, [`POOL_SIZE`] server connections per
-    /// database) in front of the test cluster and waits until it accepts connections.
+    /// database) in front of the test cluster and waits until it accepts connections. Every
+    /// client reaches the server as the cluster's superuser.
     pub fn start() -> Self {
+        Self::launch(&[])
+    }
+
+    /// As [`PgBouncer::start`], but each client reaches the server as the role it names, and
+    /// `users` (login roles the test made) may connect besides the superuser: a deployment
+    /// whose processes log in as least-privilege roles.
+    pub fn start_for_users(users: &[String]) -> Self {
+        Self::launch(users)
+    }
+
+    fn launch(users: &[String]) -> Self {
         let binary = pgbouncer_binary();
         let cluster = Config::from_str(crate::cluster_url_cached()).expect("cluster URL parses");
         let socket_dir = cluster
@@ -79,9 +91,14 @@ impl PgBouncer {
         ));
         std::fs::create_dir_all(&dir).expect("create pgbouncer directory");
         let port = free_port();
+        // With no `user=`, PgBouncer logs in to the server as the client's own role.
+        let server_user = match users.is_empty() {
+            true => format!(" user={user}"),
+            false => String::new(),
+        };
         let ini = format!(
             "[databases]\n\
-             * = host={socket} port={cluster_port} user={user}\n\
+             * = host={socket} port={cluster_port}{server_user}\n\
              [pgbouncer]\n\
              listen_addr = 127.0.0.1\n\
              listen_port = {port}\n\
@@ -101,8 +118,11 @@ impl PgBouncer {
             dir = dir.display(),
         );
         std::fs::write(dir.join("pgbouncer.ini"), ini).expect("write pgbouncer.ini");
-        std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n"))
-            .expect("write users.txt");
+        let auth_file: String = std::iter::once(&user)
+            .chain(users)
+            .map(|u| format!("\"{u}\" \"\"\n"))
+            .collect();
+        std::fs::write(dir.join("users.txt"), auth_file).expect("write users.txt");
 
         let root = is_root();
         let mut command = if root {

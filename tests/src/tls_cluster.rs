@@ -168,7 +168,7 @@ impl TlsCluster {
             "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = ''\n\
              ssl = on\nssl_cert_file = '{d}/server.crt'\nssl_key_file = '{d}/server.key'\n\
              ssl_ca_file = '{d}/ca.pem'\n\
-             fsync = off\nmax_connections = 50\nlog_min_messages = warning\n",
+             fsync = off\nmax_connections = 200\nlog_min_messages = warning\n",
             d = cluster.dir.display()
         );
         append(&data.join("postgresql.conf"), &conf);

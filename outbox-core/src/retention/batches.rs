@@ -208,7 +208,7 @@ async fn add_audit(
         None => Ok(pruner
             .sql
             .audit
-            .record(
+            .record_returning_id(
                 tx,
                 &AuditRecord {
                     reason: None,
