@@ -197,11 +197,15 @@ impl ElectedSequencer {
                 return Ok(self.next_check - now);
             }
             self.claim(client).await?;
-            if self.held.is_none() {
-                return Ok(self.next_check.saturating_duration_since(Instant::now()));
-            }
         }
-        let numbered = self.sequencer.drain(client).await?;
+        let Some(held) = self.held else {
+            return Ok(self.next_check.saturating_duration_since(Instant::now()));
+        };
+        // Ticks no longer than until the next renewal is due: a drain under writers that
+        // keep every batch full would otherwise starve the renewals, and go on numbering
+        // after the lease ran out.
+        let until = held.renew_at.min(held.valid_until);
+        let numbered = self.sequencer.drain_until(client, until).await?;
         Ok(self.cadence.after_tick(numbered))
     }
 

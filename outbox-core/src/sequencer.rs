@@ -133,12 +133,39 @@ impl Sequencer {
         client: &mut Client,
         patience: Duration,
     ) -> Result<u64, Error> {
+        self.ticks(client, patience, None).await
+    }
+
+    /// Like [`drain`], but returns once `deadline` has passed even while full batches keep
+    /// coming: an elected sequencer must get back to renewing its lease, and must stop
+    /// numbering when its lease may have run out, however fast writers commit.
+    ///
+    /// [`drain`]: Self::drain
+    pub async fn drain_until(
+        &self,
+        client: &mut Client,
+        deadline: tokio::time::Instant,
+    ) -> Result<u64, Error> {
+        self.ticks(client, Duration::ZERO, Some(deadline)).await
+    }
+
+    /// The loop of [`drain_through`](Self::drain_through) and
+    /// [`drain_until`](Self::drain_until).
+    async fn ticks(
+        &self,
+        client: &mut Client,
+        patience: Duration,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<u64, Error> {
         let give_up_at = tokio::time::Instant::now() + patience;
         let mut total = 0;
         loop {
             let tick = self.tick(client).await?;
             total += tick.numbered;
             if tick.ran && tick.numbered < self.batch as u64 {
+                return Ok(total);
+            }
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 return Ok(total);
             }
             if !tick.ran {

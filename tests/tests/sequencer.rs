@@ -330,6 +330,61 @@ async fn draining_through_waits_out_another_sequencers_tick() {
     release.await.unwrap();
 }
 
+/// A drain with a deadline stops at it even while full batches keep coming (here: a backlog
+/// of many batches and a deadline already passed: one tick), so an elected sequencer gets
+/// back to its lease between batches.
+#[tokio::test]
+async fn draining_until_a_deadline_stops_at_it_with_batches_still_full() {
+    let db = fresh_db().await;
+    for i in 0..10 {
+        write_committed(&db, "p", &format!("t{i}")).await;
+    }
+    let mut client = db.connect().await;
+    let sequencer = Sequencer::new(&Schema::default()).with_batch(3);
+    let passed = tokio::time::Instant::now();
+    assert_eq!(
+        sequencer.drain_until(&mut client, passed).await.unwrap(),
+        3,
+        "one tick, then the deadline"
+    );
+    let later = tokio::time::Instant::now() + Duration::from_secs(60);
+    assert_eq!(sequencer.drain_until(&mut client, later).await.unwrap(), 7);
+    assert_eq!(sequenced(&client, "p").await.len(), 10);
+}
+
+/// An elected sequencer's step under a backlog far larger than its renewal interval allows
+/// returns to renew: it numbers part of the backlog, not all of it (a step that drained
+/// everything starved the lease's renewals while writers kept batches full).
+#[tokio::test]
+async fn an_elected_sequencers_step_returns_in_time_to_renew() {
+    let db = fresh_db().await;
+    let schema = Schema::default();
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "SELECT outbox.write_task_deleted('p', 't' || i, now(), 'w', '{}') \
+             FROM generate_series(1, 5000) AS i",
+        )
+        .await
+        .unwrap();
+    // A 500 ms lease: renewals are due every 125 ms; 5,000 ticks of one event take longer.
+    let mut elected = outbox_core::ElectedSequencer::new(
+        Sequencer::new(&schema).with_batch(1),
+        &schema,
+        "host:1:step".into(),
+        Duration::from_millis(500),
+        Duration::from_millis(50),
+    );
+    let mut client = db.connect().await;
+    elected.step(&mut client).await.unwrap();
+    assert_eq!(elected.generation(), Some(1), "it leads");
+    let numbered = sequenced(&client, "p").await.len();
+    assert!(
+        (1..5000).contains(&numbered),
+        "one step numbers part of the backlog and returns to renew: {numbered}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_sequencers_never_assign_a_number_twice() {
     let db = fresh_db().await;

@@ -4,8 +4,8 @@
 //! exactly once, each project's numbers are exactly 1..n, and the heads agree.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_core::{ElectedSequencer, Schema, Sequencer};
@@ -46,23 +46,28 @@ fn owner_pid(owner: &str) -> u32 {
 
 /// Waits for an unexpired lease held by one of `processes` with a generation above `after`;
 /// returns (index of the leader, generation).
+/// On a timeout it shows the lease row and every candidate's log.
 async fn leader(db: &TestDb, processes: &[OutboxProcess], after: i64) -> (usize, i64) {
-    let found = Arc::new(Mutex::new(None));
-    eventually(WAIT, "a sequencer leader", || {
-        let found = found.clone();
-        async move {
-            let (owner, generation, live) = lease(db).await;
-            let Some(owner) = owner.filter(|_| live && generation > after) else {
-                return false;
-            };
-            let pid = owner_pid(&owner);
-            let index = processes.iter().position(|p| p.pid() == pid);
-            *found.lock().unwrap() = index.map(|i| (i, generation));
-            index.is_some()
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (owner, generation, live) = lease(db).await;
+        if let Some(owner) = owner.as_deref().filter(|_| live && generation > after) {
+            let pid = owner_pid(owner);
+            if let Some(index) = processes.iter().position(|p| p.pid() == pid) {
+                return (index, generation);
+            }
         }
-    })
-    .await;
-    found.lock().unwrap().unwrap()
+        if tokio::time::Instant::now() >= deadline {
+            let logs: Vec<String> = processes.iter().map(|p| p.stderr()).collect();
+            panic!(
+                "timed out after {WAIT:?} waiting for a sequencer leader above generation \
+                 {after}; the lease: owner {owner:?}, generation {generation}, live {live}; \
+                 the candidates' logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until committed events are being numbered again (the count of numbered events grows
@@ -208,7 +213,10 @@ async fn a_paused_leader_is_replaced_and_resumes_without_harm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn candidates_racing_for_an_expired_lease_elect_one_at_a_time() {
     let db = fresh_db().await;
-    let processes: Vec<OutboxProcess> = (0..3).map(|_| candidate(&db, "1s")).collect();
+    // A lease long enough that only the test's expiries make elections: with 1 s, a
+    // candidate starved of CPU for 0.8 s on a loaded host lets its lease run out by itself,
+    // and a second election in a round is the design working, not a double winner.
+    let processes: Vec<OutboxProcess> = (0..3).map(|_| candidate(&db, "5s")).collect();
     let writers = Writers::start(&db, 4, PROJECTS, 2..12);
     let (_, mut generation) = leader(&db, &processes, 0).await;
     let client = db.connect().await;
