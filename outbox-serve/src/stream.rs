@@ -17,6 +17,7 @@ use bytes::Bytes;
 use outbox_consumer::ReconcileReason;
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::fan_out::{FanOut, Frame, Subscription};
@@ -144,6 +145,25 @@ fn serving(state: &AppState, fan_out: &FanOut) -> Result<(), Response> {
     ))
 }
 
+/// The `event: retired` message of `fan_out`'s project when an operator retired its
+/// consumer (the stream then ends, and a new request is answered 410); `None` while it is not.
+pub(crate) fn retired(state: &AppState, fan_out: &FanOut) -> Option<Bytes> {
+    let (project, consumer) = (&fan_out.project, &state.consumer_id);
+    if !state.probes.retired(project, consumer) {
+        return None;
+    }
+    let data = json!({
+        "type": "retired",
+        "project_id": project,
+        "consumer_id": consumer,
+        "reason": format!(
+            "consumer {consumer} of project {project} was retired: the project is no longer \
+             served here"
+        ),
+    });
+    Some(Bytes::from(format!("event: retired\ndata: {data}\n\n")))
+}
+
 /// One client's stream.
 struct Client {
     /// Server-wide state: history reads, shutdown, keep-alive.
@@ -161,6 +181,8 @@ struct Client {
     out: VecDeque<Bytes>,
     /// When the next keep-alive comment is due.
     keep_alive: tokio::time::Interval,
+    /// Changes when an operator retires a served consumer: this project's ends the stream.
+    retirements: watch::Receiver<usize>,
     /// Set after the last chunk.
     done: bool,
 }
@@ -182,6 +204,9 @@ impl Client {
         let mut keep_alive = tokio::time::interval_at(Instant::now() + period, period);
         keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let last_sent = after.or(subscription.handled_through);
+        let mut retirements = state.probes.retirements();
+        // Checked once at once: the consumer may have been retired since the request's check.
+        retirements.mark_changed();
         Self {
             state,
             fan_out,
@@ -191,6 +216,7 @@ impl Client {
             // An SSE comment first, so the client sees the stream open at once.
             out: VecDeque::from([Bytes::from_static(b": connected\n\n")]),
             keep_alive,
+            retirements,
             done: false,
         }
     }
@@ -232,6 +258,13 @@ impl Client {
                         return None;
                     }
                 },
+                // The sender lives as long as the state: an error never comes.
+                Ok(()) = self.retirements.changed() => {
+                    if let Some(retired) = retired(&self.state, &self.fan_out) {
+                        self.done = true;
+                        return Some(retired);
+                    }
+                }
                 _ = self.keep_alive.tick() => return Some(Bytes::from_static(b": keep-alive\n\n")),
             }
         }
