@@ -1461,6 +1461,7 @@ async fn help_texts_say_what_serve_and_the_relay_take() {
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("--exit-when-caught-up"), "{out}");
     assert!(out.contains("--header-read-timeout"), "{out}");
+    assert!(out.contains("--allowed-host") && out.contains("DNS rebinding"), "{out}");
     let (code, out, err) = run_outbox(&["relay", "nats", "--help"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("every `consume` option"), "{out}");
