@@ -163,13 +163,22 @@ async fn stream_carries_handled_events_in_order_and_resumes_from_ring_and_histor
     )
     .await;
     let by_query = SseClient::open(server.addr, "/v1/projects/p1/events?after=1", &[]).await;
+    // Both: Last-Event-ID wins (an EventSource reconnecting to its first URL sends both).
+    let reconnected = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events?after=1",
+        &[("last-event-id", "4")],
+    )
+    .await;
     eventually(Duration::from_secs(10), "resumed clients catch up", || {
         let done = from_ring.sequences().len() >= 2
             && from_history.sequences().len() >= 5
-            && by_query.sequences().len() >= 4;
+            && by_query.sequences().len() >= 4
+            && !reconnected.sequences().is_empty();
         async move { done }
     })
     .await;
+    assert_eq!(reconnected.sequences(), vec![5]);
     assert_eq!(from_ring.sequences(), vec![4, 5]);
     assert_eq!(from_history.sequences(), vec![1, 2, 3, 4, 5]);
     assert_eq!(by_query.sequences(), vec![2, 3, 4, 5]);
@@ -1461,7 +1470,10 @@ async fn help_texts_say_what_serve_and_the_relay_take() {
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("--exit-when-caught-up"), "{out}");
     assert!(out.contains("--header-read-timeout"), "{out}");
-    assert!(out.contains("--allowed-host") && out.contains("DNS rebinding"), "{out}");
+    assert!(
+        out.contains("--allowed-host") && out.contains("DNS rebinding"),
+        "{out}"
+    );
     let (code, out, err) = run_outbox(&["relay", "nats", "--help"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("every `consume` option"), "{out}");
