@@ -1664,6 +1664,24 @@ async fn requests_naming_another_host_are_refused() {
         .await
         .unwrap();
     assert_eq!(status, 421, "{body}");
+    // Also while the server waits for its database at start.
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let down = format!("postgresql://postgres@127.0.0.1:{}/postgres", free_port());
+    let _waiting = ConsumeProcess::spawn_command(
+        &down,
+        "serve",
+        &["--listen", &listen, "--project", "p1", "--consumer-id", "w"],
+    );
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    eventually(Duration::from_secs(10), "the waiting server answers", || async move {
+        matches!(get(addr, "/healthz", &[]).await, Ok((200, _, body)) if body.contains("starting"))
+    })
+    .await;
+    let (status, _, body) = get(addr, "/healthz", &[("host", "evil.example")])
+        .await
+        .unwrap();
+    assert_eq!(status, 421, "{body}");
     // A malformed value is a usage error.
     let (code, _, err) = outbox_on(
         &db,
