@@ -1,5 +1,7 @@
 //! `GET /v1/projects/{P}/events`: Server-Sent Events for ephemeral clients, which own no
-//! cursor. A client resumes after `Last-Event-ID` (or `?after=`) from the ring, then from
+//! cursor. A client resumes after `Last-Event-ID` (or `?after=`; with both, `Last-Event-ID`,
+//! which is what an `EventSource` opened with `?after=` sends when it reconnects to that same
+//! URL) from the ring, then from
 //! retained history in PostgreSQL (read-only), or, below the retention floor, from a
 //! reconciliation; then it follows what the durable consumer handles. A resume id that names
 //! an event this history does not have (`sse_id.rs`: the id carries the event's identity) is
@@ -29,7 +31,7 @@ use crate::state::{AppState, busy, error, event_stream, quoted, release, reserve
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
 
-/// `?after=ID`, for clients that cannot set `Last-Event-ID`.
+/// `?after=ID`, for clients that cannot set `Last-Event-ID` (ignored when the request has one).
 #[derive(Debug, Deserialize)]
 pub struct After {
     /// The id of the last message the client has (or a bare sequence).
