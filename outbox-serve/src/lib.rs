@@ -39,7 +39,7 @@
 //! the events after a number that names another event here.
 //!
 //! Modules, base first: `sse_id` (the form of the SSE `id:` field) and `auth` import nothing
-//! of the crate; [`fan_out`] uses `sse_id`; `state` holds what handlers share; `stream` (the
+//! of the crate; `host` (which `Host` a request may name) uses only `state`'s error body; [`fan_out`] uses `sse_id`; `state` holds what handlers share; `stream` (the
 //! SSE endpoint) and `dashboard` use it; `routes` wires them with the probes; `server` runs it
 //! all.
 
@@ -48,6 +48,7 @@
 mod auth;
 mod dashboard;
 pub mod fan_out;
+mod host;
 mod routes;
 mod server;
 mod sse_id;
@@ -56,6 +57,7 @@ mod stream;
 
 pub use auth::AdminAuth;
 pub use fan_out::{FanOut, FanOutSink};
+pub use host::{AllowedHosts, InvalidAllowedHost};
 pub use routes::waiting_router;
 pub use server::{Direct, ServeError, Server, ServerSettings};
 pub use sse_id::{MalformedId, StreamId, Tag};

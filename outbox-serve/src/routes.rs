@@ -8,15 +8,17 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
+use crate::host::{AllowedHosts, check_host};
 use crate::state::{AppState, error, quoted};
 use crate::{dashboard, stream};
 
-/// The routes of the server.
-pub(crate) fn router(state: Arc<AppState>) -> Router {
+/// The routes of the server, each behind the `Host` check ([`crate::host`]).
+pub(crate) fn router(state: Arc<AppState>, hosts: AllowedHosts) -> Router {
     Router::new()
         .route("/", get(dashboard::page))
         .route("/v1/projects/{project}/events", get(stream::events))
@@ -29,13 +31,15 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .with_state(state)
+        .layer(middleware::from_fn_with_state(Arc::new(hosts), check_host))
 }
 
 /// The probes alone, answered while the server waits for its database before it starts:
 /// `/healthz` (200, alive, with the status `starting`) and `/readyz` (503,
 /// `database_unavailable`, while the database does not answer; `starting` once it does).
-/// Every other path is a 503.
-pub fn waiting_router() -> Router {
+/// Every other path is a 503. Requests naming another `Host` are refused as the server's
+/// own are ([`AllowedHosts`]).
+pub fn waiting_router(hosts: AllowedHosts) -> Router {
     Router::new()
         .route(
             "/healthz",
@@ -43,6 +47,7 @@ pub fn waiting_router() -> Router {
         )
         .route("/readyz", get(waiting_readyz))
         .fallback(starting)
+        .layer(middleware::from_fn_with_state(Arc::new(hosts), check_host))
 }
 
 /// `/readyz` before the server has started.

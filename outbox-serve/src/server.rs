@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::AdminAuth;
 use crate::fan_out::{FanOut, FanOutSink};
+use crate::host::{AllowedHosts, InvalidAllowedHost};
 use crate::routes::router;
 use crate::state::AppState;
 
@@ -50,6 +51,9 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// Enables admin actions for requests that carry its token.
     pub admin: Option<AdminAuth>,
+    /// Host names (`NAME` or `NAME:PORT`) answered besides the listen address and localhost
+    /// (see [`AllowedHosts`]): the names clients reach the server by.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl ServerSettings {
@@ -68,6 +72,7 @@ impl ServerSettings {
             drain_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(10),
             admin: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -81,6 +86,12 @@ pub enum ServeError {
     /// A consumer failed (the first of them, when several did); the server stops with it.
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
+    /// An `allowed_hosts` value is not a host name.
+    #[error(transparent)]
+    AllowedHost(#[from] InvalidAllowedHost),
+    /// The listener has no local address.
+    #[error("the listener has no local address: {0}")]
+    Listener(std::io::Error),
 }
 
 /// No handler before the fan-out: the consumers only fan out.
@@ -175,6 +186,8 @@ impl<C: Handler + Reconciler> Server<C> {
     ) -> Result<(), ServeError> {
         let metrics = outbox_service::metrics::install()?;
         let settings = self.settings;
+        let addr = listener.local_addr().map_err(ServeError::Listener)?;
+        let hosts = AllowedHosts::new(addr, &settings.allowed_hosts)?;
         let consumer = settings.consumer_id.to_string();
         let mut sinks = BTreeMap::new();
         let mut fan_outs = BTreeMap::new();
@@ -237,12 +250,12 @@ impl<C: Handler + Reconciler> Server<C> {
             admin: settings.admin,
             shutdown: stop.clone(),
         });
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, projects = state.projects.len(), "serving");
-        }
+        tracing::info!(%addr, "listening; claiming the consumers' leases");
+        // Ends by itself at `stop` at the latest.
+        tokio::spawn(announce(state.clone(), addr));
         let http = tokio::spawn(outbox_service::http::serve(
             listener,
-            router(state),
+            router(state, hosts),
             stop.clone(),
             settings.drain_timeout,
             settings.header_read_timeout,
@@ -262,6 +275,29 @@ impl<C: Handler + Reconciler> Server<C> {
         match failed.into_iter().chain(retired).next() {
             Some(e) => Err(e.into()),
             None => Ok(()),
+        }
+    }
+}
+
+/// Says "serving" once this process holds the lease of every served project (a retired one
+/// excepted): not before, so a server that stops because a lease is held elsewhere
+/// (`--no-wait`) never claims to have served. Checked every 100 ms until then; ends with it.
+async fn announce(state: Arc<AppState>, addr: std::net::SocketAddr) {
+    loop {
+        let serving = state.projects.iter().all(|project| {
+            state.probes.retired(project, &state.consumer_id)
+                || state
+                    .probes
+                    .get(project, &state.consumer_id)
+                    .is_some_and(|probe| probe.lease_held())
+        });
+        if serving {
+            tracing::info!(%addr, projects = state.projects.len(), "serving");
+            return;
+        }
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
 }

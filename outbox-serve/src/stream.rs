@@ -1,5 +1,7 @@
 //! `GET /v1/projects/{P}/events`: Server-Sent Events for ephemeral clients, which own no
-//! cursor. A client resumes after `Last-Event-ID` (or `?after=`) from the ring, then from
+//! cursor. A client resumes after `Last-Event-ID` (or `?after=`; with both, `Last-Event-ID`,
+//! which is what an `EventSource` opened with `?after=` sends when it reconnects to that same
+//! URL) from the ring, then from
 //! retained history in PostgreSQL (read-only), or, below the retention floor, from a
 //! reconciliation; then it follows what the durable consumer handles. A resume id that names
 //! an event this history does not have (`sse_id.rs`: the id carries the event's identity) is
@@ -17,6 +19,7 @@ use bytes::Bytes;
 use outbox_consumer::ReconcileReason;
 use serde::Deserialize;
 use serde_json::json;
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::fan_out::{FanOut, Frame, Subscription};
@@ -28,7 +31,7 @@ use crate::state::{AppState, busy, error, event_stream, quoted, release, reserve
 /// Events read from PostgreSQL per query while a client catches up.
 const HISTORY_PAGE: i64 = 500;
 
-/// `?after=ID`, for clients that cannot set `Last-Event-ID`.
+/// `?after=ID`, for clients that cannot set `Last-Event-ID` (ignored when the request has one).
 #[derive(Debug, Deserialize)]
 pub struct After {
     /// The id of the last message the client has (or a bare sequence).
@@ -144,6 +147,25 @@ fn serving(state: &AppState, fan_out: &FanOut) -> Result<(), Response> {
     ))
 }
 
+/// The `event: retired` message of `fan_out`'s project when an operator retired its
+/// consumer (the stream then ends, and a new request is answered 410); `None` while it is not.
+pub(crate) fn retired(state: &AppState, fan_out: &FanOut) -> Option<Bytes> {
+    let (project, consumer) = (&fan_out.project, &state.consumer_id);
+    if !state.probes.retired(project, consumer) {
+        return None;
+    }
+    let data = json!({
+        "type": "retired",
+        "project_id": project,
+        "consumer_id": consumer,
+        "reason": format!(
+            "consumer {consumer} of project {project} was retired: the project is no longer \
+             served here"
+        ),
+    });
+    Some(Bytes::from(format!("event: retired\ndata: {data}\n\n")))
+}
+
 /// One client's stream.
 struct Client {
     /// Server-wide state: history reads, shutdown, keep-alive.
@@ -161,6 +183,8 @@ struct Client {
     out: VecDeque<Bytes>,
     /// When the next keep-alive comment is due.
     keep_alive: tokio::time::Interval,
+    /// Changes when an operator retires a served consumer: this project's ends the stream.
+    retirements: watch::Receiver<usize>,
     /// Set after the last chunk.
     done: bool,
 }
@@ -182,6 +206,9 @@ impl Client {
         let mut keep_alive = tokio::time::interval_at(Instant::now() + period, period);
         keep_alive.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let last_sent = after.or(subscription.handled_through);
+        let mut retirements = state.probes.retirements();
+        // Checked once at once: the consumer may have been retired since the request's check.
+        retirements.mark_changed();
         Self {
             state,
             fan_out,
@@ -191,6 +218,7 @@ impl Client {
             // An SSE comment first, so the client sees the stream open at once.
             out: VecDeque::from([Bytes::from_static(b": connected\n\n")]),
             keep_alive,
+            retirements,
             done: false,
         }
     }
@@ -232,6 +260,13 @@ impl Client {
                         return None;
                     }
                 },
+                // The sender lives as long as the state: an error never comes.
+                Ok(()) = self.retirements.changed() => {
+                    if let Some(retired) = retired(&self.state, &self.fan_out) {
+                        self.done = true;
+                        return Some(retired);
+                    }
+                }
                 _ = self.keep_alive.tick() => return Some(Bytes::from_static(b": keep-alive\n\n")),
             }
         }

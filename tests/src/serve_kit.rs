@@ -132,25 +132,36 @@ async fn send(addr: SocketAddr, request: Request<Full<Bytes>>) -> Result<Reply, 
     Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// `GET path` with extra headers.
+/// `Host: addr`, unless `headers` name a `Host` of their own.
+fn with_host(
+    request: hyper::http::request::Builder,
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+) -> hyper::http::request::Builder {
+    match headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        true => request,
+        false => request.header("host", addr.to_string()),
+    }
+}
+
+/// `GET path` with extra headers (a `host` among them replaces the default, `addr`).
 pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
-    let mut request = Request::get(path).header("host", addr.to_string());
+    let mut request = with_host(Request::get(path), addr, headers);
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
     send(addr, request.body(Full::new(Bytes::new())).unwrap()).await
 }
 
-/// `POST path` with a JSON body and extra headers.
+/// `POST path` with a JSON body and extra headers (a `host` among them replaces the default).
 pub async fn post(
     addr: SocketAddr,
     path: &str,
     headers: &[(&str, &str)],
     body: &serde_json::Value,
 ) -> Result<Reply, String> {
-    let mut request = Request::post(path)
-        .header("host", addr.to_string())
-        .header("content-type", "application/json");
+    let mut request =
+        with_host(Request::post(path), addr, headers).header("content-type", "application/json");
     for (k, v) in headers {
         request = request.header(*k, *v);
     }

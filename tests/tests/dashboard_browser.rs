@@ -82,44 +82,20 @@ impl DevTools {
     }
 }
 
-#[tokio::test]
-async fn the_live_feed_shows_a_deletion_in_a_real_browser() {
-    let browser = chromium();
-    let db = fresh_db().await;
-    let client = db.connect().await;
-    client
-        .batch_execute(
-            "INSERT INTO public.tasks (id, project_id, column_name, status) VALUES
-             ('FN-1', 'demo', 'todo', 'open'), ('FN-2', 'demo', 'doing', 'open'),
-             ('FN-3', 'demo', 'done', 'closed')",
-        )
-        .await
-        .unwrap();
-    let server = ServeProcess::start(
-        &db.url,
-        &[
-            "--project",
-            "demo",
-            "--consumer-id",
-            "dashboard",
-            "--poll-interval",
-            "100ms",
-            "--dashboard-refresh",
-            "500ms",
-            "--no-prune",
-        ],
-    )
-    .await;
-    let addr = server.addr;
-    eventually(Duration::from_secs(15), "ready", || async move {
-        matches!(get(addr, "/readyz", &[]).await, Ok((200, _, _)))
-    })
-    .await;
-
-    let profile = std::env::temp_dir().join(format!("outbox-chromium-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
+/// Headless Chromium showing `http://addr/`, its DevTools session on that page, and its
+/// profile directory (removed by the caller).
+async fn open_page(
+    browser: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> (tokio::process::Child, DevTools, PathBuf) {
     let debug_port = free_port();
-    let mut chrome = tokio::process::Command::new(&browser)
+    // One profile per browser: two browsers cannot share one.
+    let profile = std::env::temp_dir().join(format!(
+        "outbox-chromium-{}-{debug_port}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&profile);
+    let mut chrome = tokio::process::Command::new(browser)
         .args([
             "--headless",
             "--no-sandbox",
@@ -169,7 +145,44 @@ async fn the_live_feed_shows_a_deletion_in_a_real_browser() {
     let (socket, _) = tokio_tungstenite::connect_async(ws_url.as_str())
         .await
         .expect("connect to DevTools");
-    let mut page = DevTools { socket, next_id: 0 };
+    (chrome, DevTools { socket, next_id: 0 }, profile)
+}
+
+#[tokio::test]
+async fn the_live_feed_shows_a_deletion_in_a_real_browser() {
+    let browser = chromium();
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "INSERT INTO public.tasks (id, project_id, column_name, status) VALUES
+             ('FN-1', 'demo', 'todo', 'open'), ('FN-2', 'demo', 'doing', 'open'),
+             ('FN-3', 'demo', 'done', 'closed')",
+        )
+        .await
+        .unwrap();
+    let server = ServeProcess::start(
+        &db.url,
+        &[
+            "--project",
+            "demo",
+            "--consumer-id",
+            "dashboard",
+            "--poll-interval",
+            "100ms",
+            "--dashboard-refresh",
+            "500ms",
+            "--no-prune",
+        ],
+    )
+    .await;
+    let addr = server.addr;
+    eventually(Duration::from_secs(15), "ready", || async move {
+        matches!(get(addr, "/readyz", &[]).await, Ok((200, _, _)))
+    })
+    .await;
+
+    let (mut chrome, mut page, profile) = open_page(&browser, addr).await;
 
     // The page is up: its status table names the consumer, and its feed is subscribed.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -243,6 +256,161 @@ async fn the_live_feed_shows_a_deletion_in_a_real_browser() {
     let path = target.join("dashboard.png");
     std::fs::write(&path, &png).unwrap();
     println!("screenshot: {}", path.display());
+
+    drop(page);
+    let _ = chrome.kill().await;
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// Eight served projects on one page: the page holds one stream for all of them (a browser
+/// opens at most six connections per host), so every project's events reach the feed and an
+/// admin action's request completes; a retired project is announced in the feed.
+#[tokio::test]
+async fn eight_projects_share_one_stream_and_admin_actions_complete() {
+    let browser = chromium();
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    let projects: Vec<String> = (1..=8).map(|i| format!("p{i}")).collect();
+    for project in &projects {
+        client
+            .execute(
+                "INSERT INTO public.tasks (id, project_id, column_name, status) \
+                 VALUES ($1, $2, 'todo', 'open')",
+                &[&format!("T-{project}"), project],
+            )
+            .await
+            .unwrap();
+    }
+    let mut args = vec![
+        "--consumer-id",
+        "dashboard",
+        "--poll-interval",
+        "100ms",
+        "--dashboard-refresh",
+        "500ms",
+        "--no-prune",
+        "--admin-operator",
+        "alice",
+    ];
+    for project in &projects {
+        args.extend(["--project", project.as_str()]);
+    }
+    let server =
+        ServeProcess::start_with_env(&db.url, &args, &[("OUTBOX_ADMIN_TOKEN", "s3cret-token")])
+            .await;
+    let addr = server.addr;
+    eventually(Duration::from_secs(20), "ready", || async move {
+        matches!(get(addr, "/readyz", &[]).await, Ok((200, _, _)))
+    })
+    .await;
+    let (mut chrome, mut page, profile) = open_page(&browser, addr).await;
+
+    // Live, and the page's one stream follows every project.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let live = page
+            .eval("document.getElementById('conn') && document.getElementById('conn').textContent")
+            .await;
+        let metrics = server.metrics().await;
+        let followed = projects
+            .iter()
+            .filter(|p| metrics.get("outbox_sse_clients", &[("project", p.as_str())]) == Some(1.0))
+            .count();
+        if live == "live" && followed == projects.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never went live on every project (conn = {live}, {followed} followed)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for project in &projects {
+        client
+            .query_one(
+                "WITH d AS (UPDATE public.tasks SET deleted_at = now() \
+                            WHERE id = $1 AND deleted_at IS NULL \
+                            RETURNING project_id, id, deleted_at, column_name, status) \
+                 SELECT outbox.write_task_deleted(project_id, id, deleted_at, 'api-1', \
+                            jsonb_build_object('column', column_name, 'status', status)) FROM d",
+                &[&format!("T-{project}")],
+            )
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let feed = page.eval("document.getElementById('feed').innerText").await;
+        let text = feed.as_str().unwrap_or_default().to_owned();
+        let missing: Vec<&String> = projects
+            .iter()
+            .filter(|p| !text.contains(&format!("#1 {p} task T-{p} deleted")))
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the feed never showed {missing:?}; feed: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // An admin action from the page: its request completes, and the retirement it makes is
+    // announced in the feed.
+    page.eval(
+        "document.getElementById('token').value = 's3cret-token';
+         var f = document.getElementById('retire');
+         f.project.value = 'p8'; f.consumer.value = 'dashboard'; f.reason.value = 'moved';
+         f.requestSubmit(); true",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let result = page
+            .eval("document.getElementById('admin-result').textContent")
+            .await;
+        let result = result.as_str().unwrap_or_default().to_owned();
+        if !result.is_empty() {
+            assert!(result.starts_with("200 "), "{result}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retire request never completed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // p8's consumer stops at its next look at the database (an event wakes it).
+    client
+        .execute(
+            "INSERT INTO public.tasks (id, project_id) VALUES ('T-p8-2', 'p8')",
+            &[],
+        )
+        .await
+        .unwrap();
+    client
+        .query_one(
+            "WITH d AS (UPDATE public.tasks SET deleted_at = now() WHERE id = 'T-p8-2' \
+                        RETURNING project_id, id, deleted_at) \
+             SELECT outbox.write_task_deleted(project_id, id, deleted_at, 'api-1', '{}') FROM d",
+            &[],
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let feed = page.eval("document.getElementById('feed').innerText").await;
+        let text = feed.as_str().unwrap_or_default().to_owned();
+        if text.contains("retired p8: consumer dashboard") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retirement never reached the feed; feed: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     drop(page);
     let _ = chrome.kill().await;

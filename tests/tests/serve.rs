@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
-use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+use outbox_tests::process_kit::{ConsumeProcess, outbox_json, outbox_on, run_outbox};
 use outbox_tests::serve_kit::{Metrics, ServeProcess, SseClient, free_port, get, post, sse_id};
 use outbox_tests::{TestDb, fresh_db};
 use serde_json::json;
@@ -34,6 +34,24 @@ const FAST: &[&str] = &[
 
 fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut all: Vec<&str> = FAST.to_vec();
+    all.extend_from_slice(extra);
+    all
+}
+
+/// [`args`] with some of the compressed timings replaced (clap refuses a flag given twice).
+fn args_with<'a>(replaced: &[(&'a str, &'a str)], extra: &[&'a str]) -> Vec<&'a str> {
+    let mut all: Vec<&str> = Vec::new();
+    let mut fast = FAST.iter();
+    while let Some(&flag) = fast.next() {
+        let value = match flag {
+            "--no-prune" => None,
+            _ => fast.next().copied(),
+        };
+        match replaced.iter().find(|(name, _)| *name == flag) {
+            Some(&(name, new)) => all.extend([name, new]),
+            None => all.extend(std::iter::once(flag).chain(value)),
+        }
+    }
     all.extend_from_slice(extra);
     all
 }
@@ -145,13 +163,22 @@ async fn stream_carries_handled_events_in_order_and_resumes_from_ring_and_histor
     )
     .await;
     let by_query = SseClient::open(server.addr, "/v1/projects/p1/events?after=1", &[]).await;
+    // Both: Last-Event-ID wins (an EventSource reconnecting to its first URL sends both).
+    let reconnected = SseClient::open(
+        server.addr,
+        "/v1/projects/p1/events?after=1",
+        &[("last-event-id", "4")],
+    )
+    .await;
     eventually(Duration::from_secs(10), "resumed clients catch up", || {
         let done = from_ring.sequences().len() >= 2
             && from_history.sequences().len() >= 5
-            && by_query.sequences().len() >= 4;
+            && by_query.sequences().len() >= 4
+            && !reconnected.sequences().is_empty();
         async move { done }
     })
     .await;
+    assert_eq!(reconnected.sequences(), vec![5]);
     assert_eq!(from_ring.sequences(), vec![4, 5]);
     assert_eq!(from_history.sequences(), vec![1, 2, 3, 4, 5]);
     assert_eq!(by_query.sequences(), vec![2, 3, 4, 5]);
@@ -1309,6 +1336,7 @@ async fn retiring_one_served_project_stops_only_that_project() {
     .await;
     ready(&server).await;
     let addr = server.addr;
+    let p1 = SseClient::open(addr, "/v1/projects/p1/events", &[]).await;
     let p2 = SseClient::open(addr, "/v1/projects/p2/events", &[]).await;
     let good = [("authorization", "Bearer s3cret-token")];
     let retire = json!({"project": "p1", "consumer_id": "feed", "reason": "moved"});
@@ -1332,6 +1360,30 @@ async fn retiring_one_served_project_stops_only_that_project() {
     assert!(!p2.ended());
     let (status, _, body) = get(addr, "/readyz", &[]).await.unwrap();
     assert_eq!(status, 200, "{body}");
+    // p1's open stream is told, and ends (a new request is answered 410).
+    eventually(
+        Duration::from_secs(10),
+        "p1's stream told and ended",
+        || {
+            let done = p1.ended();
+            async move { done }
+        },
+    )
+    .await;
+    let told: Vec<_> = p1
+        .events()
+        .into_iter()
+        .filter(|m| m.event.as_deref() == Some("retired"))
+        .collect();
+    assert_eq!(told.len(), 1, "{:?}", p1.messages());
+    let data = told[0].json();
+    assert_eq!(data["type"], "retired", "{data}");
+    assert_eq!(data["project_id"], "p1", "{data}");
+    assert_eq!(data["consumer_id"], "feed", "{data}");
+    assert!(told[0].id.is_none());
+    assert!(!p2.ended());
+    let (status, _, body) = get(addr, "/v1/projects/p1/events", &[]).await.unwrap();
+    assert_eq!(status, 410, "{body}");
 
     server.signal("TERM");
     assert_eq!(server.wait().await, 4, "stderr:\n{}", server.stderr());
@@ -1418,6 +1470,10 @@ async fn help_texts_say_what_serve_and_the_relay_take() {
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("--exit-when-caught-up"), "{out}");
     assert!(out.contains("--header-read-timeout"), "{out}");
+    assert!(
+        out.contains("--allowed-host") && out.contains("DNS rebinding"),
+        "{out}"
+    );
     let (code, out, err) = run_outbox(&["relay", "nats", "--help"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains("every `consume` option"), "{out}");
@@ -1437,4 +1493,327 @@ async fn help_texts_say_what_serve_and_the_relay_take() {
     .await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("must be greater than zero"), "{err}");
+}
+
+/// Readiness of an idle server: no event for many `--ready-max-poll-age`s, with one project
+/// listening and with two projects polling only. Each consumer waits idle on the set's shared
+/// poll, which counts as its poll; it does not poll on its own.
+#[tokio::test]
+async fn an_idle_server_stays_ready_beyond_many_poll_ages() {
+    let db = fresh_db().await;
+    let idle = |extra: &'static [&'static str]| {
+        let url = db.url.clone();
+        async move {
+            let mut all = vec![
+                "--consumer-id",
+                "idle",
+                "--poll-interval",
+                "100ms",
+                "--ready-max-poll-age",
+                "1s",
+                "--no-prune",
+            ];
+            all.extend_from_slice(extra);
+            let server = ServeProcess::start(&url, &all).await;
+            ready(&server).await;
+            // Five poll ages without an event: ready throughout.
+            let until = tokio::time::Instant::now() + Duration::from_secs(5);
+            let mut checks = 0;
+            while tokio::time::Instant::now() < until {
+                let (status, _, body) = get(server.addr, "/readyz", &[]).await.unwrap();
+                assert_eq!(status, 200, "{extra:?} after {checks} checks: {body}");
+                checks += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            server
+        }
+    };
+    let (one, two) = tokio::join!(
+        idle(&["--project", "p1"]),
+        idle(&["--project", "p2", "--project", "p3", "--no-listen"])
+    );
+    // Still following: an event after the idle time arrives.
+    let stream = SseClient::open(two.addr, "/v1/projects/p3/events", &[]).await;
+    write_event(&db, "p3", "T-1").await;
+    eventually(Duration::from_secs(10), "the event after idling", || {
+        let done = stream.sequences() == vec![1];
+        async move { done }
+    })
+    .await;
+    drop(one);
+}
+
+/// A child that acknowledges every line except events of task `stuck`, which it never
+/// answers.
+const STUCK_CHILD: &str = r#"
+while IFS= read -r line; do
+  case "$line" in *'"task_id":"stuck"'*) sleep 600 ;; esac
+  seq=$(printf '%s' "$line" | sed -n -E 's/.*"(head_)?sequence":([0-9]*).*/\2/p')
+  printf '{"ack": %s}\n' "$seq"
+done
+"#;
+
+/// A consumer that is busy, not idle (here its child never answers), still makes the server
+/// unready once it has not polled for `--ready-max-poll-age`.
+#[tokio::test]
+async fn a_stuck_consumer_still_fails_readiness() {
+    let db = fresh_db().await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args_with(
+            &[("--ready-max-poll-age", "1s")],
+            &[
+                "--project",
+                "p1",
+                "--project",
+                "p2",
+                "--consumer-id",
+                "stuck",
+                "--child",
+                STUCK_CHILD,
+                "--child-timeout",
+                "60s",
+            ],
+        ),
+    )
+    .await;
+    ready(&server).await;
+    write_event(&db, "p1", "stuck").await;
+    let addr = server.addr;
+    eventually(
+        Duration::from_secs(15),
+        "/readyz names p1's poll",
+        || async move {
+            match get(addr, "/readyz", &[]).await {
+                Ok((503, _, body)) => body.contains("project p1: no successful poll"),
+                _ => false,
+            }
+        },
+    )
+    .await;
+    let (_, _, body) = get(addr, "/readyz", &[]).await.unwrap();
+    assert!(
+        !body.contains("project p2"),
+        "p2 is idle, not stuck: {body}"
+    );
+    // The child's process group is ended with the server.
+    let mut server = server;
+    server.signal("TERM");
+    server.wait().await;
+}
+
+/// DNS rebinding: a request is answered only when its `Host` names this server (its listen
+/// address, localhost, any IP when listening on every interface, or an `--allowed-host`).
+#[tokio::test]
+async fn requests_naming_another_host_are_refused() {
+    let db = fresh_db().await;
+    let common = args(&[
+        "--project",
+        "p1",
+        "--consumer-id",
+        "hosts",
+        "--allowed-host",
+        "outbox.example.com",
+        "--allowed-host",
+        "svc.ns:80",
+    ]);
+    let local = ServeProcess::start(&db.url, &common).await;
+    ready(&local).await;
+    let addr = local.addr;
+    let port = addr.port().to_string();
+    for path in [
+        "/",
+        "/readyz",
+        "/metrics",
+        "/v1/projects/p1/events",
+        "/v1/dashboard/stream",
+    ] {
+        for host in ["evil.example", "evil.example:80", "10.9.8.7", "svc.ns:8080"] {
+            let (status, _, body) = get(addr, path, &[("host", host)]).await.unwrap();
+            assert_eq!(status, 421, "{path} {host}: {body}");
+            let error: serde_json::Value = serde_json::from_str(&body).expect("a JSON error");
+            assert_eq!(error["host"], host, "{body}");
+            assert!(
+                error["error"].as_str().unwrap().contains("--allowed-host"),
+                "{body}"
+            );
+        }
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        "127.0.0.1".to_owned(),
+        format!("localhost:{port}"),
+        "LocalHost".to_owned(),
+        "[::1]:9".to_owned(),
+        "outbox.example.com".to_owned(),
+        format!("OUTBOX.example.com:{port}"),
+        "svc.ns:80".to_owned(),
+    ] {
+        let (status, _, body) = get(addr, "/readyz", &[("host", &host)]).await.unwrap();
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    // On every interface: any IP address (a Kubernetes probe names the pod's IP), no
+    // unknown name.
+    let all = ServeProcess::start_on("0.0.0.0", &db.url, &common, &[]).await;
+    let addr = all.addr;
+    let (status, _, body) = get(addr, "/healthz", &[("host", "10.9.8.7:8080")])
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = get(addr, "/healthz", &[("host", "evil.example:8080")])
+        .await
+        .unwrap();
+    assert_eq!(status, 421, "{body}");
+    // Also while the server waits for its database at start.
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let down = format!("postgresql://postgres@127.0.0.1:{}/postgres", free_port());
+    let _waiting = ConsumeProcess::spawn_command(
+        &down,
+        "serve",
+        &["--listen", &listen, "--project", "p1", "--consumer-id", "w"],
+    );
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    eventually(Duration::from_secs(10), "the waiting server answers", || async move {
+        matches!(get(addr, "/healthz", &[]).await, Ok((200, _, body)) if body.contains("starting"))
+    })
+    .await;
+    let (status, _, body) = get(addr, "/healthz", &[("host", "evil.example")])
+        .await
+        .unwrap();
+    assert_eq!(status, 421, "{body}");
+    // A malformed value is a usage error.
+    let (code, _, err) = outbox_on(
+        &db,
+        &[
+            "serve",
+            "--project",
+            "p1",
+            "--consumer-id",
+            "h",
+            "--allowed-host",
+            "http://x/",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--allowed-host"), "{err}");
+}
+
+/// Admin bodies are JSON objects with known keys: an array (once taken by position), another
+/// JSON value, a wrong type or an unknown key is a 400 and nothing is done.
+#[tokio::test]
+async fn admin_bodies_are_objects_with_known_keys_only() {
+    let db = fresh_db().await;
+    let server = ServeProcess::start_with_env(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--admin-operator",
+            "alice",
+        ]),
+        &[("OUTBOX_ADMIN_TOKEN", "s3cret-token")],
+    )
+    .await;
+    ready(&server).await;
+    let good = [("authorization", "Bearer s3cret-token")];
+    for (path, body) in [
+        ("/v1/admin/retire", json!(["p1", "feed", "reason"])),
+        ("/v1/admin/retire", json!(["p1", "@:", "reason"])),
+        ("/v1/admin/retire", json!("p1")),
+        (
+            "/v1/admin/retire",
+            json!({"project": "p1", "consumer_id": ["feed"], "reason": "r"}),
+        ),
+        (
+            "/v1/admin/retire",
+            json!({"project": "p1", "consumer_id": "feed", "reason": "r", "by": "x"}),
+        ),
+        ("/v1/admin/replay", json!(["p1", "feed", null, true])),
+        (
+            "/v1/admin/replay",
+            json!({"project": "p1", "consumer_id": "feed", "all": "yes"}),
+        ),
+        ("/v1/admin/resolve", json!(["p1", "feed", "e", "r"])),
+    ] {
+        let (status, _, text) = post(server.addr, path, &good, &body).await.unwrap();
+        assert_eq!(status, 400, "{path} {body}: {text}");
+        let error: serde_json::Value = serde_json::from_str(&text).expect("a JSON error");
+        assert!(
+            error["error"].as_str().unwrap().contains("request body"),
+            "{text}"
+        );
+    }
+    let arrays = post(
+        server.addr,
+        "/v1/admin/retire",
+        &good,
+        &json!(["p1", "feed", "r"]),
+    )
+    .await
+    .unwrap()
+    .2;
+    assert!(arrays.contains("JSON object"), "{arrays}");
+    // Nothing was retired or registered.
+    let consumers = outbox_json(&db, &["consumers", "list"]).await;
+    let consumers = consumers["consumers"].as_array().unwrap();
+    assert_eq!(consumers.len(), 1, "{consumers:?}");
+    assert_eq!(consumers[0]["consumer_id"], "feed");
+    assert_eq!(consumers[0]["state"], "active");
+}
+
+/// "serving" is said once the server holds its leases: a `--no-wait` server that finds a
+/// lease held elsewhere exits 4 without having said it.
+#[tokio::test]
+async fn serving_is_said_only_once_the_leases_are_held() {
+    let db = fresh_db().await;
+    let common = args(&["--project", "p1", "--consumer-id", "once"]);
+    let first = ServeProcess::start(&db.url, &common).await;
+    ready(&first).await;
+    eventually(Duration::from_secs(10), "the first says serving", || {
+        let said = first.stderr().contains(" serving ");
+        async move { said }
+    })
+    .await;
+    let port = free_port().to_string();
+    let mut second_args = vec!["--listen", &format!("127.0.0.1:{port}")]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    second_args.extend(common.iter().map(|s| s.to_string()));
+    second_args.push("--no-wait".to_owned());
+    let second_args: Vec<&str> = second_args.iter().map(String::as_str).collect();
+    let mut second = ConsumeProcess::spawn_command(&db.url, "serve", &second_args);
+    let code = tokio::time::timeout(Duration::from_secs(30), second.wait())
+        .await
+        .expect("exits");
+    assert_eq!(code, 4, "{}", second.stderr());
+    eventually(Duration::from_secs(5), "the exit is explained", || {
+        let said = second.stderr().contains("--no-wait") || second.stderr().contains("held");
+        async move { said }
+    })
+    .await;
+    let stderr = second.stderr();
+    assert!(!stderr.contains(" serving "), "{stderr}");
+    // A poll age the shared poll cannot meet is refused.
+    let (code, _, err) = outbox_on(
+        &db,
+        &[
+            "serve",
+            "--project",
+            "p1",
+            "--consumer-id",
+            "x",
+            "--poll-interval",
+            "2s",
+            "--ready-max-poll-age",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--ready-max-poll-age"), "{err}");
 }

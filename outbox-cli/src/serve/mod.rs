@@ -36,6 +36,13 @@ pub struct ServeArgs {
     /// (localhost:8080).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
+    /// A host name clients reach the server by (NAME, any port, or NAME:PORT), answered
+    /// besides the listen address and localhost; repeat for several. Requests naming any
+    /// other Host are refused with 421 (against DNS rebinding). Listening on 0.0.0.0 or ::
+    /// answers every IP address as Host (a Kubernetes probe names the pod's IP), but names
+    /// only when given here.
+    #[arg(long, value_name = "HOST")]
+    pub allowed_host: Vec<String>,
     /// Most SSE clients at once, over all projects; past it, 503 with Retry-After.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_clients: u64,
@@ -53,7 +60,9 @@ pub struct ServeArgs {
     /// Interval of SSE keep-alive comments.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "15s")]
     pub keep_alive: Duration,
-    /// /readyz fails when a consumer has not polled successfully for this long.
+    /// /readyz fails when a consumer has not polled successfully for this long (an idle
+    /// consumer counts the server's shared poll, every --poll-interval); longer than
+    /// --poll-interval.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "30s")]
     pub ready_max_poll_age: Duration,
     /// How often the dashboard's status, dead letters and audit trail refresh.
@@ -164,9 +173,16 @@ async fn open_answering_probes(
     let listener = tokio::net::TcpListener::from_std(socket)
         .map_err(|e| Failure::runtime(format!("--listen: {e}")))?;
     let stop = tokio_util::sync::CancellationToken::new();
+    let hosts = outbox_serve::AllowedHosts::new(
+        listener
+            .local_addr()
+            .map_err(|e| Failure::runtime(format!("--listen: {e}")))?,
+        &args.allowed_host,
+    )
+    .map_err(|e| Failure::usage(e.to_string()))?;
     let answering = tokio::spawn(outbox_service::http::serve(
         probes,
-        outbox_serve::waiting_router(),
+        outbox_serve::waiting_router(hosts),
         stop.clone(),
         std::time::Duration::from_secs(1),
         args.header_read_timeout,
@@ -186,6 +202,16 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
             "outbox serve runs until it is stopped: --exit-when-caught-up is an option of \
              outbox consume",
         ));
+    }
+    outbox_serve::AllowedHosts::check(&args.allowed_host)
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    if args.ready_max_poll_age <= consume.poll_interval {
+        return Err(Failure::usage(format!(
+            "--ready-max-poll-age {} must be longer than --poll-interval {}: an idle \
+             server polls once per --poll-interval, so /readyz would fail between polls",
+            humantime::format_duration(args.ready_max_poll_age),
+            humantime::format_duration(consume.poll_interval)
+        )));
     }
     let listen = listen_addr(&args.listen).await?;
     let admin = admin_auth(&args, listen)?;
@@ -218,6 +244,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         drain_timeout: args.drain_timeout,
         header_read_timeout: args.header_read_timeout,
         admin,
+        allowed_hosts: args.allowed_host.clone(),
         ..ServerSettings::new(args.consumer_id.clone())
     };
     let server = Server::new(

@@ -61,6 +61,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             if shutdown.is_cancelled() {
                 return Ok(());
             }
+            // Whether this round succeeded: the wait below is then an idle one, which the
+            // readiness probe of a set's member counts the set's shared polls for.
+            let mut settled = false;
             if lease.is_valid() {
                 let round = match self
                     .step(lease, statements, joined, shutdown, progress)
@@ -102,15 +105,18 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         Woken::Exit(result) => return result,
                     }
                 }
+                settled = true;
             }
-            match wait(
+            self.probe.idle(settled);
+            let woken = wait(
                 lease,
                 shutdown,
                 Some(&joined.signals),
                 self.idle_until(joined, progress, lease),
             )
-            .await
-            {
+            .await;
+            self.probe.idle(false);
+            match woken {
                 Woken::Again => {}
                 Woken::Exit(result) => return result,
             }

@@ -324,6 +324,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             let consumer = Consumer::new(self.pool.clone(), None, config, handler, reconciler)
                 .in_set(shared.clone());
             let probe = consumer.probe();
+            probe.follow_shared_poll(shared.poll_clock.clone());
             self.probes.insert(project, consumer_id, probe.clone());
             let gauges = self.duties.gauge_interval.map(|interval| {
                 pairs::gauges_while_held(

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use outbox_core::{ConsumerId, ProjectId, Schema};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::gauges;
@@ -16,7 +17,25 @@ use crate::probe::Probe;
 /// The probes of a set's pairs, by project and consumer; cheap to clone, shared with the set.
 /// A pair's probe appears when the set starts the pair.
 #[derive(Debug, Clone, Default)]
-pub struct PairProbes(Arc<Mutex<ByPair>>);
+pub struct PairProbes(Arc<Shared>);
+
+/// What the clones of a [`PairProbes`] share.
+#[derive(Debug)]
+struct Shared {
+    by_pair: Mutex<ByPair>,
+    /// Counts the pairs marked retired, so that whoever serves a pair's output learns of its
+    /// retirement when it happens.
+    retirements: watch::Sender<usize>,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            by_pair: Mutex::default(),
+            retirements: watch::channel(0).0,
+        }
+    }
+}
 
 /// A (project, consumer) pair.
 type Pair = (ProjectId, ConsumerId);
@@ -52,15 +71,22 @@ impl PairProbes {
         by_pair.probes.insert(pair, probe);
     }
 
+    /// Changes each time a pair is marked retired (then check [`PairProbes::retired`]); a new
+    /// receiver has seen the retirements so far.
+    pub fn retirements(&self) -> watch::Receiver<usize> {
+        self.0.retirements.subscribe()
+    }
+
     pub(super) fn mark_retired(&self, project: &ProjectId, consumer: &ConsumerId) {
         self.lock()
             .retired
             .insert((project.clone(), consumer.clone()));
+        self.0.retirements.send_modify(|count| *count += 1);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ByPair> {
         // A panic while holding the lock leaves plain data behind; keep serving it.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.by_pair.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -29,6 +29,7 @@ use crate::error::ConsumerError;
 use crate::lease::{Fence, Lease};
 use crate::listener::Wake;
 use crate::outage::Repeat;
+use crate::probe::PollClock;
 use crate::runtime::{Fetched, GroupedAck, Joined, Membership, ReadAfter, RunContext};
 use crate::sql;
 use crate::store::Statements;
@@ -62,6 +63,9 @@ pub(crate) struct Shared {
     followed: Mutex<HashSet<String>>,
     /// Where newly discovered projects go, when the set follows every project.
     discovered: Option<mpsc::UnboundedSender<String>>,
+    /// When [`Shared::poll_once`] last succeeded: a member waiting idle counts it as its own
+    /// poll (see [`crate::Probe`]).
+    pub poll_clock: Arc<PollClock>,
     /// Each project's latest read, shared by its consumers.
     pub reads: SharedReads,
     /// Acknowledgements gathered into one statement.
@@ -99,6 +103,7 @@ impl Shared {
             heads: Mutex::new(HashMap::new()),
             followed: Mutex::new(followed),
             discovered,
+            poll_clock: Arc::default(),
             reads: SharedReads::default(),
             acks,
             ack_queue: Mutex::new(Some(ack_queue)),
@@ -309,6 +314,8 @@ impl Shared {
                 }
             }
         }
+        // Every member waiting idle now has its head read and is woken if it moved.
+        self.poll_clock.ticked();
         Ok(())
     }
 }

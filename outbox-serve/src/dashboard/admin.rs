@@ -97,9 +97,27 @@ struct RetireBody {
     reason: String,
 }
 
+/// The body as `T`, from a JSON object only: serde would also fill a struct from an array,
+/// by position (`["p1", "c", "why"]`), which is no documented form and easily a mistake.
+/// Unknown keys and wrong types are refused by `T`'s own decoding.
 #[allow(clippy::result_large_err)]
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("invalid request body: {e}")))
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| bad_request(format!("invalid request body: {e}")))?;
+    let kind = match &value {
+        serde_json::Value::Object(_) => {
+            return serde_json::from_value(value)
+                .map_err(|e| bad_request(format!("invalid request body: {e}")));
+        }
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Null => "null",
+    };
+    Err(bad_request(format!(
+        "invalid request body: expected a JSON object with named keys, got {kind}"
+    )))
 }
 
 #[allow(clippy::result_large_err)]
@@ -192,7 +210,29 @@ pub(crate) async fn retire(
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use super::{RetireBody, bearer_token, parse};
+    use axum::body::Bytes;
+
+    #[test]
+    fn a_body_is_an_object_with_known_keys_of_the_right_types() {
+        let refused = |body: &str| {
+            parse::<RetireBody>(&Bytes::from(body.to_owned()))
+                .map(|b| format!("{b:?}"))
+                .expect_err(body)
+        };
+        for body in [
+            r#"["p1","@:","reason"]"#,
+            r#""p1""#,
+            "null",
+            r#"{"project":"p1","consumer_id":"c","reason":"r","extra":1}"#,
+            r#"{"project":"p1","consumer_id":7,"reason":"r"}"#,
+            r#"{"project":"p1","reason":"r"}"#,
+        ] {
+            assert_eq!(refused(body).status(), 400, "{body}");
+        }
+        let body = r#"{"project":"p1","consumer_id":"c","reason":"r"}"#;
+        assert!(parse::<RetireBody>(&Bytes::from(body)).is_ok());
+    }
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {

@@ -16,50 +16,57 @@ th{background:#f0f0f0}.muted{color:#777}
 #admin input{margin-right:.5em}
 ";
 
-/// The script: follows the dashboard stream and every served project's event stream, and
-/// sends admin actions with the token from the page.
+/// The script: follows the page's one stream (the sections' snapshots and every served
+/// project's events: one connection, however many projects, so the browser's few connections
+/// per host stay free for the admin actions) and sends admin actions with the token from the
+/// page.
 pub(super) const SCRIPT: &str = r#"
 (function () {
   'use strict';
-  var projects = JSON.parse(document.getElementById('projects').textContent);
   var feed = document.getElementById('feed');
   var conn = document.getElementById('conn');
   function setConn(text, ok) { conn.textContent = text; conn.className = ok ? 'live' : 'down'; }
-  var dash = new EventSource('/v1/dashboard/stream');
-  dash.addEventListener('snapshot', function (e) {
-    var s = JSON.parse(e.data);
-    document.getElementById('status').innerHTML = s.status;
-    document.getElementById('dead-letters').innerHTML = s.dead_letters;
-    document.getElementById('audit').innerHTML = s.audit;
-    setConn('live', true);
-  });
-  dash.addEventListener('snapshot-error', function (e) { setConn('database: ' + JSON.parse(e.data).error, false); });
-  dash.onerror = function () { setConn('reconnecting…', false); };
   function add(text) {
     var li = document.createElement('li');
     li.textContent = text;
     feed.insertBefore(li, feed.firstChild);
     while (feed.children.length > 200) { feed.removeChild(feed.lastChild); }
   }
-  // A refused stream (503 from a standby server) is not retried by EventSource itself.
-  function follow(p) {
-    var es = new EventSource('/v1/projects/' + encodeURIComponent(p) + '/events');
-    es.onerror = function () {
-      if (es.readyState === EventSource.CLOSED) { setTimeout(function () { follow(p); }, 5000); }
-    };
-    es.addEventListener('task:deleted', function (e) {
+  function connect() {
+    var dash = new EventSource('/v1/dashboard/stream');
+    dash.addEventListener('snapshot', function (e) {
+      var s = JSON.parse(e.data);
+      document.getElementById('status').innerHTML = s.status;
+      document.getElementById('dead-letters').innerHTML = s.dead_letters;
+      document.getElementById('audit').innerHTML = s.audit;
+      setConn('live', true);
+    });
+    dash.addEventListener('snapshot-error', function (e) { setConn('database: ' + JSON.parse(e.data).error, false); });
+    dash.addEventListener('task:deleted', function (e) {
       var ev = JSON.parse(e.data);
       add('#' + ev.sequence + ' ' + ev.project_id + ' task ' + ev.task_id + ' deleted at ' +
           ev.deleted_at + ' by ' + ev.writer_process_id);
     });
-    es.addEventListener('reconcile', function (e) {
+    dash.addEventListener('reconcile', function (e) {
       var r = JSON.parse(e.data);
       add('reconcile ' + r.project_id + ' at head ' + r.head_sequence + ': ' +
           r.live_task_ids.length + ' live tasks');
     });
-    es.addEventListener('lagged', function () { add('feed of ' + p + ' fell behind; reconnecting'); });
+    dash.addEventListener('lagged', function (e) {
+      add('feed of ' + JSON.parse(e.data).project_id + ' fell behind; continuing');
+    });
+    dash.addEventListener('retired', function (e) {
+      var r = JSON.parse(e.data);
+      add('retired ' + r.project_id + ': consumer ' + r.consumer_id + ' no longer served here');
+    });
+    // EventSource retries a dropped stream itself, but not a refused one (503 past
+    // --max-clients, say).
+    dash.onerror = function () {
+      setConn('reconnecting…', false);
+      if (dash.readyState === EventSource.CLOSED) { setTimeout(connect, 5000); }
+    };
   }
-  projects.forEach(follow);
+  connect();
   var admin = document.getElementById('admin');
   if (!admin) { return; }
   var result = document.getElementById('admin-result');

@@ -1,25 +1,24 @@
 //! The operator dashboard: one server-rendered page (no build step, no CDN: it works
-//! offline) that refreshes its status, dead-letter and audit sections from its own SSE
-//! stream, and follows every served project's event stream in a live feed. Admin actions
+//! offline) that refreshes its status, dead-letter and audit sections and follows every
+//! served project's events in a live feed, both from its one SSE stream ([`feed`]). Admin actions
 //! (replay, resolve, retire; see [`admin`]) exist only when the server has an admin token.
 
 mod admin;
 mod assets;
+mod feed;
 mod render;
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
 use outbox_core::{Admin, AuditFilter, DeadLetterFilter, HealthThresholds};
-use serde_json::json;
 
 pub(crate) use admin::{replay, resolve, retire};
 use render::Sections;
 
-use crate::state::{AppState, event_stream, release, reserve};
+use crate::state::{AppState, event_stream, reserve};
 
 /// Reads the status, the dead letters and the audit trail, and renders each section.
 async fn sections(state: &AppState) -> Result<Sections, String> {
@@ -75,44 +74,16 @@ pub(crate) async fn page(State(state): State<Arc<AppState>>) -> Response {
     response
 }
 
-/// `GET /v1/dashboard/stream`: the page's sections, re-rendered every `--dashboard-refresh`.
+/// `GET /v1/dashboard/stream`: the page's one stream ([`feed`]): its sections re-rendered
+/// every `--dashboard-refresh`, and the events of every served project.
 pub(crate) async fn stream(State(state): State<Arc<AppState>>) -> Response {
     if let Err(refusal) = reserve(&state) {
         return refusal;
     }
-    let slot = Slot(state.clone());
-    let stream = futures_util::stream::unfold((slot, true), |(slot, first)| async move {
-        let state = &slot.0;
-        if !first {
-            tokio::select! {
-                _ = state.shutdown.cancelled() => return None,
-                _ = tokio::time::sleep(state.dashboard_refresh) => {}
-            }
-        }
-        let chunk = match sections(state).await {
-            Ok(s) => {
-                let data = json!({
-                    "status": s.status.into_string(),
-                    "dead_letters": s.dead_letters.into_string(),
-                    "audit": s.audit.into_string(),
-                });
-                format!("event: snapshot\ndata: {data}\n\n")
-            }
-            Err(e) => format!("event: snapshot-error\ndata: {}\n\n", json!({ "error": e })),
-        };
-        Some((
-            Ok::<_, std::convert::Infallible>(Bytes::from(chunk)),
-            (slot, false),
-        ))
+    let feed = feed::Feed::new(state);
+    let stream = futures_util::stream::unfold(feed, |mut feed| async move {
+        let chunk = feed.next_chunk().await?;
+        Some((Ok::<_, std::convert::Infallible>(chunk), feed))
     });
     event_stream(stream)
-}
-
-/// A dashboard stream's `--max-clients` slot, given back when the stream is dropped.
-struct Slot(Arc<AppState>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        release(&self.0);
-    }
 }
