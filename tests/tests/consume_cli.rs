@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{SeedCursor, cursor, eventually, seed_consumer, write_event};
+use outbox_tests::consumer_kit::{
+    SeedCursor, cursor, eventually, eventually_count, seed_consumer, write_event,
+};
 use outbox_tests::fresh_db;
 use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
 use outbox_tests::serve_kit::{Metrics, free_port, get};
@@ -269,10 +271,14 @@ async fn reactivating_an_unknown_consumer_is_refused_with_exit_3_and_creates_not
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shutdown_grace_bounds_a_slow_live_query() {
+async fn the_shutdown_grace_bounds_a_slow_live_query_and_cancels_it_on_the_server() {
     let db = fresh_db().await;
     // Far longer than the grace: without the bound, the stop waits for the whole query.
-    let slow = "SELECT $1::text FROM pg_sleep(60)";
+    let slow = "SELECT $1::text FROM pg_sleep(3600)";
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND state = 'active' AND query LIKE '%pg_sleep(3600)%' \
+                   AND pid <> pg_backend_pid()";
+    let client = db.connect().await;
     let mut process = ConsumeProcess::spawn(
         &db.url,
         &[
@@ -286,10 +292,12 @@ async fn the_shutdown_grace_bounds_a_slow_live_query() {
             "1s",
         ],
     );
-    eventually(
+    eventually_count(
+        &client,
         Duration::from_secs(10),
-        "the reconciliation to start",
-        || async { process.stderr().contains("reconciling") },
+        "the live query to run on the server",
+        running,
+        1,
     )
     .await;
     process.signal("INT");
@@ -305,6 +313,26 @@ async fn the_shutdown_grace_bounds_a_slow_live_query() {
         process.stderr()
     );
     assert_eq!(cursor(&db, "p", "c").await, None, "nothing was reconciled");
+    // The abandoned query was cancelled, not left running to its end on the server.
+    eventually_count(
+        &client,
+        Duration::from_secs(20),
+        "no backend still running the abandoned live query",
+        running,
+        0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn help_of_live_query_shows_the_default_query() {
+    let (code, out, err) = run_outbox(&["consume", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    let flattened = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flattened.contains(outbox_consumer::DEFAULT_LIVE_QUERY),
+        "{out}"
+    );
 }
 
 /// A child that acknowledges every event except those of task `poison`, and dies once on the

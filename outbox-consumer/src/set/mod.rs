@@ -190,7 +190,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             .into());
         }
         // The checks before the pairs start wait out an unavailable database, as the pairs do.
-        if self.template.live_query.is_custom() {
+        if self.template.checks_live_query_first() {
             let checked = crate::outage::wait_out("the live query's check", &shutdown, || async {
                 let mut client = self.pool.get().await?;
                 crate::live_query::check(&mut client, self.template.live_query.sql()).await
