@@ -459,6 +459,33 @@ async fn a_hanging_child_is_ended_with_its_whole_process_group() {
 }
 
 #[tokio::test]
+async fn a_child_stop_does_not_wait_for_its_ended_processes_to_be_reaped() {
+    // The child's own children, orphaned when it ends, are reaped by whoever adopts them:
+    // here this test process, which never does, so they stay zombies for as long as it runs
+    // (init may take seconds). Ended processes: the stop must not wait for them.
+    nix::sys::prctl::set_child_subreaper(true).expect("become a subreaper");
+    let db = fresh_db().await;
+    let (_dir, script) =
+        child_script("sleep 600 &\nwhile read -r line; do echo '{\"ack\": 1}'; done\n");
+    write_event(&db, "p", "t1").await;
+    let mut args = quick("orphans");
+    args.extend([
+        "--child".into(),
+        script,
+        "--child-stop-grace".into(),
+        "60s".into(),
+        "--exit-when-caught-up".into(),
+    ]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    // Well within the stop grace: a stop that waited for the zombies would take all of it.
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("caught up; stopping"), "{stderr}");
+    assert!(!stderr.contains("outlived SIGTERM"), "{stderr}");
+    assert_eq!(cursor(&db, "p", "orphans").await, Some(1));
+}
+
+#[tokio::test]
 async fn nothing_new_starts_after_a_shutdown_signal() {
     let db = fresh_db().await;
     // A child that dies on every line: the consumer is in its restart backoff most of the time.
