@@ -345,9 +345,10 @@ fn group_runs(group: Pid) -> bool {
         return true;
     };
     entries.flatten().any(|entry| {
-        let is_pid = entry.file_name().to_str().is_some_and(|name| {
-            !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
-        });
+        let is_pid = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()));
         is_pid
             && std::fs::read_to_string(entry.path().join("stat"))
                 .ok()

@@ -359,7 +359,12 @@ async fn a_stdout_closed_at_start_is_refused_and_dev_null_chosen_on_purpose_is_n
         "earliest",
         "--exit-when-caught-up",
     ];
-    let set = ["--all-projects", "--consumer-id", "closed", "--exit-when-caught-up"];
+    let set = [
+        "--all-projects",
+        "--consumer-id",
+        "closed",
+        "--exit-when-caught-up",
+    ];
     for args in [&lone[..], &set[..]] {
         let (code, stderr) = consume_redirected(&db.url, args, ">&-").await;
         assert_eq!(code, 1, "{args:?}: {stderr}");

@@ -351,16 +351,22 @@ async fn a_project_born_while_all_projects_runs_is_delivered_from_its_first_even
         &db,
         &reconciling_args(&["--all-projects", "--consumer-id", "every"]),
     );
-    eventually(WAIT, "the reconciliation of the project there at start", || async {
-        !lines_of(&all, "old", "reconcile").is_empty()
-    })
+    eventually(
+        WAIT,
+        "the reconciliation of the project there at start",
+        || async { !lines_of(&all, "old", "reconcile").is_empty() },
+    )
     .await;
     write_event(&db, "born", "b1").await;
     write_event(&db, "born", "b2").await;
     write_event(&db, "old", "o2").await;
-    eventually(WAIT, "the new project's events and the old one's next", || async {
-        lines_of(&all, "born", "event").len() == 2 && lines_of(&all, "old", "event").len() == 1
-    })
+    eventually(
+        WAIT,
+        "the new project's events and the old one's next",
+        || async {
+            lines_of(&all, "born", "event").len() == 2 && lines_of(&all, "old", "event").len() == 1
+        },
+    )
     .await;
 
     // The new project's first deletion arrives as an event, with its writer, time and prior;
@@ -407,9 +413,11 @@ async fn all_projects_never_follows_the_probe_project_of_outbox_verify() {
         assert_eq!(code, 0, "verify run {run}: {out}\n{err}\n{}", all.stderr());
     }
     write_event(&db, "user", "u2").await;
-    eventually(WAIT, "the consumer to go on with its user project", || async {
-        lines_of(&all, "user", "event").len() == 2
-    })
+    eventually(
+        WAIT,
+        "the consumer to go on with its user project",
+        || async { lines_of(&all, "user", "event").len() == 2 },
+    )
     .await;
     let probe_lines: Vec<_> = all
         .lines()

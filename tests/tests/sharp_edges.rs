@@ -231,10 +231,7 @@ async fn a_live_query_whose_function_writes_stops_the_consumer_and_is_no_outage(
             _ => a,
         })
         .collect();
-    args.extend([
-        "--live-query".into(),
-        "SELECT live_tasks($1)".into(),
-    ]);
+    args.extend(["--live-query".into(), "SELECT live_tasks($1)".into()]);
     let mut consumer = spawn_consume(&db, &args, Stdio::null());
     let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
     assert_eq!(code, 1, "{stderr}");
