@@ -65,6 +65,10 @@ pub(crate) async fn check(client: &mut Client, query: &str) -> Result<(), Consum
             Some(&SqlState::FEATURE_NOT_SUPPORTED) => {
                 Some("it writes (a data-modifying statement in WITH)".to_owned())
             }
+            // Privileges are checked after the read-only rule: a query refused only for them
+            // reads, and a role without them is refused when the query runs, as before (a
+            // consumer with a cursor may never reconcile, and need not be granted the table).
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE) => None,
             // In this read-only transaction, whatever the server: the query's own doing.
             Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => {
                 Some(format!("it writes ({})", describe(&e)))
