@@ -190,10 +190,10 @@ impl Inner {
         let _ = killpg(group, Signal::SIGTERM);
         let deadline = Instant::now() + self.stop_grace;
         let _ = tokio::time::timeout_at(deadline, running.child.wait()).await;
-        while killpg(group, None).is_ok() && Instant::now() < deadline {
+        while group_runs(group) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if killpg(group, None).is_ok() {
+        if group_runs(group) {
             tracing::warn!(
                 group = group.as_raw(),
                 grace = %humantime::format_duration(self.stop_grace),
@@ -332,6 +332,43 @@ impl Inner {
     }
 }
 
+/// Whether a process of `group` still runs. `killpg(group, 0)` also finds members that have
+/// ended but are not reaped yet: the child's own children, orphaned when it ends, wait as
+/// zombies for init (or a subreaper) to reap them, which can take seconds; waiting for that
+/// held every stop (`--exit-when-caught-up` included) for nothing. So the members' states are
+/// read from `/proc` where there is one; elsewhere a member found is taken as running.
+fn group_runs(group: Pid) -> bool {
+    if killpg(group, None).is_err() {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        let is_pid = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()));
+        is_pid
+            && std::fs::read_to_string(entry.path().join("stat"))
+                .ok()
+                .and_then(|stat| state_and_group(&stat))
+                .is_some_and(|(state, pgrp)| pgrp == group.as_raw() && !matches!(state, 'Z' | 'X'))
+    })
+}
+
+/// The state and process group of a `/proc/PID/stat` line (`pid (comm) state ppid pgrp ...`;
+/// the command name may hold spaces and parentheses, so the fields are read after its last
+/// `)`).
+fn state_and_group(stat: &str) -> Option<(char, i32)> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some((state, pgrp))
+}
+
 fn class(code: &str) -> HandlerFailure {
     match FailureClass::new(code) {
         Ok(class) => HandlerFailure::new(class),
@@ -353,5 +390,31 @@ impl Reconciler for ChildSink {
                 live.head_sequence,
             )
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_its_state_and_group() {
+        assert_eq!(
+            state_and_group("4242 (sh) S 4200 4242 4242 0 -1 4194560 ..."),
+            Some(('S', 4242))
+        );
+        assert_eq!(
+            state_and_group("17 (a (weird) name) Z 1 9 9 0"),
+            Some(('Z', 9))
+        );
+        assert_eq!(state_and_group("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_group_runs_and_a_gone_one_does_not() {
+        let own = nix::unistd::getpgrp();
+        assert!(group_runs(own));
+        // Process group IDs are process IDs; no process has an ID this large.
+        assert!(!group_runs(Pid::from_raw(i32::MAX - 1)));
     }
 }

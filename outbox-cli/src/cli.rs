@@ -348,7 +348,9 @@ pub struct ConsumerOptions {
     /// Attempts before an event is parked as a dead letter.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: u32,
-    /// Live-set query for reconciliation ($1 = project ID; one text column of task IDs).
+    /// Live-set query for reconciliation ($1 = project ID; one text column of task IDs; it
+    /// must only read). Checked at start, exit 2 if it does not fit. Default: SELECT id::text
+    /// FROM tasks WHERE project_id = $1 AND deleted_at IS NULL
     #[arg(long)]
     pub live_query: Option<String>,
     /// How long shutdown waits for a running handler.

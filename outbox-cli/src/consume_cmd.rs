@@ -24,6 +24,9 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         consumer_id: consumer.clone(),
     };
     let config = build_config(global, &consumer, options)?;
+    if options.child.is_none() {
+        crate::sink::refuse_closed_stdout()?;
+    }
     let Some(started) = Started::open(global, options).await? else {
         return Ok(());
     };
@@ -74,6 +77,7 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let targets = &args.targets;
     let template = delivery_settings(options)?;
     let duties = duties(global, options)?;
+    crate::sink::refuse_closed_stdout()?;
     let projects = match targets.all_projects {
         true => Projects::All,
         false => Projects::Listed(targets.projects.clone()),

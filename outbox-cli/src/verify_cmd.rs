@@ -15,9 +15,10 @@ use crate::verify::{self, Report};
 /// `outbox verify`.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The dedicated probe project: it must hold nothing but probe events (refused with exit
-    /// 2 otherwise); it is left empty.
-    #[arg(long, default_value = "outbox-verify")]
+    /// The dedicated probe project, named `outbox-verify` or `outbox-verify<anything>` (the
+    /// probe projects, which `--all-projects` consumers never follow): it must hold nothing but
+    /// probe events (refused with exit 2 otherwise); it is left empty.
+    #[arg(long, default_value = outbox_core::PROBE_PROJECT_PREFIX, value_parser = probe_project)]
     pub project: ProjectId,
     /// Probe transactions in all (committed, committed with several events, rolled back,
     /// committed late, in turn).
@@ -41,6 +42,19 @@ pub struct VerifyArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+}
+
+/// `--project`: a valid project ID that names a probe project.
+fn probe_project(value: &str) -> Result<ProjectId, String> {
+    let project = ProjectId::new(value).map_err(|e| e.to_string())?;
+    match project.is_probe() {
+        true => Ok(project),
+        false => Err(format!(
+            "{value} is not a probe project: its ID must start with {prefix} (e.g. \
+             {prefix}-{value}), so that consumers following every project leave it alone",
+            prefix = outbox_core::PROBE_PROJECT_PREFIX
+        )),
+    }
 }
 
 pub async fn run(global: &Global, args: VerifyArgs) -> Result<(), Failure> {

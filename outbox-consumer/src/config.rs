@@ -13,13 +13,13 @@ pub const DEFAULT_LIVE_QUERY: &str =
 /// The query that reads a project's live task set for reconciliation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum LiveQuery {
-    /// [`DEFAULT_LIVE_QUERY`]: checked when it is first needed (a consumer that replays
-    /// history from the earliest event may never reconcile, and its database need not have a
-    /// `tasks` table).
+    /// [`DEFAULT_LIVE_QUERY`]: checked before the lease is claimed, as a custom query is,
+    /// unless the consumer starts from the earliest event (it may never reconcile, and its
+    /// database need not have a `tasks` table): then when it is first needed.
     #[default]
     Default,
-    /// The application's own query: `$1` is the project ID; one text column. Checked before
-    /// the lease is claimed, so a wrong one holds nothing.
+    /// The application's own query: `$1` is the project ID; one text column; read-only.
+    /// Checked before the lease is claimed, so a wrong one holds nothing.
     Custom(String),
 }
 
@@ -159,6 +159,13 @@ impl Default for DeliverySettings {
 }
 
 impl DeliverySettings {
+    /// Whether the live query is checked before anything is claimed (a wrong one then
+    /// registers no consumer): always, except the default query of a consumer that starts
+    /// from the earliest event (see [`LiveQuery::Default`]).
+    pub fn checks_live_query_first(&self) -> bool {
+        self.live_query.is_custom() || self.start_from != StartFrom::Earliest
+    }
+
     /// Checks the relations between settings.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=10_000).contains(&self.batch_size) {

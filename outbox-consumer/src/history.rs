@@ -151,10 +151,9 @@ impl History {
             Some(row) => Some(row.try_get("event_id")?),
             None => None,
         };
-        let mut task_ids = Vec::new();
-        for row in tx.query(live_query, &[&project.as_str()]).await? {
-            task_ids.push(row.try_get(0)?);
-        }
+        // Read as the consumer's own reconciliation reads it: a write the query attempts is
+        // named as the query's failure.
+        let task_ids = crate::live_query::task_ids(&tx, live_query, project.as_str()).await?;
         tx.commit().await?;
         Ok(LiveSet {
             project_id: project.clone(),

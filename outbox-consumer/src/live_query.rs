@@ -1,7 +1,9 @@
-//! The reconciliation live-set query: checked for its shape when first prepared, so a wrong
-//! query is refused before anything is claimed, and read without trusting its rows.
+//! The reconciliation live-set query: checked for its shape and for only reading when first
+//! prepared, so a wrong query is refused before anything is claimed, and read without
+//! trusting its rows.
 
 use outbox_core::{Unnamed as _, describe, is_retryable_db};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, GenericClient};
 
@@ -10,11 +12,23 @@ use crate::error::ConsumerError;
 /// Column types a task ID may be read from.
 const TEXT_TYPES: [Type; 4] = [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME];
 
-/// Prepares `query` (inside a transaction, so it is safe behind a transaction pooler) and
-/// checks that it takes one text parameter, `$1` (the project ID), and returns one text
-/// column (task IDs).
+/// The cursor [`check`] declares over the query, never fetched from.
+const CHECK_CURSOR: &str = "outbox_live_query_check";
+
+/// What a query that writes is told.
+const MUST_ONLY_READ: &str = "a live query must only read: a SELECT (or WITH ... SELECT) \
+     without data-modifying statements or FOR UPDATE/SHARE, since reconciliation runs it in a \
+     read-only snapshot";
+
+/// Prepares `query` and checks that it takes one text parameter, `$1` (the project ID),
+/// returns one text column (task IDs) and only reads. All of it inside one read-only
+/// transaction (safe behind a transaction pooler): the query is declared as a cursor there,
+/// which starts its plan without fetching a row, and which PostgreSQL refuses for anything
+/// but a plain read (a `DELETE ... RETURNING`, a data-modifying `WITH`, a `FOR UPDATE`). A
+/// function called by the query that writes is found only when it runs: [`task_ids`] then
+/// names it.
 pub(crate) async fn check(client: &mut Client, query: &str) -> Result<(), ConsumerError> {
-    let tx = client.transaction().await?;
+    let tx = client.build_transaction().read_only(true).start().await?;
     let statement = match tx.prepare(query).await {
         Ok(statement) => statement,
         Err(e) if is_retryable_db(&e) => return Err(e.into()),
@@ -33,13 +47,43 @@ pub(crate) async fn check(client: &mut Client, query: &str) -> Result<(), Consum
             .map(|c| (c.name(), c.type_()))
             .collect(),
     );
+    if let Some(problem) = problem {
+        return Err(ConsumerError::LiveQueryInvalid(problem));
+    }
+    let declare = format!("DECLARE {CHECK_CURSOR} NO SCROLL CURSOR FOR {query}");
+    let parameter = statement.params()[0].clone();
     // Dropping the statement sends its Close; before the rollback, so that behind a
     // transaction pooler it reaches the server session that prepared it.
     drop(statement);
+    // `query_typed`: one unnamed statement (a `DECLARE` cannot be `PREPARE`d to learn its
+    // parameter types, and the prepared query gave them).
+    let problem = match tx.query_typed(&declare, &[(&"", parameter)]).await {
+        Ok(_) => None,
+        Err(e) => match e.code() {
+            // The query itself parsed (it was prepared above): only a SELECT can follow FOR.
+            Some(&SqlState::SYNTAX_ERROR) => Some("it is not a SELECT".to_owned()),
+            Some(&SqlState::FEATURE_NOT_SUPPORTED) => {
+                Some("it writes (a data-modifying statement in WITH)".to_owned())
+            }
+            // Privileges are checked after the read-only rule: a query refused only for them
+            // reads, and a role without them is refused when the query runs, as before (a
+            // consumer with a cursor may never reconcile, and need not be granted the table).
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE) => None,
+            // In this read-only transaction, whatever the server: the query's own doing.
+            Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => {
+                Some(format!("it writes ({})", describe(&e)))
+            }
+            _ if is_retryable_db(&e) => return Err(e.into()),
+            _ => Some(format!("it does not only read ({})", describe(&e))),
+        },
+    };
+    if let Some(problem) = problem {
+        return Err(ConsumerError::LiveQueryInvalid(format!(
+            "{problem}; {MUST_ONLY_READ}"
+        )));
+    }
     tx.rollback().await?;
-    problem.map_or(Ok(()), |problem| {
-        Err(ConsumerError::LiveQueryInvalid(problem))
-    })
+    Ok(())
 }
 
 /// What is wrong with a live query taking `params` and returning `columns`, if anything.
@@ -69,14 +113,23 @@ fn shape_problem(params: &[Type], columns: Vec<(&str, &Type)>) -> Option<String>
     }
 }
 
-/// Runs the live query for `project`; a failure names the live query.
+/// Runs the live query for `project` in `snapshot`, a read-only transaction; a failure names
+/// the live query. A read-only violation there (25006) is the query's own doing (a function
+/// it calls writes), never a standby's answer: the transaction is read-only whatever the
+/// server, so it is no outage to wait out.
 pub(crate) async fn task_ids(
-    client: &(impl GenericClient + Sync),
+    snapshot: &(impl GenericClient + Sync),
     query: &str,
     project: &str,
 ) -> Result<Vec<String>, ConsumerError> {
-    let rows = match client.query_unnamed(query, &[&project]).await {
+    let rows = match snapshot.query_unnamed(query, &[&project]).await {
         Ok(rows) => rows,
+        Err(e) if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) => {
+            return Err(ConsumerError::LiveQueryFailed(format!(
+                "it tried to write ({}); {MUST_ONLY_READ}",
+                describe(&e)
+            )));
+        }
         Err(e) if is_retryable_db(&e) => return Err(e.into()),
         Err(e) => return Err(ConsumerError::LiveQueryFailed(describe(&e))),
     };

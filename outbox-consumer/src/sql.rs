@@ -773,6 +773,14 @@ SELECT last_acked_sequence
 FROM {{schema}}.lifecycle_consumer_cursors
 WHERE project_id = $1 AND consumer_id = $2";
 
+/// The server process of this session: read inside a reconciliation's snapshot, so that an
+/// abandoned snapshot's live query can be cancelled (behind a transaction pooler the session
+/// is the snapshot transaction's).
+pub const BACKEND_PID: &str = "SELECT pg_backend_pid() AS pid";
+
+/// Cancels the statement server process `$1` runs (a role may cancel its own sessions').
+pub const CANCEL_BACKEND: &str = "SELECT pg_cancel_backend($1) AS cancelled";
+
 #[cfg(test)]
 mod tests {
     use outbox_core::{AuditKind, ConsumerState, DeliveryState};

@@ -169,6 +169,25 @@ identifier!(
     ProjectId,
     "project_id"
 );
+/// The start of every probe project's ID: `outbox verify` writes its probe events only into
+/// a project named so (its default project is exactly this), and a consumer set that follows
+/// every project never follows one, so a running `--all-projects` consumer neither receives
+/// probe events as deletions nor registers a consumer that makes the next `verify` refuse the
+/// project.
+pub const PROBE_PROJECT_PREFIX: &str = "outbox-verify";
+
+impl ProjectId {
+    /// Whether this is a probe project (its ID starts with [`PROBE_PROJECT_PREFIX`]).
+    pub fn is_probe(&self) -> bool {
+        is_probe_project(&self.0)
+    }
+}
+
+/// Whether the project ID `project` names a probe project (see [`PROBE_PROJECT_PREFIX`]).
+pub fn is_probe_project(project: &str) -> bool {
+    project.starts_with(PROBE_PROJECT_PREFIX)
+}
+
 identifier!(
     /// A task whose deletion is recorded.
     TaskId,

@@ -92,7 +92,8 @@ pub use event::{
     TASK_DELETED, TaskDeleted, ValidationError, format_timestamp,
 };
 pub use ids::{
-    ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, ProjectId, TaskId, WriterProcessId,
+    ConsumerId, EventId, IdError, MAX_ID_LEN, OperatorName, PROBE_PROJECT_PREFIX, ProjectId,
+    TaskId, WriterProcessId, is_probe_project,
 };
 pub use migrate::{
     MIGRATIONS, Migration, MigrationReport, SchemaVersion, check_schema_version, migrate,

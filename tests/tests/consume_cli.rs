@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{SeedCursor, cursor, eventually, seed_consumer, write_event};
+use outbox_tests::consumer_kit::{
+    SeedCursor, cursor, eventually, eventually_count, seed_consumer, write_event,
+};
 use outbox_tests::fresh_db;
-use outbox_tests::process_kit::{ConsumeProcess, run_outbox};
+use outbox_tests::process_kit::{ConsumeProcess, outbox_binary, run_outbox};
 use outbox_tests::serve_kit::{Metrics, free_port, get};
 use outbox_tests::stats_kit::{
     SMALL_PROJECT, assert_the_counters_move, event_table_reads, stale_statistics,
@@ -269,10 +271,14 @@ async fn reactivating_an_unknown_consumer_is_refused_with_exit_3_and_creates_not
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shutdown_grace_bounds_a_slow_live_query() {
+async fn the_shutdown_grace_bounds_a_slow_live_query_and_cancels_it_on_the_server() {
     let db = fresh_db().await;
     // Far longer than the grace: without the bound, the stop waits for the whole query.
-    let slow = "SELECT $1::text FROM pg_sleep(60)";
+    let slow = "SELECT $1::text FROM pg_sleep(3600)";
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND state = 'active' AND query LIKE '%pg_sleep(3600)%' \
+                   AND pid <> pg_backend_pid()";
+    let client = db.connect().await;
     let mut process = ConsumeProcess::spawn(
         &db.url,
         &[
@@ -286,10 +292,12 @@ async fn the_shutdown_grace_bounds_a_slow_live_query() {
             "1s",
         ],
     );
-    eventually(
+    eventually_count(
+        &client,
         Duration::from_secs(10),
-        "the reconciliation to start",
-        || async { process.stderr().contains("reconciling") },
+        "the live query to run on the server",
+        running,
+        1,
     )
     .await;
     process.signal("INT");
@@ -305,6 +313,92 @@ async fn the_shutdown_grace_bounds_a_slow_live_query() {
         process.stderr()
     );
     assert_eq!(cursor(&db, "p", "c").await, None, "nothing was reconciled");
+    // The abandoned query was cancelled, not left running to its end on the server.
+    eventually_count(
+        &client,
+        Duration::from_secs(20),
+        "no backend still running the abandoned live query",
+        running,
+        0,
+    )
+    .await;
+}
+
+/// Runs `outbox --database-url URL consume ARGS` from `sh`, with its stdout redirected by
+/// `redirect` (`>&-` closes it); returns (exit code, stderr).
+async fn consume_redirected(url: &str, args: &[&str], redirect: &str) -> (i32, String) {
+    let output = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("exec \"$0\" \"$@\" {redirect}"))
+        .arg(outbox_binary())
+        .args(["--database-url", url, "consume"])
+        .args(args)
+        .env("OUTBOX_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(30), output)
+        .await
+        .expect("outbox consume stops by itself")
+        .expect("run sh");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_stdout_closed_at_start_is_refused_and_dev_null_chosen_on_purpose_is_not() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    let lone = [
+        "--project",
+        "p",
+        "--consumer-id",
+        "closed",
+        "--start-from",
+        "earliest",
+        "--exit-when-caught-up",
+    ];
+    let set = [
+        "--all-projects",
+        "--consumer-id",
+        "closed",
+        "--exit-when-caught-up",
+    ];
+    for args in [&lone[..], &set[..]] {
+        let (code, stderr) = consume_redirected(&db.url, args, ">&-").await;
+        assert_eq!(code, 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("stdout was closed when outbox consume started")
+                && stderr.contains(">/dev/null"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let registered: i64 = db
+        .connect()
+        .await
+        .query_one("SELECT count(*) FROM outbox.lifecycle_consumers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0, "nothing registered, nothing acknowledged");
+
+    // Discarding the lines on purpose: the user's own redirection is honoured.
+    let (code, stderr) = consume_redirected(&db.url, &lone, ">/dev/null").await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("delivered=1"), "{stderr}");
+    assert_eq!(cursor(&db, "p", "closed").await, Some(1));
+}
+
+#[tokio::test]
+async fn help_of_live_query_shows_the_default_query() {
+    let (code, out, err) = run_outbox(&["consume", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    let flattened = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flattened.contains(outbox_consumer::DEFAULT_LIVE_QUERY),
+        "{out}"
+    );
 }
 
 /// A child that acknowledges every event except those of task `poison`, and dies once on the

@@ -31,6 +31,17 @@ fn args(targets: &[&str]) -> Vec<String> {
     targets.iter().chain(&fast).map(|s| s.to_string()).collect()
 }
 
+/// [`args`] without `--start-from earliest`: a new consumer of a project there at start
+/// reconciles, as it does by default.
+fn reconciling_args(targets: &[&str]) -> Vec<String> {
+    let all = args(targets);
+    let at = all
+        .iter()
+        .position(|a| a == "--start-from")
+        .expect("args starts from the earliest event");
+    [&all[..at], &all[at + 2..]].concat()
+}
+
 fn spawn(db: &TestDb, args: &[String]) -> ConsumeProcess {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     ConsumeProcess::spawn(&db.url, &refs)
@@ -317,4 +328,119 @@ async fn a_set_that_does_not_wait_exits_4_at_once_when_one_pair_is_held_elsewher
     );
     holder.signal("TERM");
     assert_eq!(holder.wait().await, 0, "{}", holder.stderr());
+}
+
+/// The lines of `process` about `project`, of `kind` (`event`, `reconcile`).
+fn lines_of(process: &ConsumeProcess, project: &str, kind: &str) -> Vec<serde_json::Value> {
+    process
+        .lines()
+        .into_iter()
+        .map(|l| l.value)
+        .filter(|v| v["project_id"] == project && v["type"] == kind)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_project_born_while_all_projects_runs_is_delivered_from_its_first_event() {
+    let db = fresh_db().await;
+    write_event(&db, "old", "o1").await;
+    // Numbered before the process starts: a project there at start.
+    let (code, _, err) = outbox_on(&db, &["sequence"]).await;
+    assert_eq!(code, 0, "{err}");
+    let mut all = spawn(
+        &db,
+        &reconciling_args(&["--all-projects", "--consumer-id", "every"]),
+    );
+    eventually(
+        WAIT,
+        "the reconciliation of the project there at start",
+        || async { !lines_of(&all, "old", "reconcile").is_empty() },
+    )
+    .await;
+    write_event(&db, "born", "b1").await;
+    write_event(&db, "born", "b2").await;
+    write_event(&db, "old", "o2").await;
+    eventually(
+        WAIT,
+        "the new project's events and the old one's next",
+        || async {
+            lines_of(&all, "born", "event").len() == 2 && lines_of(&all, "old", "event").len() == 1
+        },
+    )
+    .await;
+
+    // The new project's first deletion arrives as an event, with its writer, time and prior;
+    // it is not folded into a reconciliation.
+    let born = lines_of(&all, "born", "event");
+    let sequences: Vec<_> = born.iter().map(|v| v["sequence"].as_i64()).collect();
+    assert_eq!(sequences, vec![Some(1), Some(2)], "{born:?}");
+    assert_eq!(born[0]["task_id"], "b1", "{born:?}");
+    assert_eq!(born[0]["writer_process_id"], "test-writer", "{born:?}");
+    assert!(born[0]["deleted_at"].is_string(), "{born:?}");
+    assert!(born[0]["prior"].is_object(), "{born:?}");
+    assert!(
+        lines_of(&all, "born", "reconcile").is_empty(),
+        "{:?}",
+        all.lines()
+    );
+    // The project there at start kept the default start: reconciled at its head, then its
+    // next event.
+    let old = lines_of(&all, "old", "reconcile");
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert_eq!(old[0]["head_sequence"], 1, "{old:?}");
+    assert_eq!(lines_of(&all, "old", "event")[0]["sequence"], 2);
+
+    all.signal("TERM");
+    assert_eq!(all.wait().await, 0, "{}", all.stderr());
+    assert_eq!(cursor(&db, "born", "every").await, Some(2));
+    assert_eq!(cursor(&db, "old", "every").await, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_projects_never_follows_the_probe_project_of_outbox_verify() {
+    let db = fresh_db().await;
+    let mut all = spawn(&db, &args(&["--all-projects", "--consumer-id", "every"]));
+    write_event(&db, "user", "u1").await;
+    eventually(WAIT, "the consumer to follow a user project", || async {
+        lines_of(&all, "user", "event").len() == 1
+    })
+    .await;
+    // While the consumer runs, verify writes its probe events (and is notified of them, as
+    // the consumer is); twice, since a consumer that had taken the probe project over would
+    // make the second run refuse it.
+    for run in 1..=2 {
+        let (code, out, err) = outbox_on(&db, &["verify", "--poll-interval", "50ms"]).await;
+        assert_eq!(code, 0, "verify run {run}: {out}\n{err}\n{}", all.stderr());
+    }
+    write_event(&db, "user", "u2").await;
+    eventually(
+        WAIT,
+        "the consumer to go on with its user project",
+        || async { lines_of(&all, "user", "event").len() == 2 },
+    )
+    .await;
+    let probe_lines: Vec<_> = all
+        .lines()
+        .into_iter()
+        .filter(|l| {
+            l.value["project_id"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(outbox_core::PROBE_PROJECT_PREFIX))
+        })
+        .collect();
+    assert!(probe_lines.is_empty(), "{probe_lines:?}");
+    let registered: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_consumers \
+             WHERE consumer_id = 'every' AND project_id LIKE 'outbox-verify%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0, "no consumer of the probe project registered");
+    all.signal("TERM");
+    assert_eq!(all.wait().await, 0, "{}", all.stderr());
 }

@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_consumer::{
-    Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, ObservedEvent, ReconcileReason,
-    RetrySchedule, StartFrom, TransactionalHandler,
+    Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, LiveQuery, ObservedEvent,
+    ReconcileReason, RetrySchedule, StartFrom, TransactionalHandler,
 };
 use outbox_core::{Schema, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{
-    Recorder, SeedCursor, WAIT, cursor, eventually, fast_config, seed_consumer, start, write_event,
+    Recorder, SeedCursor, WAIT, cursor, eventually, eventually_count, fast_config, seed_consumer,
+    start, write_event,
 };
 use outbox_tests::stats_kit::{
     BIG_PROJECT, SMALL_PROJECT, assert_only_the_work_list_read, assert_the_counters_move,
@@ -789,6 +790,41 @@ async fn retire(db: &TestDb) {
         )
         .await
         .unwrap();
+}
+
+/// A reconciliation whose lease is lost while its live query runs is abandoned at once, and
+/// the query cancelled on the server rather than left to run to its end.
+#[tokio::test]
+async fn a_lost_lease_abandons_the_reconciliation_and_cancels_its_live_query() {
+    let db = fresh_db().await;
+    write_event(&db, "p", "t1").await;
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "c1");
+    config.delivery.start_from = StartFrom::Reconcile;
+    config.delivery.live_query =
+        LiveQuery::Custom("SELECT $1::text FROM pg_sleep(3600) AS lost_lease_query".into());
+    let (_shutdown, run) = start(&db, config, &recorder);
+    let client = db.connect().await;
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND state = 'active' AND query LIKE '%lost_lease_query%' \
+                   AND pid <> pg_backend_pid()";
+    eventually_count(&client, WAIT, "the live query to run", running, 1).await;
+    retire(&db).await;
+    let ended = tokio::time::timeout(WAIT, run)
+        .await
+        .expect("the run ends with the loss, not with the query");
+    let err = ended.unwrap().unwrap_err();
+    assert!(matches!(err, ConsumerError::Retired { .. }), "{err:?}");
+    eventually_count(
+        &client,
+        WAIT,
+        "no backend running the live query",
+        running,
+        0,
+    )
+    .await;
+    assert!(recorder.reconciliations().is_empty());
+    assert_eq!(cursor(&db, "p", "c1").await, None, "nothing reconciled");
 }
 
 #[tokio::test]

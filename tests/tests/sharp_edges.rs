@@ -135,6 +135,20 @@ async fn a_live_query_of_the_wrong_shape_is_a_usage_error_that_holds_nothing() {
             "SELECT id FROM no_such_table WHERE project_id = $1",
             "cannot be prepared",
         ),
+        // Queries that write: reconciliation runs the query in a read-only snapshot, where
+        // they would fail with what looks like a standby's answer.
+        (
+            "DELETE FROM tasks WHERE project_id = $1 RETURNING id",
+            "it is not a SELECT; a live query must only read",
+        ),
+        (
+            "WITH gone AS (DELETE FROM tasks WHERE project_id = $1 RETURNING id) SELECT id FROM gone",
+            "it writes (a data-modifying statement in WITH)",
+        ),
+        (
+            "SELECT id FROM tasks WHERE project_id = $1 FOR UPDATE",
+            "it writes (cannot execute SELECT FOR UPDATE in a read-only transaction",
+        ),
     ];
     for (query, expected) in cases {
         let (code, _, stderr) = run_outbox(&[
@@ -158,8 +172,16 @@ async fn a_live_query_of_the_wrong_shape_is_a_usage_error_that_holds_nothing() {
         assert_eq!(lease_owner(&db, "c").await, None, "nothing is left held");
     }
 
-    // The default query, on a database without its `tasks` table, is checked when the first
-    // reconciliation needs it: the same usage error, and the lease is released.
+    let kept: i64 = client
+        .query_one("SELECT count(*) FROM public.tasks", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 1, "the refused queries deleted nothing");
+
+    // The default query, on a database without its `tasks` table, is checked before anything
+    // is claimed, as a custom one is: the same usage error, and no consumer registered to hold
+    // retention.
     client
         .batch_execute("DROP TABLE public.tasks")
         .await
@@ -180,6 +202,46 @@ async fn a_live_query_of_the_wrong_shape_is_a_usage_error_that_holds_nothing() {
         "{stderr}"
     );
     assert_eq!(lease_owner(&db, "d").await, None, "the lease was released");
+    let registered: i64 = client
+        .query_one("SELECT count(*) FROM outbox.lifecycle_consumers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0, "no consumer was registered");
+}
+
+#[tokio::test]
+async fn a_live_query_whose_function_writes_stops_the_consumer_and_is_no_outage() {
+    let db = fresh_db().await;
+    db.connect()
+        .await
+        .batch_execute(
+            "CREATE TABLE public.seen (project text);
+             CREATE FUNCTION public.live_tasks(p text) RETURNS SETOF text LANGUAGE sql VOLATILE
+                 AS $$ INSERT INTO public.seen VALUES (p) RETURNING p $$;",
+        )
+        .await
+        .unwrap();
+    write_event(&db, "p", "t1").await;
+    // A new consumer that reconciles first.
+    let mut args: Vec<String> = quick("writes")
+        .into_iter()
+        .map(|a| match a.as_str() {
+            "earliest" => "reconcile".to_owned(),
+            _ => a,
+        })
+        .collect();
+    args.extend(["--live-query".into(), "SELECT live_tasks($1)".into()]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(20)).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("the live query failed during reconciliation: it tried to write")
+            && stderr.contains("a live query must only read"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("unavailable"), "{stderr}");
+    assert_eq!(cursor(&db, "p", "writes").await, None, "nothing reconciled");
 }
 
 #[tokio::test]
@@ -391,6 +453,33 @@ async fn a_hanging_child_is_ended_with_its_whole_process_group() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(classes, vec!["child_timeout".to_owned()]);
+}
+
+#[tokio::test]
+async fn a_child_stop_does_not_wait_for_its_ended_processes_to_be_reaped() {
+    // The child's own children, orphaned when it ends, are reaped by whoever adopts them:
+    // here this test process, which never does, so they stay zombies for as long as it runs
+    // (init may take seconds). Ended processes: the stop must not wait for them.
+    nix::sys::prctl::set_child_subreaper(true).expect("become a subreaper");
+    let db = fresh_db().await;
+    let (_dir, script) =
+        child_script("sleep 600 &\nwhile read -r line; do echo '{\"ack\": 1}'; done\n");
+    write_event(&db, "p", "t1").await;
+    let mut args = quick("orphans");
+    args.extend([
+        "--child".into(),
+        script,
+        "--child-stop-grace".into(),
+        "60s".into(),
+        "--exit-when-caught-up".into(),
+    ]);
+    let mut consumer = spawn_consume(&db, &args, Stdio::null());
+    // Well within the stop grace: a stop that waited for the zombies would take all of it.
+    let (code, stderr) = exit_of(&mut consumer, Duration::from_secs(30)).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("caught up; stopping"), "{stderr}");
+    assert!(!stderr.contains("outlived SIGTERM"), "{stderr}");
+    assert_eq!(cursor(&db, "p", "orphans").await, Some(1));
 }
 
 #[tokio::test]

@@ -133,14 +133,14 @@ async fn passes_through_pgbouncer_in_transaction_mode() {
     let (code, report, err) = verify(
         &url,
         &["--pooler", "transaction"],
-        &["--project", "probe-pooled"],
+        &["--project", "outbox-verify-pooled"],
     )
     .await;
     assert_eq!(code, 0, "{report}\n{err}\n{}", bouncer.log());
     assert_all_checks_hold(&report, &err);
     assert_eq!(report["topology"]["pooler"], "transaction");
     assert_eq!(report["topology"]["listen"]["state"], "not_used");
-    assert_nothing_left(&db.connect().await, "probe-pooled").await;
+    assert_nothing_left(&db.connect().await, "outbox-verify-pooled").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,17 +228,27 @@ async fn a_database_that_loses_committed_rows_fails_nothing_missing_with_exit_5(
 async fn refuses_a_project_holding_other_events_with_exit_2_and_touches_nothing() {
     let db = fresh_db().await;
     write_event(&db, "orders", "o-1").await;
+    // A user project is not even a probe project's name.
     let (code, out, err) =
         run_outbox(&["--database-url", &db.url, "verify", "--project", "orders"]).await;
     assert_eq!(code, 2, "{out}\n{err}");
     assert!(
-        err.contains("project orders holds 1 event(s) no probe wrote"),
+        err.contains("orders is not a probe project: its ID must start with outbox-verify"),
+        "{err}"
+    );
+    let project = "outbox-verify-orders";
+    write_event(&db, project, "o-1").await;
+    let (code, out, err) =
+        run_outbox(&["--database-url", &db.url, "verify", "--project", project]).await;
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains("project outbox-verify-orders holds 1 event(s) no probe wrote"),
         "{err}"
     );
     let client = connect(&db.config).await;
     let kept: i64 = client
         .query_one(
-            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE project_id = 'orders'",
+            "SELECT count(*) FROM outbox.lifecycle_outbox WHERE project_id = 'outbox-verify-orders'",
             &[],
         )
         .await

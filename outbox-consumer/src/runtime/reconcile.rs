@@ -1,7 +1,10 @@
 //! Settling the cursor: the start of a consumer without a cursor, and full reconciliation
 //! when history is missing or diverged (the check after every (re)start is `identity.rs`'s).
 
-use outbox_core::Sequencer;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use outbox_core::{Sequencer, Unnamed as _};
 use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
@@ -11,12 +14,17 @@ use crate::config::StartFrom;
 use crate::error::ConsumerError;
 use crate::handler::{LiveSet, ReconcileReason, Reconciler};
 use crate::lease::Lease;
+use crate::sql;
 use crate::store::{self, Statements};
 
 /// How long a reconciliation's snapshot waits for another sequencer's tick to commit before
 /// reading the head without it (a tick is a few milliseconds; a longer hold is a sequencer
 /// that has stalled, and the events it holds are then delivered after the snapshot).
-const SEQUENCER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+const SEQUENCER_PATIENCE: Duration = Duration::from_secs(1);
+
+/// How long cancelling an abandoned live query may take (a pooled connection and one
+/// statement) before the run goes on without it.
+const CANCEL_PATIENCE: Duration = Duration::from_secs(2);
 
 impl<D, R: Reconciler> Consumer<D, R> {
     /// A consumer without a cursor reconciles, or replays retained history when asked to and
@@ -65,13 +73,29 @@ impl<D, R: Reconciler> Consumer<D, R> {
         tracing::info!(reason = reason.as_str(), cursor = %cursor, "reconciling");
         let grace = self.config.delivery.shutdown_grace;
         let mut client = self.pool.get().await?;
-        let snapshot = within_grace(shutdown, grace, self.snapshot(&mut client, statements));
-        let Some(snapshot) = snapshot.await else {
-            // Its statement may still be running: close the connection rather than hand it
-            // back to the pool, where the lease's release would wait for it.
-            drop(deadpool_postgres::Object::take(client));
-            tracing::warn!("shutdown grace ran out while reading the live set; abandoned");
-            return Ok(());
+        let backend = AtomicI32::new(0);
+        let snapshot = self.snapshot(&mut client, statements, &backend);
+        let abandoned = tokio::select! {
+            snapshot = within_grace(shutdown, grace, snapshot) => match snapshot {
+                Some(snapshot) => Ok(snapshot),
+                None => Err("shutdown grace ran out while reading the live set; abandoned"),
+            },
+            () = lease.lost() => Err("the lease was lost while reading the live set; abandoned"),
+        };
+        let snapshot = match abandoned {
+            Ok(snapshot) => snapshot,
+            Err(why) => {
+                // Its live query may still be running on the server: cancel it there, and
+                // close the connection rather than hand it back to the pool, where the lease's
+                // release would wait for it.
+                self.cancel_statement(backend.load(Ordering::SeqCst)).await;
+                drop(deadpool_postgres::Object::take(client));
+                tracing::warn!("{why}");
+                if lease.is_lost() {
+                    return Err(lease.lost_error());
+                }
+                return Ok(());
+            }
         };
         let (head, identity, task_ids) = snapshot?;
         drop(client);
@@ -116,12 +140,36 @@ impl<D, R: Reconciler> Consumer<D, R> {
         Ok(())
     }
 
+    /// Cancels what server process `backend` runs (nothing when 0: the snapshot had not
+    /// started), from another pooled connection, waiting at most [`CANCEL_PATIENCE`]: an
+    /// abandoned live query would otherwise run on to its end, holding its snapshot.
+    async fn cancel_statement(&self, backend: i32) {
+        if backend == 0 {
+            return;
+        }
+        let cancel = async {
+            let client = self.pool.get().await?;
+            client
+                .query_one_unnamed(sql::CANCEL_BACKEND, &[&backend])
+                .await?;
+            Ok::<_, ConsumerError>(())
+        };
+        match tokio::time::timeout(CANCEL_PATIENCE, cancel).await {
+            Ok(Ok(())) => tracing::info!(backend, "cancelled the abandoned live query"),
+            Ok(Err(e)) => {
+                tracing::warn!(backend, error = %e, "could not cancel the abandoned live query")
+            }
+            Err(_) => tracing::warn!(backend, "could not cancel the abandoned live query in time"),
+        }
+    }
+
     /// The head, the identity of the event there and the live task set, read in one snapshot
-    /// after numbering what has committed.
+    /// after numbering what has committed; `backend` is set to the snapshot's server process.
     async fn snapshot(
         &self,
         client: &mut deadpool_postgres::Client,
         statements: &Statements,
+        backend: &AtomicI32,
     ) -> Result<(i64, Option<String>, Vec<String>), ConsumerError> {
         let project = self.config.project_id.as_str();
         // The run then ends with the error, releasing its lease.
@@ -135,6 +183,11 @@ impl<D, R: Reconciler> Consumer<D, R> {
                 .await?;
         }
         let tx = outbox_core::read_only_snapshot(client).await?;
+        let pid: i32 = tx
+            .query_one_unnamed(sql::BACKEND_PID, &[])
+            .await?
+            .try_get("pid")?;
+        backend.store(pid, Ordering::SeqCst);
         let (head, _) = store::bounds(&tx, statements, project).await?;
         let identity = store::event_at(&tx, statements, project, head).await?;
         let live_query = self.config.delivery.live_query.sql();

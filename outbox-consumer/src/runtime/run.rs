@@ -37,14 +37,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .into());
         }
         let statements = self.membership.statements(&self.config);
-        // A live query given explicitly is checked before the lease is claimed, so a wrong one
-        // holds nothing; the default is checked when it is first needed (a consumer that
-        // replays history from the earliest event may never reconcile, and its database need
-        // not have a `tasks` table). A consumer set checks it once for all its members.
+        // The live query is checked before the lease is claimed, so a wrong one registers and
+        // holds nothing; only the default one of a consumer that replays history from the
+        // earliest event is checked when it is first needed (such a consumer may never
+        // reconcile, and its database need not have a `tasks` table). A consumer set checks
+        // it once for all its members.
         // Each phase before the loop waits out an unavailable database (`outage::wait_out`),
         // as the loop does: a process started before its database, or during a restart,
         // begins once the database is back.
-        if self.membership.checks_live_query() && self.config.delivery.live_query.is_custom() {
+        if self.membership.checks_live_query() && self.config.delivery.checks_live_query_first() {
             let checked = wait_out("the live query's check", &shutdown, || async {
                 let mut client = self.pool.get().await?;
                 crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await

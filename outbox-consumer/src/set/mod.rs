@@ -28,7 +28,7 @@ use shared::Shared;
 
 use crate::background;
 use crate::base::{self, Task};
-use crate::config::{ConfigError, ConsumerConfig, DeliverySettings, Duties};
+use crate::config::{ConfigError, ConsumerConfig, DeliverySettings, Duties, StartFrom};
 use crate::error::ConsumerError;
 use crate::handler::{Handler, Reconciler};
 use crate::listener;
@@ -42,8 +42,21 @@ pub enum Projects {
     /// Every project with a numbered event, including projects that appear while the set
     /// runs: found by the set's fallback poll (every
     /// [`poll_interval`](DeliverySettings::poll_interval), which reads every project's head)
-    /// and, sooner, by the first notification naming a project not followed yet.
+    /// and, sooner, by the first notification naming a project not followed yet. A project
+    /// that appears while the set runs is delivered from its first event, as
+    /// [`StartFrom::Earliest`](crate::StartFrom::Earliest) does: its whole history is retained,
+    /// so its first deletions arrive as events rather than folded into a reconciliation.
+    /// Probe projects ([`outbox_core::PROBE_PROJECT_PREFIX`], `outbox verify`'s) are not
+    /// followed.
     All,
+}
+
+/// When a followed project was found: at the set's start (its pairs start as the template
+/// says) or while the set runs (born then: its pairs start from its first event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Born {
+    BeforeStart,
+    WhileRunning,
 }
 
 /// How one pair's run ended.
@@ -177,7 +190,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             .into());
         }
         // The checks before the pairs start wait out an unavailable database, as the pairs do.
-        if self.template.live_query.is_custom() {
+        if self.template.checks_live_query_first() {
             let checked = crate::outage::wait_out("the live query's check", &shutdown, || async {
                 let mut client = self.pool.get().await?;
                 crate::live_query::check(&mut client, self.template.live_query.sql()).await
@@ -206,7 +219,7 @@ impl<F: PairFactory> ConsumerSet<F> {
         match &self.projects {
             Projects::Listed(list) => {
                 for project in list {
-                    self.start_project(&mut pairs, &shared, project, &shutdown);
+                    self.start_project(&mut pairs, &shared, project, &self.template, &shutdown);
                 }
             }
             // The projects there are now, before anything else; later ones arrive below.
@@ -218,7 +231,7 @@ impl<F: PairFactory> ConsumerSet<F> {
                     return Ok(Vec::new());
                 }
                 while let Ok(project) = discovered.try_recv() {
-                    self.follow(&mut pairs, &shared, &project, &shutdown);
+                    self.follow(&mut pairs, &shared, &project, Born::BeforeStart, &shutdown);
                 }
             }
         }
@@ -236,7 +249,7 @@ impl<F: PairFactory> ConsumerSet<F> {
             }
             tokio::select! {
                 Some(project) = discovered.recv() => {
-                    self.follow(&mut pairs, &shared, &project, &shutdown);
+                    self.follow(&mut pairs, &shared, &project, Born::WhileRunning, &shutdown);
                 }
                 Some(joined) = pairs.join_next() => {
                     let outcome = ended(joined);
@@ -286,18 +299,25 @@ impl<F: PairFactory> ConsumerSet<F> {
         }
     }
 
-    /// Starts the pairs of `project`, discovered after the set started.
+    /// Starts the pairs of `project`, found by discovery (at the set's first poll, or later).
     fn follow(
         &self,
         pairs: &mut JoinSet<PairOutcome>,
         shared: &Arc<Shared>,
         project: &str,
+        born: Born,
         shutdown: &CancellationToken,
     ) {
         match ProjectId::new(project) {
             Ok(project) => {
                 tracing::info!(project = %project, "following a new project");
-                self.start_project(pairs, shared, &project, shutdown);
+                let mut template = self.template.clone();
+                if born == Born::WhileRunning {
+                    // Its whole history is retained (unless a sweep pruned it already, which
+                    // `Earliest` checks), so a new consumer starts at its first event.
+                    template.start_from = StartFrom::Earliest;
+                }
+                self.start_project(pairs, shared, &project, &template, shutdown);
             }
             Err(e) => {
                 tracing::warn!(project, error = %e, "not following a project with an invalid ID")
@@ -305,19 +325,20 @@ impl<F: PairFactory> ConsumerSet<F> {
         }
     }
 
-    /// Starts one pair per consumer ID for `project`.
+    /// Starts one pair per consumer ID for `project`, each delivering as `template`.
     fn start_project(
         &self,
         pairs: &mut JoinSet<PairOutcome>,
         shared: &Arc<Shared>,
         project: &ProjectId,
+        template: &DeliverySettings,
         shutdown: &CancellationToken,
     ) {
         for consumer_id in &self.consumer_ids {
             let config = ConsumerConfig {
                 project_id: project.clone(),
                 consumer_id: consumer_id.clone(),
-                delivery: self.template.clone(),
+                delivery: template.clone(),
                 duties: self.duties.clone(),
             };
             let (handler, reconciler) = self.factory.make(project, consumer_id);

@@ -171,8 +171,12 @@ impl Shared {
         }
     }
 
-    /// Announces `project` to the set if it follows every project and has not seen it yet.
+    /// Announces `project` to the set if it follows every project and has not seen it yet; a
+    /// probe project ([`outbox_core::PROBE_PROJECT_PREFIX`]) is no user's and never followed.
     fn discover(&self, project: &str) {
+        if outbox_core::is_probe_project(project) {
+            return;
+        }
         if let Some(discovered) = &self.discovered {
             if self
                 .followed
