@@ -79,8 +79,8 @@ pub use admin::{
     Resolution, Retirement, Status,
 };
 pub use connect::{
-    ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
-    explain as explain_connect_error, is_outage,
+    ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode, TargetSession,
+    TlsConnection, WrongServer, explain as explain_connect_error, is_outage,
 };
 pub use election::{
     Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
