@@ -81,7 +81,9 @@ pub fn by_headers(last: &LastMessage, project: &str, kind: SubjectKind) -> Optio
         ));
     };
     let Some(msg_id) = last.msg_id.as_deref() else {
-        return Some(Provenance::Stranger("it has no Nats-Msg-Id header".to_owned()));
+        return Some(Provenance::Stranger(
+            "it has no Nats-Msg-Id header".to_owned(),
+        ));
     };
     match kind {
         SubjectKind::Reconcile => Some(

@@ -106,10 +106,8 @@ impl Relay {
         config: ConsumerConfig,
         shutdown: CancellationToken,
     ) -> Result<RunSummary, ConsumerError> {
-        self.publisher.set_ledger(Ledger::new(
-            connections.pool.clone(),
-            &config.duties.schema,
-        ));
+        self.publisher
+            .set_ledger(Ledger::new(connections.pool.clone(), &config.duties.schema));
         connections
             .consumer(config, self.publisher)
             .run(shutdown)

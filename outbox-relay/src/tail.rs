@@ -88,16 +88,14 @@ pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMess
                 msg_id: header("Nats-Msg-Id"),
             })
         }
-        Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {
-            Ok(LastMessage {
-                tail: Tail {
-                    stream_sequence: 0,
-                    outbox_sequence: None,
-                },
-                project: None,
-                msg_id: None,
-            })
-        }
+        Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(LastMessage {
+            tail: Tail {
+                stream_sequence: 0,
+                outbox_sequence: None,
+            },
+            project: None,
+            msg_id: None,
+        }),
         Err(e) => {
             let detail =
                 format!("cannot read the last message of {subject} in stream {stream}: {e}");

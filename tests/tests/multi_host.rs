@@ -175,7 +175,10 @@ async fn reaches_standby(settings: &ConnectSettings) -> bool {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(single, pooled, "{settings:?}: the pool reached another server");
+    assert_eq!(
+        single, pooled,
+        "{settings:?}: the pool reached another server"
+    );
     single
 }
 
@@ -214,14 +217,16 @@ async fn primary_standby_and_prefer_standby_reach_the_server_they_name() {
         assert_eq!(code, 0, "{text}: {err}");
     }
     let only_primary = ConnectSettings::parse(&url(&[&primary], "prefer-standby")).unwrap();
-    assert!(!reaches_standby(&only_primary).await, "prefer-standby falls back");
+    assert!(
+        !reaches_standby(&only_primary).await,
+        "prefer-standby falls back"
+    );
     let text = url(&[&primary], "standby");
     let err = ConnectSettings::parse(&text)
         .unwrap()
         .connect()
         .await
-        .err()
-        .expect("no standby to reach");
+        .expect_err("no standby to reach");
     assert!(
         err.to_string()
             .contains("target_session_attrs=standby asks for (server is not in hot standby mode)"),
@@ -229,5 +234,8 @@ async fn primary_standby_and_prefer_standby_reach_the_server_they_name() {
     );
     let (code, _, stderr) = run_outbox(&["status", "--database-url", &text]).await;
     assert_ne!(code, 0);
-    assert!(stderr.contains("server is not in hot standby mode"), "{stderr}");
+    assert!(
+        stderr.contains("server is not in hot standby mode"),
+        "{stderr}"
+    );
 }

@@ -644,12 +644,23 @@ async fn a_stream_that_does_not_match_exits_2_and_is_left_alone() {
 async fn relay_nats_offers_only_what_it_accepts() {
     let (code, help, err) = run_outbox(&["relay", "nats", "--help"]).await;
     assert_eq!(code, 0, "{err}");
-    for refused in ["--all-projects", "--child", "--child-timeout", "--child-stop-grace"] {
-        assert!(!help.contains(refused), "relay nats --help offers {refused}:\n{help}");
+    for refused in [
+        "--all-projects",
+        "--child",
+        "--child-timeout",
+        "--child-stop-grace",
+    ] {
+        assert!(
+            !help.contains(refused),
+            "relay nats --help offers {refused}:\n{help}"
+        );
     }
     assert!(help.contains("--project <PROJECT>"), "{help}");
     assert!(help.contains("--consumer-id <CONSUMER_ID>"), "{help}");
-    assert!(!help.contains("repeat it"), "nothing is repeatable:\n{help}");
+    assert!(
+        !help.contains("repeat it"),
+        "nothing is repeatable:\n{help}"
+    );
     let base = [
         "relay",
         "nats",
@@ -661,9 +672,15 @@ async fn relay_nats_offers_only_what_it_accepts() {
         "nats://127.0.0.1:4222",
     ];
     for (extra, expected) in [
-        (vec!["--all-projects"], "unexpected argument '--all-projects'"),
+        (
+            vec!["--all-projects"],
+            "unexpected argument '--all-projects'",
+        ),
         (vec!["--child", "cat"], "unexpected argument '--child'"),
-        (vec!["--child-timeout", "1s"], "unexpected argument '--child-timeout'"),
+        (
+            vec!["--child-timeout", "1s"],
+            "unexpected argument '--child-timeout'",
+        ),
         (
             vec!["--child-stop-grace", "1s"],
             "unexpected argument '--child-stop-grace'",

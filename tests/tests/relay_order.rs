@@ -232,11 +232,9 @@ async fn a_foreign_message_stored_while_the_relay_was_stopped_is_not_adopted() {
 
     let mut relay = spawn_relay(&db, &nats, "p1", "ORDER");
     let second = write_event(&db, "p1", "T-2").await;
-    eventually(
-        Duration::from_secs(30),
-        "the event parked",
-        || async { matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "dead") },
-    )
+    eventually(Duration::from_secs(30), "the event parked", || async {
+        matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "dead")
+    })
     .await;
     let (_, attempts, class) = delivery(&db, &second).await.unwrap();
     assert_eq!(attempts, 3, "parked after the last of 3 attempts");

@@ -297,8 +297,21 @@ async fn an_undeclared_transaction_pooler_is_named_at_once() {
     let bouncer = PgBouncer::start();
     let url = bouncer.url(&db.name);
     let run = tokio::process::Command::new(outbox_binary())
-        .args(["--database-url", &url, "verify", "--project", "probe-undeclared"])
-        .args(["--transactions", "200", "--writers", "4", "--timeout", "900s"])
+        .args([
+            "--database-url",
+            &url,
+            "verify",
+            "--project",
+            "probe-undeclared",
+        ])
+        .args([
+            "--transactions",
+            "200",
+            "--writers",
+            "4",
+            "--timeout",
+            "900s",
+        ])
         .env("OUTBOX_LOG", "warn")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)

@@ -117,9 +117,9 @@ mod tests {
         let failure = pooler_detected(3);
         assert_eq!(failure.code, crate::failure::ExitCode::Usage);
         assert!(
-            failure
-                .message
-                .starts_with("a pooler in transaction mode was detected: pass --pooler transaction"),
+            failure.message.starts_with(
+                "a pooler in transaction mode was detected: pass --pooler transaction"
+            ),
             "{}",
             failure.message
         );

@@ -107,13 +107,10 @@ impl Connector {
         config: &Config,
         settings: &ConnectSettings,
     ) -> Result<Client, ConnectError> {
-        let (client, connection) =
-            self.open(config)
-                .await
-                .map_err(|e| ConnectError::Connect {
-                    message: explain(&e, settings),
-                    source: e,
-                })?;
+        let (client, connection) = self.open(config).await.map_err(|e| ConnectError::Connect {
+            message: explain(&e, settings),
+            source: e,
+        })?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection closed");
@@ -128,8 +125,13 @@ impl deadpool_postgres::Connect for Connector {
     fn connect(
         &self,
         pg_config: &Config,
-    ) -> Pin<Box<dyn Future<Output = Result<(Client, JoinHandle<()>), tokio_postgres::Error>> + Send + '_>>
-    {
+    ) -> Pin<
+        Box<
+            dyn Future<Output = Result<(Client, JoinHandle<()>), tokio_postgres::Error>>
+                + Send
+                + '_,
+        >,
+    > {
         let config = pg_config.clone();
         Box::pin(async move {
             let (client, connection) = self.open(&config).await?;

@@ -18,9 +18,7 @@ use std::str::FromStr;
 use std::task::Poll;
 
 use futures_util::FutureExt as _;
-use tokio_postgres::config::{
-    Host, LoadBalanceHosts, SslMode as WireSslMode, TargetSessionAttrs,
-};
+use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode as WireSslMode, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::{Client, Config, Connection, Error, Socket};
@@ -31,8 +29,7 @@ use super::settings::SslMode;
 
 /// A connection made by [`super::Connector::open`], whose messages the caller polls (or
 /// spawns).
-pub type TlsConnection =
-    Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+pub type TlsConnection = Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
 
 /// libpq's `target_session_attrs`: which kind of server a connection must reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -282,9 +279,7 @@ pub(super) fn per_host(config: &Config, ssl_mode: SslMode, target: TargetSession
                 _ if socket => WireSslMode::Disable,
                 SslMode::Disable => WireSslMode::Disable,
                 SslMode::Prefer => WireSslMode::Prefer,
-                SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-                    WireSslMode::Require
-                }
+                SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => WireSslMode::Require,
             });
             one.target_session_attrs(target.wire());
             one
@@ -373,7 +368,10 @@ mod tests {
         let config: Config = text.parse().unwrap();
         let one = per_host(&config, SslMode::Require, TargetSession::ReadWrite);
         assert_eq!(one, vec![config.clone()]);
-        assert_eq!(without_hosts(&config).get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(
+            without_hosts(&config).get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
     }
 
     #[test]
@@ -383,7 +381,11 @@ mod tests {
         let modes: Vec<_> = hosts.iter().map(|c| c.get_ssl_mode()).collect();
         assert_eq!(
             modes,
-            [WireSslMode::Disable, WireSslMode::Require, WireSslMode::Disable]
+            [
+                WireSslMode::Disable,
+                WireSslMode::Require,
+                WireSslMode::Disable
+            ]
         );
         let ports: Vec<_> = hosts.iter().map(|c| c.get_ports().to_vec()).collect();
         assert_eq!(ports, [vec![1], vec![2], vec![3]]);

@@ -533,9 +533,17 @@ mod tests {
     fn tls_is_never_asked_for_on_a_socket() {
         for mode in ["require", "verify-ca", "verify-full"] {
             let s = parse(&format!("host=/run/pg,/other user=u sslmode={mode}")).unwrap();
-            assert_eq!(s.wire_config().get_ssl_mode(), WireSslMode::Disable, "{mode}");
+            assert_eq!(
+                s.wire_config().get_ssl_mode(),
+                WireSslMode::Disable,
+                "{mode}"
+            );
             let s = parse(&format!("host=/run/pg,db user=u sslmode={mode}")).unwrap();
-            assert_eq!(s.wire_config().get_ssl_mode(), WireSslMode::Require, "{mode}");
+            assert_eq!(
+                s.wire_config().get_ssl_mode(),
+                WireSslMode::Require,
+                "{mode}"
+            );
         }
     }
 }
