@@ -25,7 +25,7 @@ use crate::tail::LastMessage;
 const EVENT_AT: &str = "
 SELECT (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
          WHERE o.project_id = $1 AND o.sequence = $2) AS event_id,
-       COALESCE((SELECT h.pruned_through FROM {{schema}}.lifecycle_projects AS h
+       COALESCE((SELECT h.pruned_through FROM {{schema}}.lifecycle_project_heads AS h
                   WHERE h.project_id = $1), 0) AS floor";
 
 /// The database the relay's events come from, to recognise its own messages by their IDs.
