@@ -277,15 +277,18 @@ pub struct ConsumeArgs {
     /// The consumers to run (`--project`, `--all-projects`, `--consumer-id`).
     #[command(flatten)]
     pub targets: ConsumeTargets,
+    /// The child-process handler (`--child`).
+    #[command(flatten)]
+    pub child: ChildOptions,
     /// How they run.
     #[command(flatten)]
     pub options: ConsumerOptions,
 }
 
-/// Every option of a running consumer beside which one it is: `outbox consume`, `outbox relay
-/// nats` and `outbox serve` (which takes `--project` repeated) share them.
+/// The child-process handler of `outbox consume` and `outbox serve` (`outbox relay nats` has
+/// none: its handler is the JetStream publisher, so it does not offer these).
 #[derive(Debug, Args)]
-pub struct ConsumerOptions {
+pub struct ChildOptions {
     /// Drive this command (run with sh -c, in its own process group): one event line on its
     /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
     /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
@@ -299,6 +302,13 @@ pub struct ConsumerOptions {
     /// How long the child's process group has between SIGTERM and SIGKILL.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub child_stop_grace: Duration,
+}
+
+/// Every option of a running consumer beside which one it is and its child handler
+/// ([`ChildOptions`]): `outbox consume`, `outbox relay nats` and `outbox serve` (which takes
+/// `--project` repeated) share them.
+#[derive(Debug, Args)]
+pub struct ConsumerOptions {
     /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,

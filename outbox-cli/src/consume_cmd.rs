@@ -35,13 +35,13 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let consumer_id = consumer.consumer_id.to_string();
     let args_live_query = options.live_query.is_some();
     let token = started.shutdown.token();
-    let result = match options.child.clone() {
+    let result = match args.child.child.clone() {
         Some(command) => {
             let sink = ChildSink::new(
                 command,
                 consumer_id,
-                options.child_timeout,
-                options.child_stop_grace,
+                args.child.child_timeout,
+                args.child.child_stop_grace,
                 token.clone(),
             );
             let force = sink.clone();
@@ -68,7 +68,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
 /// the first such failure's exit code once it stops.
 async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     let options = &args.options;
-    if options.child.is_some() {
+    if args.child.child.is_some() {
         return Err(Failure::usage(
             "--child drives one consumer; with several projects, --all-projects or several \
              consumer IDs, run one `outbox consume --child` per consumer instead",

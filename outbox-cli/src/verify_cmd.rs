@@ -58,6 +58,8 @@ fn probe_project(value: &str) -> Result<ProjectId, String> {
 }
 
 pub async fn run(global: &Global, args: VerifyArgs) -> Result<(), Failure> {
+    // Installed first: a signal at any moment stops the probe and cleans up after it.
+    let shutdown = crate::shutdown::Shutdown::install()?;
     let database = global.database()?;
     let options = verify::Options {
         project: args.project,
@@ -68,7 +70,7 @@ pub async fn run(global: &Global, args: VerifyArgs) -> Result<(), Failure> {
         timeout: args.timeout,
         listen_timeout: args.listen_timeout,
     };
-    let report = verify::run(&database, &global.schema, &options).await?;
+    let report = verify::run(&database, &global.schema, &options, &shutdown.token()).await?;
     print(args.output, &report)?;
     let failed = report.failed();
     if failed.is_empty() {

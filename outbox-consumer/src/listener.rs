@@ -136,7 +136,7 @@ async fn session(
     let connect_error = |e: tokio_postgres::Error| SessionError::new("connect", &e);
     let (client, _driver) = match tls {
         Some(tls) => {
-            let (client, connection) = config.connect(tls.tls()).await.map_err(connect_error)?;
+            let (client, connection) = tls.open(config).await.map_err(connect_error)?;
             (client, drive(connection, tx))
         }
         None => {

@@ -20,7 +20,10 @@
 //! expires, even when renewals fail); a follower looks at the row every `t/4`. When the leader
 //! dies its row expires at most `t` after its last renewal, and a follower takes over within
 //! `t/4` of that: numbering pauses for at most `1.25 t`. A leader that stops cleanly releases
-//! the row and a follower takes over at its next look.
+//! the row and a follower takes over at its next look. A leader that died without releasing
+//! it (`kill -9`, a crash) on this host is taken over at a follower's next look, and at once
+//! by a process started after it, without waiting for the row to expire: [`holder_is_gone`],
+//! the rule the consumer lease uses too.
 //!
 //! The leader's tick is adaptive ([`Cadence`]): right after a tick that numbered something
 //! (so a steady stream is numbered back to back, each tick taking what committed during the
@@ -128,6 +131,8 @@ pub struct ElectedSequencer {
     sequencer: Sequencer,
     /// The claim/renew statement for the schema.
     claim: String,
+    /// The take-over statement for the schema (a holder that is gone).
+    take_over: String,
     /// The release statement for the schema.
     release: String,
     /// This process's name in the lease row (host, PID, random suffix).
@@ -155,6 +160,7 @@ impl ElectedSequencer {
         Self {
             sequencer,
             claim: schema.render(sql::CLAIM_SEQUENCER_LEASE),
+            take_over: schema.render(sql::TAKE_OVER_SEQUENCER_LEASE),
             release: schema.render(sql::RELEASE_SEQUENCER_LEASE),
             owner,
             ttl: ttl.max(MIN_SEQUENCER_LEASE_TTL),
@@ -209,20 +215,47 @@ impl ElectedSequencer {
         Ok(self.cadence.after_tick(numbered))
     }
 
-    /// Claims or renews the lease, updating the role.
+    /// Claims or renews the lease, updating the role; takes it over at once from a holder
+    /// that is gone ([`holder_is_gone`]), or from this very process run when a claim of its
+    /// own committed but its answer was lost.
     async fn claim(&mut self, client: &Client) -> Result<(), Error> {
         let sent_at = Instant::now();
         let generation = self.held.map_or(0, |h| h.generation);
         let row = client
-            .query_opt_unnamed(
+            .query_one_unnamed(
                 &self.claim,
                 &[&self.owner, &generation, &self.ttl.as_secs_f64()],
             )
             .await?;
+        let mut claimed: Option<i64> = row.try_get("claimed")?;
+        if claimed.is_none() {
+            let holder: Option<String> = row.try_get("holder")?;
+            let holder_generation: i64 = row.try_get("holder_generation")?;
+            if let Some(holder) = holder.filter(|h| *h == self.owner || holder_is_gone(h)) {
+                let taken = client
+                    .query_opt_unnamed(
+                        &self.take_over,
+                        &[
+                            &self.owner,
+                            &self.ttl.as_secs_f64(),
+                            &holder,
+                            &holder_generation,
+                        ],
+                    )
+                    .await?;
+                if let Some(taken) = taken {
+                    tracing::warn!(
+                        holder = %holder, generation = holder_generation,
+                        "the sequencer lease holder no longer exists on this host; taking the \
+                         lease over"
+                    );
+                    claimed = Some(taken.try_get("generation")?);
+                }
+            }
+        }
         let check = check_interval(self.ttl);
-        match row {
-            Some(row) => {
-                let new: i64 = row.try_get("generation")?;
+        match claimed {
+            Some(new) => {
                 if new != generation {
                     tracing::info!(generation = new, owner = %self.owner, "leading the sequencer");
                 }
@@ -289,6 +322,36 @@ pub fn owner_token() -> String {
     )
 }
 
+/// True when `owner`, a lease holder's [`owner_token`], names a process of this host whose
+/// PID does not exist: the holder is gone, and its lease may be taken over at once instead
+/// of after its TTL. The one rule of both leases, the sequencer's and each consumer's.
+///
+/// A process ended without releasing its lease (a second Ctrl-C, `kill -9`, a crash) leaves
+/// the lease held until its TTL runs out. When the holder ran on this host, the operating
+/// system can say for certain that it is gone, and the next start on this host need not wait.
+/// Anything less than certainty keeps the wait: another host's process, a token that names no
+/// host, a PID that exists (even if recycled by an unrelated process, or a zombie not yet
+/// reaped) or that this process may not signal. Host names are taken to name one PID
+/// namespace: containers sharing a host name but not their PIDs would each see the other's
+/// holder as gone.
+pub fn holder_is_gone(owner: &str) -> bool {
+    let Some((host, pid)) = token_host_and_pid(owner) else {
+        return false;
+    };
+    host_name().as_deref() == Some(host) && pid_is_gone(pid)
+}
+
+/// True only when signal 0 to `pid` fails with "no such process".
+fn pid_is_gone(pid: u32) -> bool {
+    use nix::errno::Errno;
+    use nix::sys::signal::kill;
+    use nix::unistd::Pid;
+    match i32::try_from(pid) {
+        Ok(pid) if pid > 0 => kill(Pid::from_raw(pid), None) == Err(Errno::ESRCH),
+        _ => false,
+    }
+}
+
 /// The host part of an [`owner_token`] whose host name could not be read: it says nothing
 /// about where the process ran, so [`token_host_and_pid`] never reports it.
 const UNKNOWN_HOST: &str = "host";
@@ -339,6 +402,33 @@ mod tests {
     fn owner_tokens_differ_per_call() {
         assert_ne!(owner_token(), owner_token());
         assert!(owner_token().contains(&std::process::id().to_string()));
+    }
+
+    /// A PID that existed and is now gone: a child that has exited and been reaped.
+    fn ended_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn only_a_missing_process_of_this_host_is_gone() {
+        let host = host_name().expect("a readable host name");
+        let gone = ended_pid();
+        assert!(holder_is_gone(&format!("{host}:{gone}:0badcafe")));
+        // This process, and PID 1, exist.
+        let me = std::process::id();
+        assert!(!holder_is_gone(&format!("{host}:{me}:0badcafe")));
+        assert!(!holder_is_gone(&format!("{host}:1:0badcafe")));
+        // Another host's process, an unknown host, no PID, or not a token at all: keep waiting.
+        assert!(!holder_is_gone(&format!(
+            "{host}-elsewhere:{gone}:0badcafe"
+        )));
+        assert!(!holder_is_gone(&format!("host:{gone}:0badcafe")));
+        assert!(!holder_is_gone(&format!("{host}:0:0badcafe")));
+        assert!(!holder_is_gone(&format!("{host}:4294967295:0badcafe")));
+        assert!(!holder_is_gone("operator"));
     }
 
     #[test]

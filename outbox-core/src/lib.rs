@@ -79,12 +79,12 @@ pub use admin::{
     Resolution, Retirement, Status,
 };
 pub use connect::{
-    ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,
-    explain as explain_connect_error, is_outage,
+    ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode, TargetSession,
+    TlsConnection, WrongServer, explain as explain_connect_error, is_outage,
 };
 pub use election::{
     Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
-    MIN_SEQUENCER_LEASE_TTL, host_name, owner_token, token_host_and_pid,
+    MIN_SEQUENCER_LEASE_TTL, holder_is_gone, host_name, owner_token, token_host_and_pid,
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{

@@ -27,17 +27,40 @@ pub const LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// Takes the sequencer lease when it is free or expired (a new generation), or renews it for
 /// its holder (`$1` owner, `$2` generation) while it has not expired; `$3`: lease seconds.
-/// Returns the generation held afterwards, or no row when another process holds the lease.
-/// A follower's look at the row is this same statement: it matches nothing, writes nothing.
+/// Always one row: `claimed`, the generation held afterwards, NULL when another process holds
+/// the lease; and the row as it was before (`holder`, `holder_generation`), so a follower can
+/// tell a holder that is gone (see `TAKE_OVER_SEQUENCER_LEASE`) without a second look.
+/// A follower's look at the row is this same statement: its update matches nothing, writes
+/// nothing.
 pub const CLAIM_SEQUENCER_LEASE: &str = "
+WITH claimed AS (
+    UPDATE {{schema}}.lifecycle_sequencer_lease AS l
+    SET owner = $1,
+        generation = CASE WHEN l.owner = $1 AND l.generation = $2 AND l.expires_at > now()
+                          THEN l.generation ELSE l.generation + 1 END,
+        expires_at = now() + make_interval(secs => $3),
+        renewed_at = now()
+    WHERE l.singleton
+      AND (l.owner IS NULL OR l.expires_at <= now() OR (l.owner = $1 AND l.generation = $2))
+    RETURNING l.generation
+)
+SELECT (SELECT generation FROM claimed) AS claimed,
+       l.owner AS holder,
+       l.generation AS holder_generation
+FROM {{schema}}.lifecycle_sequencer_lease AS l
+WHERE l.singleton";
+
+/// Takes the sequencer lease over from a holder known to be gone before its lease expires
+/// (`$1` the new owner, `$2` lease seconds, `$3` the holder, `$4` its generation, both as
+/// read): a new generation, only if the row has not moved on since it was read. Returns the
+/// new generation, or no row.
+pub const TAKE_OVER_SEQUENCER_LEASE: &str = "
 UPDATE {{schema}}.lifecycle_sequencer_lease AS l
 SET owner = $1,
-    generation = CASE WHEN l.owner = $1 AND l.generation = $2 AND l.expires_at > now()
-                      THEN l.generation ELSE l.generation + 1 END,
-    expires_at = now() + make_interval(secs => $3),
+    generation = l.generation + 1,
+    expires_at = now() + make_interval(secs => $2),
     renewed_at = now()
-WHERE l.singleton
-  AND (l.owner IS NULL OR l.expires_at <= now() OR (l.owner = $1 AND l.generation = $2))
+WHERE l.singleton AND l.owner = $3 AND l.generation = $4
 RETURNING l.generation";
 
 /// Gives the sequencer lease up (`$1` owner, `$2` generation), so a successor need not wait.

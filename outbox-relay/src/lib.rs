@@ -54,13 +54,15 @@
 //! ```
 //!
 //! Modules, base first: `settings` (URLs, names, subjects) and `security` (credentials and
-//! TLS) import nothing of the crate; `tail` (each subject's last stored message), `diagnose`
+//! TLS) import nothing of the crate; `tail` (each subject's last stored message),
+//! `provenance` (whether that message is the relay's own), `diagnose`
 //! (failures named by cause, the start-up publish probe) and `stream` (creating or verifying
 //! the stream) use them; `publisher` (the handler) uses those; `relay` runs it all.
 
 #![forbid(unsafe_code)]
 
 mod diagnose;
+mod provenance;
 mod publisher;
 mod relay;
 mod security;

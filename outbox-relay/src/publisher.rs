@@ -47,6 +47,7 @@ use tokio::time::Instant;
 use tokio::time::error::Elapsed;
 
 use crate::diagnose::{PermissionWatch, describe_connect_error};
+use crate::provenance::{self, Ledger, Provenance, SubjectKind};
 use crate::security::Security;
 use crate::settings::{NatsServer, event_subject, reconcile_subject};
 use crate::stream::{self, Ensured, StreamSpec};
@@ -131,6 +132,9 @@ pub struct Publisher {
     /// JetStream says it is missing.
     stream: StreamSpec,
     subject: String,
+    /// The database, to recognise the relay's own messages in the stream (see
+    /// `provenance`); without it only their headers are checked.
+    ledger: Option<Ledger>,
     state: Mutex<Pipeline>,
 }
 
@@ -158,6 +162,7 @@ impl Publisher {
             settings,
             stream,
             subject,
+            ledger: None,
             state: Mutex::new(Pipeline {
                 link: None,
                 in_flight: VecDeque::new(),
@@ -168,6 +173,11 @@ impl Publisher {
                 retry_connect_at: None,
             }),
         }
+    }
+
+    /// Recognise the relay's own messages in the stream by the events of `ledger`.
+    pub(crate) fn set_ledger(&mut self, ledger: Ledger) {
+        self.ledger = Some(ledger);
     }
 
     /// Connects once, to any server, for the start-up checks; the error names each server.
@@ -368,7 +378,9 @@ impl Publisher {
         &self.subject
     }
 
-    /// The subject's tail, learned from the stream when the relay does not know it.
+    /// The subject's tail, learned from the stream when the relay does not know it, and
+    /// adopted only when the last message is the relay's own (see `provenance`): a stranger
+    /// fails the event as a refused expectation would.
     async fn tail(&self, state: &mut Pipeline, subject: &str) -> Result<Tail, HandlerFailure> {
         if let Some(tail) = state.tails.get(subject) {
             return Ok(*tail);
@@ -394,7 +406,31 @@ impl Publisher {
             learned = tail::learn(&js, &self.settings.stream, subject).await;
         }
         match learned {
-            Ok(tail) => {
+            Ok(last) => {
+                let kind = match subject == self.subject {
+                    true => SubjectKind::Events,
+                    false => SubjectKind::Reconcile,
+                };
+                let project = &self.settings.project;
+                match provenance::check(self.ledger.as_ref(), &last, project, kind).await {
+                    Ok(Provenance::Own) => {}
+                    Ok(Provenance::Stranger(why)) => {
+                        tracing::error!(
+                            subject,
+                            stream_sequence = last.tail.stream_sequence,
+                            "the subject's last message in the stream is not one this relay \
+                             stored ({why}); not publishing after it: the event fails and is \
+                             retried on the retry schedule, never skipped (remove the message \
+                             from the stream, then replay what was parked)"
+                        );
+                        return Err(class("nats_sequence_conflict"));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot check the stream's last message");
+                        return Err(class("database_unavailable"));
+                    }
+                }
+                let tail = last.tail;
                 tracing::info!(
                     subject,
                     stream_sequence = tail.stream_sequence,

@@ -6,6 +6,7 @@ use outbox_service::Connections;
 use tokio_util::sync::CancellationToken;
 
 use crate::diagnose::probe_publish;
+use crate::provenance::Ledger;
 use crate::publisher::{Publisher, PublisherSettings};
 use crate::stream::{Ensured, StreamError, StreamSpec, ensure};
 
@@ -95,12 +96,18 @@ impl Relay {
 
     /// Relays as consumer `config` on `connections` until `shutdown`, or until the consumer
     /// stops on its own.
+    ///
+    /// The last message the stream holds for the project is adopted as the one to publish
+    /// after only when it is the relay's own (checked against the events in the database):
+    /// a message another writer stored while the relay was stopped is a conflict.
     pub async fn run(
-        self,
+        mut self,
         connections: &Connections,
         config: ConsumerConfig,
         shutdown: CancellationToken,
     ) -> Result<RunSummary, ConsumerError> {
+        self.publisher
+            .set_ledger(Ledger::new(connections.pool.clone(), &config.duties.schema));
         connections
             .consumer(config, self.publisher)
             .run(shutdown)

@@ -39,6 +39,18 @@ impl Tail {
     }
 }
 
+/// A subject's last message as read from the stream: its [`Tail`] and the headers that tell
+/// whose it is (see `provenance`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastMessage {
+    /// Where the subject ends.
+    pub tail: Tail,
+    /// The `Outbox-Project` header.
+    pub project: Option<String>,
+    /// The `Nats-Msg-Id` header.
+    pub msg_id: Option<String>,
+}
+
 /// Why the tail could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TailError {
@@ -51,22 +63,38 @@ pub enum TailError {
 }
 
 /// Reads the last message of `subject` in `stream`.
-pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<Tail, TailError> {
+pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMessage, TailError> {
     let handle = js
         .get_stream_no_info(stream)
         .await
         .map_err(|e| TailError::Unavailable(format!("cannot look up stream {stream}: {e}")))?;
     match handle.get_last_raw_message_by_subject(subject).await {
-        Ok(message) => Ok(Tail {
-            stream_sequence: message.sequence,
-            outbox_sequence: message
-                .headers
-                .get("Outbox-Sequence")
-                .and_then(|v| v.as_str().parse().ok()),
-        }),
-        Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(Tail {
-            stream_sequence: 0,
-            outbox_sequence: None,
+        Ok(message) => {
+            // A standard name (`Nats-Msg-Id`) is parsed into the client's own variant, which
+            // a lookup by text does not find: look it up by its parsed name first.
+            let header = |name: &str| {
+                name.parse::<async_nats::header::HeaderName>()
+                    .ok()
+                    .and_then(|parsed| message.headers.get(parsed))
+                    .or_else(|| message.headers.get(name))
+                    .map(|v| v.as_str().to_owned())
+            };
+            Ok(LastMessage {
+                tail: Tail {
+                    stream_sequence: message.sequence,
+                    outbox_sequence: header("Outbox-Sequence").and_then(|v| v.parse().ok()),
+                },
+                project: header("Outbox-Project"),
+                msg_id: header("Nats-Msg-Id"),
+            })
+        }
+        Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(LastMessage {
+            tail: Tail {
+                stream_sequence: 0,
+                outbox_sequence: None,
+            },
+            project: None,
+            msg_id: None,
         }),
         Err(e) => {
             let detail =

@@ -1,12 +1,15 @@
 //! Connection strings that name several hosts, in every form libpq accepts: the first host
-//! that answers (and, with `target_session_attrs=read-write`, accepts writes) is used.
+//! that answers (and, with `target_session_attrs=read-write`, accepts writes) is used; and
+//! libpq's `primary`, `standby` and `prefer-standby` against a real primary and standby.
 
 use std::time::Duration;
 
 use outbox_core::ConnectSettings;
 use outbox_tests::consumer_kit::{eventually, write_event};
 use outbox_tests::process_kit::{OutboxProcess, run_outbox};
+use outbox_tests::standby_kit::{PORT, Replication, StandbyPair};
 use outbox_tests::{TestDb, fresh_db};
+use tokio_postgres::Config;
 use tokio_postgres::config::Host;
 
 /// A socket directory no server listens in: connecting there fails at once.
@@ -149,4 +152,90 @@ async fn a_process_started_while_no_host_accepts_writes_waits_for_a_primary() {
     );
     consumer.signal("TERM");
     assert_eq!(consumer.wait().await, 0, "{}", consumer.stderr());
+}
+
+/// Whether the server `settings` reach is in recovery, through a single connection and
+/// through the pool (both must reach the same kind of server).
+async fn reaches_standby(settings: &ConnectSettings) -> bool {
+    let client = settings
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("{settings:?}: {e}"));
+    let single: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let pool = settings.pool(1).unwrap();
+    let pooled: bool = pool
+        .get()
+        .await
+        .unwrap_or_else(|e| panic!("{settings:?}: pool: {e}"))
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        single, pooled,
+        "{settings:?}: the pool reached another server"
+    );
+    single
+}
+
+/// libpq's `target_session_attrs` values the driver cannot check (`primary`, `standby`,
+/// `prefer-standby`), against a primary and its streaming standby, the hosts listed in
+/// either order: each reaches the kind of server it names, for a single connection, the
+/// pool and the CLI; `prefer-standby` falls back to the primary when no host is a standby;
+/// `standby` with no standby fails naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_standby_and_prefer_standby_reach_the_server_they_name() {
+    let pair = StandbyPair::start("failover-target-session", Replication::Asynchronous).await;
+    let dir = |config: Config| match &config.get_hosts()[0] {
+        Host::Unix(dir) => dir.display().to_string(),
+        other => panic!("a socket directory, not {other:?}"),
+    };
+    let (primary, standby) = (dir(pair.primary_config()), dir(pair.standby_config()));
+    let user = pair.primary_config().get_user().unwrap().to_owned();
+    let url = |hosts: &[&str], target: &str| {
+        let ports = vec![PORT.to_string(); hosts.len()].join(",");
+        format!(
+            "postgresql://{user}@/postgres?host={}&port={ports}&target_session_attrs={target}",
+            hosts.join(",")
+        )
+    };
+    for (hosts, target, wants_standby) in [
+        ([&standby, &primary], "primary", false),
+        ([&primary, &standby], "standby", true),
+        ([&primary, &standby], "prefer-standby", true),
+        ([&standby, &primary], "read-write", false),
+        ([&standby, &primary], "any", true),
+    ] {
+        let text = url(&[hosts[0].as_str(), hosts[1].as_str()], target);
+        let settings = ConnectSettings::parse(&text).unwrap();
+        assert_eq!(reaches_standby(&settings).await, wants_standby, "{text}");
+        let (code, _, err) = run_outbox(&["status", "--database-url", &text]).await;
+        assert_eq!(code, 0, "{text}: {err}");
+    }
+    let only_primary = ConnectSettings::parse(&url(&[&primary], "prefer-standby")).unwrap();
+    assert!(
+        !reaches_standby(&only_primary).await,
+        "prefer-standby falls back"
+    );
+    let text = url(&[&primary], "standby");
+    let err = ConnectSettings::parse(&text)
+        .unwrap()
+        .connect()
+        .await
+        .expect_err("no standby to reach");
+    assert!(
+        err.to_string()
+            .contains("target_session_attrs=standby asks for (server is not in hot standby mode)"),
+        "{err}"
+    );
+    let (code, _, stderr) = run_outbox(&["status", "--database-url", &text]).await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("server is not in hot standby mode"),
+        "{stderr}"
+    );
 }

@@ -503,7 +503,7 @@ async fn bad_input_exits_2_with_a_clear_message() {
         ),
         (
             vec!["--nats-url", "nats://127.0.0.1:4222", "--child", "cat"],
-            "--child does not apply",
+            "unexpected argument '--child'",
         ),
         (
             vec![
@@ -635,4 +635,78 @@ async fn a_stream_that_does_not_match_exits_2_and_is_left_alone() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("giving up"), "{stderr}");
     assert!(!stderr.contains("does not match"), "{stderr}");
+}
+
+/// `relay nats --help` offers only what the relay accepts: no child handler, no
+/// `--all-projects`, and `--project`/`--consumer-id` once each; passing any of those is clap's
+/// own usage error (exit 2), while `consume` and `serve` keep them.
+#[tokio::test]
+async fn relay_nats_offers_only_what_it_accepts() {
+    let (code, help, err) = run_outbox(&["relay", "nats", "--help"]).await;
+    assert_eq!(code, 0, "{err}");
+    for refused in [
+        "--all-projects",
+        "--child",
+        "--child-timeout",
+        "--child-stop-grace",
+    ] {
+        assert!(
+            !help.contains(refused),
+            "relay nats --help offers {refused}:\n{help}"
+        );
+    }
+    assert!(help.contains("--project <PROJECT>"), "{help}");
+    assert!(help.contains("--consumer-id <CONSUMER_ID>"), "{help}");
+    assert!(
+        !help.contains("repeat it"),
+        "nothing is repeatable:\n{help}"
+    );
+    let base = [
+        "relay",
+        "nats",
+        "--project",
+        "p1",
+        "--consumer-id",
+        "relay",
+        "--nats-url",
+        "nats://127.0.0.1:4222",
+    ];
+    for (extra, expected) in [
+        (
+            vec!["--all-projects"],
+            "unexpected argument '--all-projects'",
+        ),
+        (vec!["--child", "cat"], "unexpected argument '--child'"),
+        (
+            vec!["--child-timeout", "1s"],
+            "unexpected argument '--child-timeout'",
+        ),
+        (
+            vec!["--child-stop-grace", "1s"],
+            "unexpected argument '--child-stop-grace'",
+        ),
+        (
+            vec!["--project", "p2"],
+            "the argument '--project <PROJECT>' cannot be used multiple times",
+        ),
+        (
+            vec!["--consumer-id", "other"],
+            "the argument '--consumer-id <CONSUMER_ID>' cannot be used multiple times",
+        ),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(&extra);
+        let (code, _, err) = run_outbox(&args).await;
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+    for command in [&["consume", "--help"][..], &["serve", "--help"][..]] {
+        let (code, help, err) = run_outbox(command).await;
+        assert_eq!(code, 0, "{err}");
+        for kept in ["--child <COMMAND>", "--child-timeout", "--child-stop-grace"] {
+            assert!(help.contains(kept), "{command:?} lost {kept}:\n{help}");
+        }
+    }
+    let (_, help, _) = run_outbox(&["consume", "--help"]).await;
+    assert!(help.contains("--all-projects"), "{help}");
 }

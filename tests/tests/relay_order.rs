@@ -1,15 +1,17 @@
 //! Order enforced by JetStream: a foreign message on a project's subject makes the relay's
 //! next publish fail its `Nats-Expected-Last-Subject-Sequence`, on the retry schedule into a
-//! dead letter, never skipped and never stored silently after the stranger. Once the foreign
-//! writer is gone, a restarted relay takes the subject's end from the stream and
-//! `dead-letters replay` publishes the event. And a project ID with a dot is one subject token.
+//! dead letter, never skipped and never stored silently after the stranger. A foreign message
+//! stored while the relay was stopped is not adopted at restart: the same conflict. Once the
+//! operator has removed the foreign message, the relay takes the subject's end (its own last
+//! message) from the stream and `dead-letters replay` publishes the event. And a project ID
+//! with a dot is one subject token.
 
 use std::time::Duration;
 
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
-use outbox_tests::nats_kit::{self, NatsServer, assert_exactly_once_in_order, read_stream};
+use outbox_tests::nats_kit::{self, NatsServer, read_stream};
 use outbox_tests::process_kit::{OutboxProcess, run_outbox};
-use outbox_tests::{TestDb, fresh_db, sequenced};
+use outbox_tests::{TestDb, fresh_db};
 
 fn spawn_relay(db: &TestDb, nats: &NatsServer, project: &str, stream: &str) -> OutboxProcess {
     let consumer = format!("relay-{project}");
@@ -119,11 +121,57 @@ async fn a_foreign_write_is_refused_retried_parked_and_replayed_once_it_is_gone(
         "nothing stored after the foreign message"
     );
 
-    // The operator stops the foreign writer and restarts the relay, which takes the subject's
-    // new end from the stream, then replays the dead letter.
+    // The operator removes the foreign message and restarts the relay, which takes the
+    // subject's end (its own last message) from the stream, then replays the dead letter.
     relay.signal("TERM");
     assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+    remove_message(&js, "ORDER", foreign.sequence).await;
     let mut relay = spawn_relay(&db, &nats, "p1", "ORDER");
+    replay(&db, &second).await;
+    let third = write_event(&db, "p1", "T-3").await;
+    eventually(
+        Duration::from_secs(20),
+        "the next event relayed",
+        || async { cursor(&db, "p1", "relay-p1").await == Some(3) },
+    )
+    .await;
+    assert_eq!(
+        relayed(&js, "ORDER", 3).await,
+        vec![(first, 1), (second, 2), (third, 3)],
+        "every event once, in order, nothing else"
+    );
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+}
+
+/// The operator removes a message from the stream (`nats stream rmm`).
+async fn remove_message(js: &async_nats::jetstream::Context, stream: &str, sequence: u64) {
+    let removed = js
+        .get_stream(stream)
+        .await
+        .unwrap()
+        .delete_message(sequence)
+        .await
+        .unwrap();
+    assert!(removed, "message {sequence} removed");
+}
+
+/// The messages on p1's event subject, read by a new durable consumer: (`Nats-Msg-Id`,
+/// `Outbox-Sequence`), in stream order.
+async fn relayed(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    count: usize,
+) -> Vec<(String, i64)> {
+    nats_kit::consume_durable(js, stream, "check", "lifecycle.p1.task_deleted", count)
+        .await
+        .into_iter()
+        .map(|(_, id, sequence)| (id, sequence))
+        .collect()
+}
+
+/// `dead-letters replay` of p1's relay's parked `event_id`, then waits for it to be published.
+async fn replay(db: &TestDb, event_id: &str) {
     let (code, _, stderr) = run_outbox(&[
         "--database-url",
         &db.url,
@@ -134,30 +182,96 @@ async fn a_foreign_write_is_refused_retried_parked_and_replayed_once_it_is_gone(
         "--consumer-id",
         "relay-p1",
         "--event-id",
-        &second,
+        event_id,
         "--by",
         "operator",
     ])
     .await;
     assert_eq!(code, 0, "{stderr}");
     eventually(Duration::from_secs(20), "the replay published", || async {
-        matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "replayed")
+        matches!(delivery(db, event_id).await, Some((state, _, _)) if state == "replayed")
     })
     .await;
-    let third = write_event(&db, "p1", "T-3").await;
+}
+
+/// While the relay is stopped, another writer publishes to the project's subject a message
+/// without the relay's headers. At restart the relay reads the subject's last message, finds
+/// it is not its own, and does not publish after it: the next event fails as a refused
+/// expectation does while running (`nats_sequence_conflict`, retried, parked), nothing is
+/// stored after the stranger, and once the operator removes it the replay is published right
+/// after the relay's own last message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_foreign_message_stored_while_the_relay_was_stopped_is_not_adopted() {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    let mut relay = spawn_relay(&db, &nats, "p1", "ORDER");
+    let first = write_event(&db, "p1", "T-1").await;
     eventually(
         Duration::from_secs(20),
-        "the next event relayed",
-        || async { cursor(&db, "p1", "relay-p1").await == Some(3) },
+        "the first event relayed",
+        || async { cursor(&db, "p1", "relay-p1").await == Some(1) },
     )
     .await;
-    let mut messages = read_stream(&js, "ORDER").await;
-    assert_eq!(messages[1].msg_id, "intruder", "stored before T-2's replay");
-    messages.retain(|m| m.msg_id != "intruder");
-    let expected = sequenced(&db.connect().await, "p1").await;
-    let ids: Vec<String> = expected.iter().map(|(_, id)| id.clone()).collect();
-    assert_eq!(ids, vec![first, second, third]);
-    assert_exactly_once_in_order(&messages, "lifecycle", "p1", &expected);
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "stranger");
+    let foreign = js
+        .publish_with_headers(
+            "lifecycle.p1.task_deleted",
+            headers,
+            r#"{"hello":"world"}"#.into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(foreign.sequence, 2);
+
+    let mut relay = spawn_relay(&db, &nats, "p1", "ORDER");
+    let second = write_event(&db, "p1", "T-2").await;
+    eventually(Duration::from_secs(30), "the event parked", || async {
+        matches!(delivery(&db, &second).await, Some((state, _, _)) if state == "dead")
+    })
+    .await;
+    let (_, attempts, class) = delivery(&db, &second).await.unwrap();
+    assert_eq!(attempts, 3, "parked after the last of 3 attempts");
+    assert_eq!(class.as_deref(), Some("nats_sequence_conflict"));
+    let stderr = relay.stderr();
+    assert_eq!(
+        stderr
+            .matches(
+                "the subject's last message in the stream is not one this relay stored (it \
+                 has no Outbox-Project header)"
+            )
+            .count(),
+        3,
+        "one clear line per refused attempt:\n{stderr}"
+    );
+    let state = js
+        .get_stream("ORDER")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .state
+        .clone();
+    assert_eq!(
+        (state.messages, state.last_sequence),
+        (2, 2),
+        "nothing stored after the foreign message"
+    );
+
+    remove_message(&js, "ORDER", foreign.sequence).await;
+    replay(&db, &second).await;
+    assert_eq!(
+        relayed(&js, "ORDER", 2).await,
+        vec![(first, 1), (second, 2)],
+        "the replay follows the relay's own last message"
+    );
     relay.signal("TERM");
     assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }

@@ -313,3 +313,40 @@ async fn two_leaders_after_a_lease_expiry_number_one_at_a_time() {
     );
     assert_numbered_exactly_once(&db, &committed).await;
 }
+
+/// A leader killed with -9 and a new candidate started at once, both with a lease of 120 s:
+/// the new process takes the lease over at its first look, because the holder's PID no longer
+/// exists on this host, instead of waiting out the dead leader's lease (and up to a quarter
+/// of it more). The wait below is a sixth of the lease: without the take-over the lease could
+/// not have changed hands in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_killed_on_this_host_is_replaced_at_once_not_after_its_lease() {
+    let db = fresh_db().await;
+    let mut dead = candidate(&db, "120s");
+    let (_, generation) = leader(&db, std::slice::from_ref(&dead), 0).await;
+    let dead_pid = dead.pid();
+    dead.signal("KILL");
+    // Reaped: its PID exists no more.
+    assert_eq!(dead.wait().await, -1, "killed by a signal");
+    let (owner, held, live) = lease(&db).await;
+    assert_eq!(
+        (owner.map(|o| owner_pid(&o)), held, live),
+        (Some(dead_pid), generation, true),
+        "the dead leader's lease is still unexpired"
+    );
+    let successor = [candidate(&db, "120s")];
+    let writers = Writers::start(&db, 2, PROJECTS, 2..12);
+    let (index, next) = leader(&db, &successor, generation).await;
+    assert_eq!((index, next), (0, generation + 1), "taken over at once");
+    let stalled = numbered(&db).await;
+    numbering_resumes(&db, stalled).await;
+    let committed = writers.stop_after(51).await;
+    assert_numbered_exactly_once(&db, &committed).await;
+    assert!(
+        successor[0]
+            .stderr()
+            .contains("the sequencer lease holder no longer exists on this host"),
+        "{}",
+        successor[0].stderr()
+    );
+}

@@ -244,3 +244,71 @@ async fn tls_modes_work_and_failures_name_their_cause() {
     .expect_err("an untrusted certificate is refused");
     assert!(err.to_string().contains("not trusted"), "{err}");
 }
+
+/// libpq ignores `sslmode` on a Unix socket (`PGSSLMODE=require psql` connects over the local
+/// socket), and so does every command: `require`, `verify-ca` and `verify-full` (even with a
+/// root-certificate file that does not exist, which libpq never reads there) through the
+/// environment or the URL, for a one-shot command and for a consumer's pool and LISTEN
+/// connection. The test cluster listens on a socket directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_modes_are_ignored_over_a_unix_socket_as_libpq_does() {
+    let db = outbox_tests::fresh_db().await;
+    assert!(db.url.contains("?host=/"), "a socket URL: {}", db.url);
+    let first = outbox_tests::consumer_kit::write_event(&db, "p", "t1").await;
+    for mode in ["require", "verify-ca", "verify-full"] {
+        let output = tokio::process::Command::new(outbox_binary())
+            .args(["--database-url", &db.url, "status", "--output", "json"])
+            .env_remove("DATABASE_URL")
+            .env("PGSSLMODE", mode)
+            .env("PGSSLROOTCERT", "/nonexistent/root.crt")
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "PGSSLMODE={mode}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let url = format!(
+            "{}&sslmode={mode}&sslrootcert=%2Fnonexistent%2Froot.crt",
+            db.url
+        );
+        let (code, _, err) = run_outbox(&["--database-url", &url, "status"]).await;
+        assert_eq!(code, 0, "{url}: {err}");
+    }
+    let mut consumer = ConsumeProcess::spawn_with_env(
+        &db.url,
+        "consume",
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "socket",
+            "--start-from",
+            "earliest",
+        ],
+        &[("PGSSLMODE", "verify-full")],
+    );
+    let second = outbox_tests::consumer_kit::write_event(&db, "p", "t2").await;
+    eventually(WAIT, "both events delivered", || async {
+        let ids = consumer.event_ids();
+        ids.contains(&first) && ids.contains(&second)
+    })
+    .await;
+    let listening: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'outbox-listener' AND query ILIKE 'LISTEN%' \
+             AND datname = $1",
+            &[&db.name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(listening >= 1, "the LISTEN connection is up");
+    consumer.signal("TERM");
+    assert_eq!(consumer.wait().await, 0, "{}", consumer.stderr());
+}

@@ -1,12 +1,16 @@
 //! `outbox verify`: the gap-safety probe passes on a direct connection, through PgBouncer in
 //! transaction mode and over TLS; it fails with exit 5 naming the check when the database
 //! loses committed rows; it refuses a project in real use; and it leaves no lease held and no
-//! event behind.
+//! event behind. Through a transaction pooler not declared with `--pooler transaction` it says
+//! so at once; a missing privilege is named with the role; SIGTERM cleans up as the next run
+//! would.
+
+use std::time::Duration;
 
 use outbox_core::ConnectSettings;
-use outbox_tests::consumer_kit::write_event;
+use outbox_tests::consumer_kit::{eventually, write_event};
 use outbox_tests::pgbouncer::PgBouncer;
-use outbox_tests::process_kit::run_outbox;
+use outbox_tests::process_kit::{OutboxProcess, outbox_binary, run_outbox};
 use outbox_tests::tls_cluster::TlsCluster;
 use outbox_tests::{connect, fresh_db};
 use serde_json::Value;
@@ -276,4 +280,146 @@ async fn an_unreachable_database_is_exit_1() {
     .await;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot connect"), "{err}");
+}
+
+/// Events of `project` and probe consumers still holding a lease or not retired.
+async fn left_behind(client: &Client, project: &str) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM outbox.lifecycle_outbox WHERE project_id = $1), \
+                    (SELECT count(*) FROM outbox.lifecycle_consumer_cursors \
+                     WHERE project_id = $1 AND (state <> 'retired' OR lease_owner IS NOT NULL))",
+            &[&project],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Through PgBouncer in transaction mode without `--pooler transaction`, verify says what is
+/// wrong as soon as it can tell (one client connection's transactions on several server
+/// sessions, or the probe consumer's prepared statements lost between them), exit 2, instead
+/// of waiting out its whole `--timeout` in silence and printing a raw 42P05; and it leaves
+/// nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undeclared_transaction_pooler_is_named_at_once() {
+    let db = fresh_db().await;
+    let bouncer = PgBouncer::start();
+    let url = bouncer.url(&db.name);
+    let run = tokio::process::Command::new(outbox_binary())
+        .args([
+            "--database-url",
+            &url,
+            "verify",
+            "--project",
+            "probe-undeclared",
+        ])
+        .args([
+            "--transactions",
+            "200",
+            "--writers",
+            "4",
+            "--timeout",
+            "900s",
+        ])
+        .env("OUTBOX_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("verify waited out its 900 s timeout instead of saying what is wrong")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}\n{}", bouncer.log());
+    assert!(
+        stderr.contains(
+            "error: a pooler in transaction mode was detected: pass --pooler transaction"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        left_behind(&db.connect().await, "probe-undeclared").await,
+        (0, 0),
+        "nothing left behind"
+    );
+}
+
+/// A role that may write and prune but not consume: the probe consumer is refused, and
+/// verify says which role may not do what, at once, instead of "the probe consumer stopped".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_privilege_is_named_with_the_role() {
+    let db = fresh_db().await;
+    let role = format!("{}_noconsume", db.name);
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE outbox_writer, outbox_operator"
+        ))
+        .await
+        .unwrap();
+    let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+    let (code, report, err) = verify(&url, &[], &["--project", "probe-denied"]).await;
+    assert_eq!(code, 1, "{report}\n{err}");
+    assert!(
+        err.contains(&format!(
+            "permission denied: role {role} may not verify gap safety"
+        )),
+        "{err}"
+    );
+}
+
+/// SIGTERM in the middle of a probe: the probe stops, the probe consumer is retired (with its
+/// audit row) and its events pruned, as the next run would do, and the exit says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_retires_the_probe_consumer_and_prunes_its_events() {
+    let db = fresh_db().await;
+    let mut probe = OutboxProcess::spawn_command(
+        &db.url,
+        "verify",
+        &[
+            "--project",
+            "probe-stopped",
+            "--transactions",
+            "10000",
+            "--writers",
+            "1",
+            "--late-commit",
+            "500ms",
+            "--timeout",
+            "600s",
+        ],
+    );
+    let client = db.connect().await;
+    eventually(
+        Duration::from_secs(30),
+        "probe events written while the probe consumer holds its lease",
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT (SELECT count(*) FROM outbox.lifecycle_outbox \
+                             WHERE project_id = 'probe-stopped'), \
+                            (SELECT count(*) FROM outbox.lifecycle_consumer_cursors \
+                             WHERE project_id = 'probe-stopped' AND lease_owner IS NOT NULL)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0) > 0 && row.get::<_, i64>(1) == 1
+        },
+    )
+    .await;
+    probe.signal("TERM");
+    let code = probe.wait().await;
+    let stderr = probe.stderr();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("error: verify interrupted by a signal; the probe consumer verify-"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("was retired and the probe events pruned"),
+        "{stderr}"
+    );
+    assert_nothing_left(&client, "probe-stopped").await;
 }

@@ -10,7 +10,7 @@ use async_nats::jetstream::stream::RetentionPolicy;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::args::ConsumerRef;
-use crate::cli::{ConsumeArgs, Global, parse_duration};
+use crate::cli::{ConsumerOptions, Global, parse_duration};
 use crate::consume_cmd::{build_config, finish};
 use crate::failure::Failure;
 use crate::shutdown::Shutdown;
@@ -30,7 +30,8 @@ pub enum RelayCommand {
     /// Relay the project's events into a NATS JetStream stream: one message per event on
     /// <prefix>.<project>.task_deleted, acknowledged only after JetStream confirms it. Relays
     /// one project as one consumer (--project and --consumer-id once each; run one relay per
-    /// project) and takes the other `consume` options, except --child.
+    /// project) and takes the `consume` options of one consumer (its handler is the JetStream
+    /// publisher).
     Nats(Box<NatsArgs>),
 }
 
@@ -59,10 +60,13 @@ impl From<RetentionArg> for RetentionPolicy {
 /// `outbox relay nats`.
 #[derive(Debug, Args)]
 pub struct NatsArgs {
-    /// The `outbox consume` options: --project and --consumer-id once each, --child does not
-    /// apply.
+    /// The project and consumer relayed (once each).
     #[command(flatten)]
-    pub consume: ConsumeArgs,
+    pub target: ConsumerRef,
+    /// The `outbox consume` options of one consumer (no child handler: the handler is the
+    /// publisher).
+    #[command(flatten)]
+    pub consume: ConsumerOptions,
     /// NATS server, nats://HOST:PORT (tls://HOST:PORT for TLS, with USER:PASSWORD@ or TOKEN@
     /// before the host when the server wants them); a comma-separated list for a cluster.
     #[arg(long, value_name = "URL")]
@@ -129,17 +133,6 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 /// Everything checkable without a connection, in one place so that each refusal exits 2
 /// before anything is contacted.
 fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Failure> {
-    if args.consume.options.child.is_some() {
-        return Err(Failure::usage(
-            "--child does not apply to `relay nats`: the relay's handler is the JetStream publisher",
-        ));
-    }
-    if args.consume.targets.single().is_none() {
-        return Err(Failure::usage(
-            "`relay nats` relays one project as one consumer: give --project and --consumer-id \
-             once each (run one relay per project)",
-        ));
-    }
     let urls = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
     let security = resolve_security(&urls, &args.auth).map_err(Failure::usage)?;
     validate_subject_prefix(&args.subject_prefix).map_err(Failure::usage)?;
@@ -166,16 +159,9 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Fai
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     let (servers, security, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
-    let (project, consumer) = args
-        .consume
-        .targets
-        .single()
-        .expect("checked: one project, one consumer");
-    let consumer = ConsumerRef {
-        project: project.clone(),
-        consumer_id: consumer.clone(),
-    };
-    let config = build_config(global, &consumer, &args.consume.options)?;
+    let consumer = args.target.clone();
+    let project = &consumer.project;
+    let config = build_config(global, &consumer, &args.consume)?;
 
     let publisher = PublisherSettings {
         servers,
@@ -204,7 +190,7 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         }
         Err(e) => return Err(Failure::runtime(e.to_string())),
     };
-    let Some(started) = Started::open_after(shutdown, global, &args.consume.options).await? else {
+    let Some(started) = Started::open_after(shutdown, global, &args.consume).await? else {
         return Ok(());
     };
     let result = relay
@@ -215,7 +201,7 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     finish(
         result,
         "relay",
-        args.consume.options.live_query.is_some(),
+        args.consume.live_query.is_some(),
         "outbox relay nats --nats-url URL",
     )
 }

@@ -29,6 +29,9 @@ pub struct ServeArgs {
     /// The consumers' explicit, stable ID (never generated).
     #[arg(long)]
     pub consumer_id: ConsumerId,
+    /// The child-process handler (`--child`).
+    #[command(flatten)]
+    pub child: crate::cli::ChildOptions,
     /// Every other `outbox consume` option.
     #[command(flatten)]
     pub consume: ConsumerOptions,
@@ -256,7 +259,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         settings,
     );
     let shutdown = started.shutdown.token();
-    let result = match &consume.child {
+    let result = match &args.child.child {
         None => server.run(listener, shutdown).await,
         Some(command) => {
             // One child per project, each killed at once by a second signal.
@@ -267,8 +270,8 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
                     let child = ChildSink::new(
                         command.clone(),
                         args.consumer_id.to_string(),
-                        consume.child_timeout,
-                        consume.child_stop_grace,
+                        args.child.child_timeout,
+                        args.child.child_stop_grace,
                         shutdown.clone(),
                     );
                     let force = child.clone();

@@ -9,13 +9,20 @@
 //! - [`topology`]: role, TLS, pooler mode and LISTEN availability;
 //! - [`cleanup`]: refusing a project in real use, clearing an interrupted run's leftovers,
 //!   retiring and pruning afterwards;
+//! - [`watch`]: why the probe consumer ended early (an undeclared transaction pooler, a
+//!   refused privilege), and progress on a terminal;
 //! - [`sql`]: the statements.
+//!
+//! The run ends as soon as the probe consumer does, saying why, and at SIGINT or SIGTERM; in
+//! every case the probe consumer is retired and its events pruned before the process exits, as
+//! the next run would otherwise do.
 
 pub mod checks;
 pub mod cleanup;
 pub mod probe;
 pub mod sql;
 pub mod topology;
+pub mod watch;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,7 +31,7 @@ use outbox_consumer::{
     Consumer, ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
     StartFrom,
 };
-use outbox_core::{ConsumerId, ProjectId, Schema, Unnamed};
+use outbox_core::{ConsumerId, Pooler, ProjectId, Schema, Unnamed};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -121,12 +128,14 @@ impl Latency {
     }
 }
 
-/// Runs the whole probe. `Err` when it cannot run (exit 1) or the project is in real use
-/// (exit 2); a failed check is in the report.
+/// Runs the whole probe. `Err` when it cannot run (exit 1), the project is in real use or a
+/// transaction-mode pooler was not declared (exit 2), or `shutdown` was cancelled (exit 1,
+/// after cleaning up); a failed check is in the report.
 pub async fn run(
     database: &DatabaseUrl,
     schema: &Schema,
     options: &Options,
+    shutdown: &CancellationToken,
 ) -> Result<Report, Failure> {
     let run_tag = run_tag();
     let consumer_id = ConsumerId::new(format!("verify-{run_tag}"))
@@ -137,6 +146,10 @@ pub async fn run(
 
     let channel = format!("outbox_verify_{run_tag}");
     let topology = topology::inspect(database, &channel, options.listen_timeout).await?;
+    let pooler = database.settings.pooler;
+    if pooler == Pooler::None && topology.backends_per_connection > 1 {
+        return Err(watch::pooler_detected(topology.backends_per_connection));
+    }
 
     let received = Arc::new(Mutex::new(Vec::new()));
     let config = consumer_config(database, schema, options, &consumer_id, &topology);
@@ -155,14 +168,15 @@ pub async fn run(
     );
     let probe_state = consumer.probe();
     let stop = CancellationToken::new();
-    let running = {
+    let mut running = {
         let (consumer, stop) = (consumer.clone(), stop.clone());
         tokio::spawn(async move { consumer.run(stop).await })
     };
 
-    let outcome = async {
-        wait_until_polling(&probe_state, &running, options.timeout).await?;
-        let start_head = progress(&client, schema, &options.project).await?.0;
+    let mut progress = watch::Progress::new();
+    let work = async {
+        wait_until_polling(&probe_state, options.timeout, &mut progress).await?;
+        let start_head = progress_of(&client, schema, &options.project).await?.0;
         let writers = database.pool(options.writers + 1)?;
         let plan = probe::Plan {
             project: options.project.clone(),
@@ -171,17 +185,46 @@ pub async fn run(
             writers: options.writers,
             late_commit: options.late_commit,
         };
+        progress.show(|| format!("verify: writing {} probe transactions", plan.transactions));
         let txs = probe::write(&writers, schema, &plan).await?;
-        let end_head = wait_until_delivered(&client, schema, options, &received).await?;
+        let end_head =
+            wait_until_delivered(&client, schema, options, &received, &mut progress).await?;
         Ok::<_, Failure>((txs, start_head, end_head))
-    }
-    .await;
+    };
+    // The probe ends when its work does, when the consumer ends first (it never does on its
+    // own: that is a failure, reported at once rather than after the timeout), or at a signal.
+    let ended = tokio::select! {
+        outcome = work => Ended::Work(outcome),
+        joined = &mut running => Ended::Consumer(joined),
+        () = shutdown.cancelled() => Ended::Interrupted,
+    };
+    progress.clear();
     stop.cancel();
-    let finished = running
-        .await
-        .map_err(|e| Failure::runtime(format!("the probe consumer failed: {e}")))?;
-    let (txs, start_head, end_head) = outcome?;
-    finished.map_err(|e| Failure::runtime(format!("the probe consumer failed: {e}")))?;
+    let (outcome, joined) = match ended {
+        Ended::Work(outcome) => (outcome, running.await),
+        Ended::Consumer(joined) => (
+            Err(Failure::runtime(
+                "the probe consumer stopped before the probe finished",
+            )),
+            joined,
+        ),
+        Ended::Interrupted => (
+            Err(Failure::runtime("verify interrupted by a signal")),
+            running.await,
+        ),
+    };
+    let consumer_ended = match joined {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(watch::consumer_failure(&e, pooler)),
+        Err(e) => Err(Failure::runtime(format!("the probe consumer failed: {e}"))),
+    };
+    let (txs, start_head, end_head) = match (outcome, consumer_ended) {
+        (Ok(found), Ok(())) => found,
+        // The consumer's own cause explains whatever else went wrong.
+        (_, Err(failure)) | (Err(failure), Ok(())) => {
+            return Err(clean_up_after(failure, &mut client, schema, options, &consumer_id).await);
+        }
+    };
 
     let deliveries = received.lock().unwrap().clone();
     let mut checks = checks::run_all(&txs, &deliveries, start_head, end_head);
@@ -195,6 +238,49 @@ pub async fn run(
         latency_ms: Latency::of(&checks::latencies(&txs, &deliveries)),
         checks,
     })
+}
+
+/// How the probe's wait ended.
+enum Ended<T> {
+    /// The probe's own work finished (or failed).
+    Work(Result<T, Failure>),
+    /// The probe consumer ended first.
+    Consumer(
+        Result<
+            Result<outbox_consumer::RunSummary, outbox_consumer::ConsumerError>,
+            tokio::task::JoinError,
+        >,
+    ),
+    /// SIGINT or SIGTERM.
+    Interrupted,
+}
+
+/// Retires the probe consumer and prunes its events after a run that ended early, as the
+/// next run would, and says so in `failure`'s message. The probe consumer's embedded
+/// sequencer may have stopped before numbering every probe event, and only numbered events
+/// are pruned: what committed is numbered first.
+async fn clean_up_after(
+    mut failure: Failure,
+    client: &mut tokio_postgres::Client,
+    schema: &Schema,
+    options: &Options,
+    consumer_id: &ConsumerId,
+) -> Failure {
+    if let Err(e) = outbox_core::Sequencer::new(schema).drain(client).await {
+        tracing::warn!(error = %e, "could not number the probe events before pruning them");
+    }
+    let cleaned = cleanup::retire_and_prune(client, schema, &options.project, consumer_id).await;
+    failure.message = match cleaned.ok {
+        true => format!(
+            "{}; the probe consumer {consumer_id} was retired and the probe events pruned",
+            failure.message
+        ),
+        false => format!(
+            "{}; {} (the next outbox verify clears what is left)",
+            failure.message, cleaned.detail
+        ),
+    };
+    failure
 }
 
 /// A tag for this run's consumer, task IDs and channel: the process ID and the clock.
@@ -237,18 +323,12 @@ fn consumer_config(
 /// every probe event comes after it.
 async fn wait_until_polling(
     probe: &outbox_consumer::Probe,
-    running: &tokio::task::JoinHandle<
-        Result<outbox_consumer::RunSummary, outbox_consumer::ConsumerError>,
-    >,
     timeout: Duration,
+    progress: &mut watch::Progress,
 ) -> Result<(), Failure> {
     let deadline = Instant::now() + timeout;
     while probe.since_last_poll().is_none() {
-        if running.is_finished() {
-            return Err(Failure::runtime(
-                "the probe consumer stopped before its first poll",
-            ));
-        }
+        progress.show(|| "verify: starting the probe consumer".to_owned());
         if Instant::now() > deadline {
             return Err(Failure::runtime(format!(
                 "the probe consumer did not poll within {timeout:?}"
@@ -260,7 +340,7 @@ async fn wait_until_polling(
 }
 
 /// The project's head and unsequenced count.
-async fn progress(
+async fn progress_of(
     client: &tokio_postgres::Client,
     schema: &Schema,
     project: &ProjectId,
@@ -278,10 +358,12 @@ async fn wait_until_delivered(
     schema: &Schema,
     options: &Options,
     received: &Mutex<Vec<Delivery>>,
+    progress: &mut watch::Progress,
 ) -> Result<i64, Failure> {
-    let deadline = Instant::now() + options.timeout;
+    let started = Instant::now();
+    let deadline = started + options.timeout;
     loop {
-        let (head, unsequenced) = progress(client, schema, &options.project).await?;
+        let (head, unsequenced) = progress_of(client, schema, &options.project).await?;
         let reached = received
             .lock()
             .unwrap()
@@ -292,6 +374,14 @@ async fn wait_until_delivered(
         if (unsequenced == 0 && reached >= head) || Instant::now() > deadline {
             return Ok(head);
         }
+        progress.show(|| {
+            format!(
+                "verify: waiting for the probe events: delivered up to {reached} of {head} \
+                 numbered, {unsequenced} not numbered yet ({:.0} s of {:.0} s)",
+                started.elapsed().as_secs_f64(),
+                options.timeout.as_secs_f64()
+            )
+        });
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -43,18 +43,20 @@ fn kind(index: usize, writers: usize) -> (Ending, usize) {
 }
 
 /// Runs the plan's writers to completion; returns every transaction as its writer saw it.
+/// Dropping the future (the probe stopped early) stops the writers: an open transaction is
+/// rolled back, none is begun.
 pub async fn write(pool: &Pool, schema: &Schema, plan: &Plan) -> Result<Vec<ProbeTx>, Failure> {
     let statement = schema.render(sql::WRITE_PROBE);
     let tasks: Vec<_> = (0..plan.writers)
         .map(|writer| {
             let (pool, statement, plan) = (pool.clone(), statement.clone(), plan.clone());
-            tokio::spawn(async move {
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
                 let mut done = Vec::new();
                 for index in (writer..plan.transactions).step_by(plan.writers) {
                     done.push(one_transaction(&pool, &statement, &plan, index).await?);
                 }
                 Ok::<_, Failure>(done)
-            })
+            }))
         })
         .collect();
     let mut all = Vec::new();

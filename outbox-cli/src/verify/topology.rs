@@ -120,8 +120,8 @@ async fn listen_round_trip(
         .map_err(|e| format!("no TLS connector: {e}"))?;
     let mut config = database.settings.wire_config();
     config.application_name("outbox-verify-listener");
-    let (listener, mut connection) = config
-        .connect(connector.tls())
+    let (listener, mut connection) = connector
+        .open(&config)
         .await
         .map_err(|e| format!("cannot open a LISTEN connection: {e}"))?;
     let (notified, mut arrivals) = tokio::sync::mpsc::unbounded_channel();

@@ -1,5 +1,6 @@
 //! Connection failures named by their cause, for the operator.
 
+use super::hosts::wrong_server;
 use super::settings::{ConnectSettings, RootCert};
 use super::tls::default_root_cert;
 
@@ -16,6 +17,12 @@ pub fn explain(error: &tokio_postgres::Error, settings: &ConnectSettings) -> Str
             tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
         })
         .unwrap_or_default();
+    if let Some(wrong) = wrong_server(error) {
+        return format!(
+            "no host is the kind of server target_session_attrs={} asks for ({wrong})",
+            settings.target_session
+        );
+    }
     if let Some(tls) = find_rustls_error(error) {
         use rustls::CertificateError as C;
         return match tls {

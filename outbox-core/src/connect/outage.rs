@@ -8,6 +8,7 @@ use tokio_postgres::error::SqlState;
 
 use super::error::ConnectError;
 use super::explain::find_rustls_error;
+use super::hosts::{WrongServer, wrong_server};
 
 /// What tokio-postgres reports when `target_session_attrs=read-write` finds only servers that
 /// do not accept writes (standbys not yet promoted).
@@ -17,8 +18,9 @@ const READ_ONLY_SERVER: &str = "database does not allow writes";
 /// refused, no socket file, a connection reset or cut off, a connect timeout, SQLSTATE class
 /// 08 (connection exception), 57P01/57P02/57P03 (administrator or crash shutdown, cannot
 /// connect now), 25006 (read-only transaction: a standby that is not the primary yet), and
-/// the driver's refusal of a read-only server under `target_session_attrs=read-write` (no
-/// host answers as the primary yet: the failover window).
+/// the driver's refusal of a read-only server under `target_session_attrs=read-write`, and a
+/// standby refused under `target_session_attrs=primary` (no host answers as the primary yet:
+/// the failover window).
 pub fn is_outage(e: &tokio_postgres::Error) -> bool {
     if let Some(code) = e.code() {
         return [
@@ -32,6 +34,9 @@ pub fn is_outage(e: &tokio_postgres::Error) -> bool {
     }
     if find_rustls_error(e).is_some() {
         return false;
+    }
+    if let Some(wrong) = wrong_server(e) {
+        return wrong == WrongServer::InRecovery;
     }
     if e.is_closed() {
         return true;

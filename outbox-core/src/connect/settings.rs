@@ -2,8 +2,8 @@
 //! parsing a URL or key=value string, with the parameters the driver does not know (or does
 //! not read as libpq does) taken out first, and libpq's environment filling what the text
 //! leaves out. Both forms may name several hosts (`postgresql://h1:5432,h2:5432/db`,
-//! `?host=/a,/b&port=1,2`, `host=a,b port=1,2`), tried in order, with
-//! `target_session_attrs=read-write` to skip a standby.
+//! `?host=/a,/b&port=1,2`, `host=a,b port=1,2`), tried in order, with libpq's
+//! `target_session_attrs` (`read-write` or `primary` to skip a standby; see `hosts`).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -11,9 +11,10 @@ use std::str::FromStr;
 
 use percent_encoding::percent_decode_str;
 use tokio_postgres::Config;
-use tokio_postgres::config::{SslMode as WireSslMode, TargetSessionAttrs};
+use tokio_postgres::config::SslMode as WireSslMode;
 
 use super::error::ConnectError;
+use super::hosts::TargetSession;
 
 /// How a connection uses TLS (libpq's `sslmode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,6 +135,9 @@ pub struct ConnectSettings {
     pub ssl_key: Option<PathBuf>,
     /// Whether a transaction-mode pooler is in between.
     pub pooler: Pooler,
+    /// The kind of server to reach (`target_session_attrs`); the driver's configuration
+    /// carries only the part it checks itself.
+    pub target_session: TargetSession,
 }
 
 impl fmt::Debug for ConnectSettings {
@@ -146,6 +150,7 @@ impl fmt::Debug for ConnectSettings {
             .field("ssl_cert", &self.ssl_cert)
             .field("ssl_key", &self.ssl_key)
             .field("pooler", &self.pooler)
+            .field("target_session", &self.target_session)
             .finish()
     }
 }
@@ -169,6 +174,7 @@ impl ConnectSettings {
             WireSslMode::Require => SslMode::Require,
             _ => SslMode::Prefer,
         };
+        let target_session = TargetSession::from_wire(config.get_target_session_attrs());
         Self {
             config,
             ssl_mode,
@@ -176,6 +182,7 @@ impl ConnectSettings {
             ssl_cert: None,
             ssl_key: None,
             pooler: Pooler::None,
+            target_session,
         }
     }
 
@@ -246,9 +253,9 @@ impl ConnectSettings {
             ));
         }
         if let Some(attrs) = lookup("target_session_attrs", "PGTARGETSESSIONATTRS") {
-            settings
-                .config
-                .target_session_attrs(parse_target_session_attrs(&attrs)?);
+            let target: TargetSession = attrs.parse()?;
+            settings.config.target_session_attrs(target.wire());
+            settings.target_session = target;
         }
         check_host_and_port_counts(&settings.config)?;
         Ok(settings)
@@ -260,27 +267,30 @@ impl ConnectSettings {
         self
     }
 
-    /// The driver configuration with the wire-level TLS mode set.
+    /// The driver configuration with the wire-level TLS mode set: none when every host is a
+    /// Unix socket (libpq ignores `sslmode` there). [`super::Connector`] sets it per host
+    /// when the hosts are of both kinds.
     pub fn wire_config(&self) -> Config {
         let mut config = self.config.clone();
         config.ssl_mode(match self.ssl_mode {
+            _ if self.only_sockets() => WireSslMode::Disable,
             SslMode::Disable => WireSslMode::Disable,
             SslMode::Prefer => WireSslMode::Prefer,
             _ => WireSslMode::Require,
         });
         config
     }
-}
 
-/// libpq's `target_session_attrs` values that the driver can check.
-fn parse_target_session_attrs(text: &str) -> Result<TargetSessionAttrs, ConnectError> {
-    match text {
-        "any" => Ok(TargetSessionAttrs::Any),
-        "read-write" => Ok(TargetSessionAttrs::ReadWrite),
-        "read-only" => Ok(TargetSessionAttrs::ReadOnly),
-        other => Err(ConnectError::Invalid(format!(
-            "invalid target_session_attrs {other:?}: use any, read-write or read-only"
-        ))),
+    /// True when every host is a Unix socket directory (and no `hostaddr` is given).
+    pub(super) fn only_sockets(&self) -> bool {
+        let hosts = self.config.get_hosts();
+        #[cfg(unix)]
+        let sockets = hosts
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        #[cfg(not(unix))]
+        let sockets = false;
+        !hosts.is_empty() && self.config.get_hostaddrs().is_empty() && sockets
     }
 }
 
@@ -352,6 +362,8 @@ fn split_own_params(text: &str) -> (String, Vec<(String, String)>) {
 
 #[cfg(test)]
 mod tests {
+    use tokio_postgres::config::TargetSessionAttrs;
+
     use super::*;
 
     fn parse(text: &str) -> Result<ConnectSettings, ConnectError> {
@@ -488,7 +500,50 @@ mod tests {
             assert!(matches!(err, ConnectError::Invalid(_)), "{text}: {err:?}");
             assert!(err.to_string().contains(expected), "{text}: {err}");
         }
-        let env = |k: &str| (k == "PGTARGETSESSIONATTRS").then(|| "primary".to_owned());
+        let env = |k: &str| (k == "PGTARGETSESSIONATTRS").then(|| "master".to_owned());
         assert!(ConnectSettings::parse_with_env("host=a", env).is_err());
+    }
+
+    #[test]
+    fn accepts_every_libpq_target_session_attrs_value() {
+        for (text, target, wire) in [
+            ("primary", TargetSession::Primary, TargetSessionAttrs::Any),
+            ("standby", TargetSession::Standby, TargetSessionAttrs::Any),
+            (
+                "prefer-standby",
+                TargetSession::PreferStandby,
+                TargetSessionAttrs::Any,
+            ),
+            (
+                "read-write",
+                TargetSession::ReadWrite,
+                TargetSessionAttrs::ReadWrite,
+            ),
+        ] {
+            let s = parse(&format!("host=a,b target_session_attrs={text}")).unwrap();
+            assert_eq!(s.target_session, target, "{text}");
+            assert_eq!(s.config.get_target_session_attrs(), wire, "{text}");
+            let env = |k: &str| (k == "PGTARGETSESSIONATTRS").then(|| text.to_owned());
+            let s = ConnectSettings::parse_with_env("postgresql://u@h1,h2/db", env).unwrap();
+            assert_eq!(s.target_session, target, "{text}");
+        }
+    }
+
+    #[test]
+    fn tls_is_never_asked_for_on_a_socket() {
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let s = parse(&format!("host=/run/pg,/other user=u sslmode={mode}")).unwrap();
+            assert_eq!(
+                s.wire_config().get_ssl_mode(),
+                WireSslMode::Disable,
+                "{mode}"
+            );
+            let s = parse(&format!("host=/run/pg,db user=u sslmode={mode}")).unwrap();
+            assert_eq!(
+                s.wire_config().get_ssl_mode(),
+                WireSslMode::Require,
+                "{mode}"
+            );
+        }
     }
 }

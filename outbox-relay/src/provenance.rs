@@ -1,0 +1,237 @@
+//! Whether the last message of a subject, as read from the stream, is one this relay stored:
+//! the message the relay's next publish may name as the one before it.
+//!
+//! While the relay runs it follows each subject's end from its own PubAcks, and JetStream
+//! refuses a publish after a message someone else stored (`Nats-Expected-Last-Subject-Sequence`
+//! no longer matches). But whenever the relay learns the end from the stream instead (at
+//! start, after a new connection, after a publish of unknown outcome), the stream's last
+//! message becomes the expectation: a message published by another writer while the relay
+//! was stopped would be adopted and every later event stored after it. So a learned last
+//! message is adopted only when it is the relay's own: it names this project
+//! (`Outbox-Project`), carries a numeric `Outbox-Sequence`, and its `Nats-Msg-Id` is the ID
+//! of the event the database holds at that sequence (for the reconciliation subject, a
+//! reconciliation notice of this project). Anything else is a conflict, handled as one found
+//! while running: the event fails (`nats_sequence_conflict`), is retried on the retry
+//! schedule and parked after the last attempt, replayable once the stranger is gone; each
+//! attempt reads the stream again.
+
+use deadpool_postgres::Pool;
+use outbox_core::{Schema, Unnamed as _};
+
+use crate::tail::LastMessage;
+
+/// The event at a sequence of a project, and the project's retention floor and head, to tell
+/// a pruned event from one that never existed.
+const EVENT_AT: &str = "
+SELECT (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
+         WHERE o.project_id = $1 AND o.sequence = $2) AS event_id,
+       COALESCE((SELECT h.pruned_through FROM {{schema}}.lifecycle_project_heads AS h
+                  WHERE h.project_id = $1), 0) AS floor";
+
+/// The database the relay's events come from, to recognise its own messages by their IDs.
+#[derive(Clone)]
+pub struct Ledger {
+    pool: Pool,
+    event_at: String,
+}
+
+impl Ledger {
+    /// Events read through `pool` in `schema`.
+    pub fn new(pool: Pool, schema: &Schema) -> Self {
+        Self {
+            pool,
+            event_at: schema.render(EVENT_AT),
+        }
+    }
+}
+
+/// What the last message of a subject is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provenance {
+    /// The subject is empty, or its last message is the relay's own.
+    Own,
+    /// Another writer's message, or one that does not match the database: why.
+    Stranger(String),
+}
+
+/// Which kind of subject a message was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubjectKind {
+    /// `<prefix>.<project>.task_deleted`.
+    Events,
+    /// `<prefix>.<project>.reconcile`.
+    Reconcile,
+}
+
+/// The checks that need no database: the headers every message of the relay carries. `None`
+/// when they pass (and, for events, the database has the last word).
+pub fn by_headers(last: &LastMessage, project: &str, kind: SubjectKind) -> Option<Provenance> {
+    if last.tail.stream_sequence == 0 {
+        return Some(Provenance::Own);
+    }
+    if last.project.as_deref() != Some(project) {
+        return Some(Provenance::Stranger(match &last.project {
+            Some(other) => format!("its Outbox-Project header is {other:?}, not {project:?}"),
+            None => "it has no Outbox-Project header".to_owned(),
+        }));
+    }
+    let Some(sequence) = last.tail.outbox_sequence else {
+        return Some(Provenance::Stranger(
+            "it has no numeric Outbox-Sequence header".to_owned(),
+        ));
+    };
+    let Some(msg_id) = last.msg_id.as_deref() else {
+        return Some(Provenance::Stranger(
+            "it has no Nats-Msg-Id header".to_owned(),
+        ));
+    };
+    match kind {
+        SubjectKind::Reconcile => Some(
+            if msg_id.starts_with(&format!("reconcile:{project}:"))
+                && msg_id.ends_with(&format!(":{sequence}"))
+            {
+                Provenance::Own
+            } else {
+                Provenance::Stranger(format!(
+                    "its Nats-Msg-Id {msg_id:?} is not a reconciliation notice of {project:?} \
+                     at {sequence}"
+                ))
+            },
+        ),
+        SubjectKind::Events => None,
+    }
+}
+
+/// Decides whether `last` is the relay's own message of `project`; `Err` when the database
+/// could not be asked (the caller fails the event as unavailable and asks again later).
+pub async fn check(
+    ledger: Option<&Ledger>,
+    last: &LastMessage,
+    project: &str,
+    kind: SubjectKind,
+) -> Result<Provenance, String> {
+    if let Some(decided) = by_headers(last, project, kind) {
+        return Ok(decided);
+    }
+    let (Some(ledger), Some(sequence), Some(msg_id)) =
+        (ledger, last.tail.outbox_sequence, last.msg_id.as_deref())
+    else {
+        return Ok(Provenance::Own);
+    };
+    let client = ledger
+        .pool
+        .get()
+        .await
+        .map_err(|e| format!("cannot reach the database: {e}"))?;
+    let row = client
+        .query_one_unnamed(&ledger.event_at, &[&project, &sequence])
+        .await
+        .map_err(|e| format!("cannot read event {sequence} of {project}: {e}"))?;
+    let event_id: Option<String> = row.try_get("event_id").map_err(|e| e.to_string())?;
+    let floor: i64 = row.try_get("floor").map_err(|e| e.to_string())?;
+    Ok(by_ledger(
+        event_id.as_deref(),
+        floor,
+        sequence,
+        msg_id,
+        project,
+    ))
+}
+
+/// The database's word: the event at `sequence` (if retained) must have `msg_id` as its ID;
+/// one pruned (at or below `floor`) cannot be checked and is taken as the relay's own.
+fn by_ledger(
+    event_id: Option<&str>,
+    floor: i64,
+    sequence: i64,
+    msg_id: &str,
+    project: &str,
+) -> Provenance {
+    match event_id {
+        Some(id) if id == msg_id => Provenance::Own,
+        Some(id) => Provenance::Stranger(format!(
+            "its Outbox-Sequence {sequence} is event {id} of {project:?}, but its Nats-Msg-Id \
+             is {msg_id:?}"
+        )),
+        None if sequence <= floor => Provenance::Own,
+        None => Provenance::Stranger(format!(
+            "{project:?} has no event numbered {sequence} (its Outbox-Sequence)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tail::Tail;
+
+    fn message(project: Option<&str>, sequence: Option<i64>, msg_id: Option<&str>) -> LastMessage {
+        LastMessage {
+            tail: Tail {
+                stream_sequence: 7,
+                outbox_sequence: sequence,
+            },
+            project: project.map(str::to_owned),
+            msg_id: msg_id.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn headers_tell_a_stranger() {
+        let empty = LastMessage {
+            tail: Tail {
+                stream_sequence: 0,
+                outbox_sequence: None,
+            },
+            project: None,
+            msg_id: None,
+        };
+        assert_eq!(
+            by_headers(&empty, "p1", SubjectKind::Events),
+            Some(Provenance::Own)
+        );
+        for foreign in [
+            message(None, Some(3), Some("e3")),
+            message(Some("p2"), Some(3), Some("e3")),
+            message(Some("p1"), None, Some("e3")),
+            message(Some("p1"), Some(3), None),
+        ] {
+            assert!(
+                matches!(
+                    by_headers(&foreign, "p1", SubjectKind::Events),
+                    Some(Provenance::Stranger(_))
+                ),
+                "{foreign:?}"
+            );
+        }
+        let ours = message(Some("p1"), Some(3), Some("e3"));
+        assert_eq!(by_headers(&ours, "p1", SubjectKind::Events), None);
+        let notice = message(Some("p1"), Some(3), Some("reconcile:p1:relay:3"));
+        assert_eq!(
+            by_headers(&notice, "p1", SubjectKind::Reconcile),
+            Some(Provenance::Own)
+        );
+        assert!(matches!(
+            by_headers(&ours, "p1", SubjectKind::Reconcile),
+            Some(Provenance::Stranger(_))
+        ));
+    }
+
+    #[test]
+    fn the_database_has_the_last_word_on_events() {
+        assert_eq!(by_ledger(Some("e3"), 0, 3, "e3", "p1"), Provenance::Own);
+        assert!(matches!(
+            by_ledger(Some("e3"), 0, 3, "intruder", "p1"),
+            Provenance::Stranger(_)
+        ));
+        assert_eq!(
+            by_ledger(None, 5, 3, "e3", "p1"),
+            Provenance::Own,
+            "pruned: cannot be checked"
+        );
+        assert!(matches!(
+            by_ledger(None, 5, 99, "intruder", "p1"),
+            Provenance::Stranger(_)
+        ));
+    }
+}
