@@ -24,7 +24,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         consumer_id: consumer.clone(),
     };
     let config = build_config(global, &consumer, options)?;
-    if options.child.is_none() {
+    if args.child.child.is_none() {
         crate::sink::refuse_closed_stdout()?;
     }
     let Some(started) = Started::open(global, options).await? else {
