@@ -312,7 +312,7 @@ async fn an_undeclared_transaction_pooler_is_named_at_once() {
             &url,
             "verify",
             "--project",
-            "probe-undeclared",
+            "outbox-verify-undeclared",
         ])
         .args([
             "--transactions",
@@ -339,7 +339,7 @@ async fn an_undeclared_transaction_pooler_is_named_at_once() {
         "{stderr}"
     );
     assert_eq!(
-        left_behind(&db.connect().await, "probe-undeclared").await,
+        left_behind(&db.connect().await, "outbox-verify-undeclared").await,
         (0, 0),
         "nothing left behind"
     );
@@ -359,7 +359,7 @@ async fn a_missing_privilege_is_named_with_the_role() {
         .await
         .unwrap();
     let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
-    let (code, report, err) = verify(&url, &[], &["--project", "probe-denied"]).await;
+    let (code, report, err) = verify(&url, &[], &["--project", "outbox-verify-denied"]).await;
     assert_eq!(code, 1, "{report}\n{err}");
     assert!(
         err.contains(&format!(
@@ -379,7 +379,7 @@ async fn sigterm_retires_the_probe_consumer_and_prunes_its_events() {
         "verify",
         &[
             "--project",
-            "probe-stopped",
+            "outbox-verify-stopped",
             "--transactions",
             "10000",
             "--writers",
@@ -398,9 +398,9 @@ async fn sigterm_retires_the_probe_consumer_and_prunes_its_events() {
             let row = client
                 .query_one(
                     "SELECT (SELECT count(*) FROM outbox.lifecycle_outbox \
-                             WHERE project_id = 'probe-stopped'), \
+                             WHERE project_id = 'outbox-verify-stopped'), \
                             (SELECT count(*) FROM outbox.lifecycle_consumer_cursors \
-                             WHERE project_id = 'probe-stopped' AND lease_owner IS NOT NULL)",
+                             WHERE project_id = 'outbox-verify-stopped' AND lease_owner IS NOT NULL)",
                     &[],
                 )
                 .await
@@ -421,5 +421,5 @@ async fn sigterm_retires_the_probe_consumer_and_prunes_its_events() {
         stderr.contains("was retired and the probe events pruned"),
         "{stderr}"
     );
-    assert_nothing_left(&client, "probe-stopped").await;
+    assert_nothing_left(&client, "outbox-verify-stopped").await;
 }

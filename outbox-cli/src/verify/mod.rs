@@ -266,6 +266,9 @@ async fn clean_up_after(
     options: &Options,
     consumer_id: &ConsumerId,
 ) -> Failure {
+    if let Err(e) = wait_out_running_transactions(client, options.late_commit).await {
+        tracing::warn!(error = %e, "could not wait out the probe transactions still running");
+    }
     if let Err(e) = outbox_core::Sequencer::new(schema).drain(client).await {
         tracing::warn!(error = %e, "could not number the probe events before pruning them");
     }
@@ -281,6 +284,33 @@ async fn clean_up_after(
         ),
     };
     failure
+}
+
+/// Waits until every transaction running now has ended, for at most `late_commit` and five
+/// seconds more. The probe's writers were stopped mid-flight, and a transaction whose COMMIT
+/// they had already sent ends on the server when it will: its events must be there before
+/// the prune, or they outlive it. Past the bound (an unrelated long transaction, say) the
+/// cleanup goes on; the next run clears what is left.
+async fn wait_out_running_transactions(
+    client: &tokio_postgres::Client,
+    late_commit: Duration,
+) -> Result<(), tokio_postgres::Error> {
+    let running: Vec<String> = client
+        .query_one_unnamed(sql::RUNNING_TRANSACTIONS, &[])
+        .await?
+        .try_get("running")?;
+    let give_up_at = tokio::time::Instant::now() + late_commit + Duration::from_secs(5);
+    while tokio::time::Instant::now() < give_up_at {
+        let still: i64 = client
+            .query_one_unnamed(sql::STILL_RUNNING, &[&running])
+            .await?
+            .try_get("running")?;
+        if still == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// A tag for this run's consumer, task IDs and channel: the process ID and the clock.

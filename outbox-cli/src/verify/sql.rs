@@ -48,3 +48,13 @@ pub const BACKEND: &str = "SELECT pg_backend_pid() AS pid";
 
 /// A notification on the probe's own channel.
 pub const NOTIFY: &str = "SELECT pg_notify($1, 'probe')";
+
+/// The IDs of the transactions running now (other than the caller's), as text.
+pub const RUNNING_TRANSACTIONS: &str = "\
+SELECT coalesce(array_agg(x::text), '{}') AS running
+FROM unnest(pg_snapshot_xip(pg_current_snapshot())) AS x";
+
+/// How many of the transactions `$1` (IDs as text) are still in progress.
+pub const STILL_RUNNING: &str = "\
+SELECT count(*) AS running FROM unnest($1::text[]) AS x
+WHERE pg_xact_status(x::xid8) = 'in progress'";
