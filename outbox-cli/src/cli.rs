@@ -282,6 +282,21 @@ pub struct ConsumeArgs {
     pub options: ConsumerOptions,
 }
 
+impl ConsumeArgs {
+    /// The checks of the targets against each other and against the options: a repeated
+    /// project or consumer ID; `--existing-only` with `--all-projects`, which registers its
+    /// consumers in every project born while it runs.
+    pub fn check(&self) -> Result<(), String> {
+        self.targets.check_distinct()?;
+        if self.targets.all_projects && self.options.existing_only {
+            return Err("--existing-only cannot be used with --all-projects, which registers its \
+                        consumers in every new project; name the projects with --project"
+                .into());
+        }
+        Ok(())
+    }
+}
+
 /// Every option of a running consumer beside which one it is: `outbox consume`, `outbox relay
 /// nats` and `outbox serve` (which takes `--project` repeated) share them.
 #[derive(Debug, Args)]
@@ -312,6 +327,11 @@ pub struct ConsumerOptions {
     /// Start a retired consumer again; it reconciles first.
     #[arg(long)]
     pub reactivate: bool,
+    /// Refuse (exit 3) to register a consumer ID that does not exist yet, instead of creating
+    /// it: for production units, where a new ID is a typo that would hold retention back.
+    /// Not with --all-projects, which registers its consumers in every new project.
+    #[arg(long)]
+    pub existing_only: bool,
     /// Stop with exit 0 once every committed event is numbered and handled (for scripts and
     /// batch jobs); a failed event waiting for its retry is waited for, and so is numbering
     /// (with --no-sequencer, another process must run the sequencer).

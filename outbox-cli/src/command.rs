@@ -45,8 +45,9 @@ pub fn parse_or_exit() -> Cli {
 /// would point to the opposite action.
 fn instead_of(word: &str) -> Option<&'static str> {
     match word {
-        "reactivate" | "unretire" | "activate" | "restore" | "resume" => Some(
-            "a retired consumer is reactivated by starting it again: \
+        "unretire" | "activate" | "restore" | "resume" => Some(
+            "a retired consumer is reactivated with: outbox consumers reactivate --project P \
+             --consumer-id C --by OPERATOR --reason TEXT, or by starting it again with \
              outbox consume --project P --consumer-id C --reactivate (it reconciles first)",
         ),
         "unresolve" | "reopen" | "unpark" => Some(
@@ -74,7 +75,7 @@ pub enum Command {
     /// Per project: head, unsequenced backlog, retention floor, pruning backlog; per consumer:
     /// cursor, lag, lease, retrying event, dead letters; each with health codes.
     Status(crate::status_cmd::StatusArgs),
-    /// List or retire consumers.
+    /// List, retire, reactivate or delete consumers.
     #[command(subcommand)]
     Consumers(crate::consumers_cmd::ConsumersCommand),
     /// List, show, replay or resolve dead letters.
@@ -113,6 +114,8 @@ impl Command {
             Command::Status(_) => "read the outbox status",
             Command::Consumers(C::List(_)) => "list consumers",
             Command::Consumers(C::Retire(_)) => "retire consumers",
+            Command::Consumers(C::Reactivate(_)) => "reactivate consumers",
+            Command::Consumers(C::Delete(_)) => "delete retired consumers",
             Command::DeadLetters(D::List(_) | D::Show(_)) => "read dead letters",
             Command::DeadLetters(D::Replay(_)) => "replay dead letters",
             Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",

@@ -75,8 +75,8 @@ mod writer;
 
 pub use admin::{
     Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, DeadLetter, DeadLetterDetail,
-    DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
-    Resolution, Retirement, Status,
+    DeadLetterFilter, Deletion, HealthThresholds, Listing, MAX_LIMIT, Reactivation, Reason,
+    ReplayRequest, ReplayTarget, Resolution, Retirement, Status,
 };
 pub use connect::{
     ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode,

@@ -106,6 +106,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "tick_function",
         template: include_str!("../../sql/0014_tick_function.sql"),
     },
+    Migration {
+        version: 15,
+        name: "consumer_admin",
+        template: include_str!("../../sql/0015_consumer_admin.sql"),
+    },
 ];
 
 /// What a migration run did.

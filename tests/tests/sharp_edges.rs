@@ -528,10 +528,10 @@ async fn version_names_the_commit_the_binary_was_built_from() {
 async fn a_missing_action_is_answered_with_the_command_that_does_it_not_its_opposite() {
     for (args, wanted) in [
         (
-            &["consumers", "reactivate"][..],
-            "outbox consume --project P --consumer-id C --reactivate",
+            &["consumers", "unretire"][..],
+            "outbox consumers reactivate --project P",
         ),
-        (&["consumers", "unretire"][..], "--reactivate"),
+        (&["consumers", "restore"][..], "--reactivate"),
         (
             &["dead-letters", "unresolve"][..],
             "outbox dead-letters replay",
