@@ -20,7 +20,7 @@ pub struct AuditArgs {
     /// Only these kinds (repeat or separate with commas), with or without the
     /// `lifecycle-observation:` prefix: consumer-poisoned, consumer-replayed,
     /// dead-letter-replay-requested, dead-letter-resolved, consumer-retired,
-    /// consumer-reactivated, reconciled, pruned, history-diverged.
+    /// consumer-reactivated, consumer-deleted, reconciled, pruned, history-diverged.
     #[arg(long, value_delimiter = ',')]
     pub kind: Vec<AuditKind>,
     /// Only rows about this event.
@@ -35,10 +35,10 @@ pub struct AuditArgs {
     #[arg(long)]
     pub follow: bool,
     /// How often --follow looks for new rows.
-    #[arg(long, value_parser = crate::cli::parse_duration, default_value = "1s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::cli::parse_duration, default_value = "1s")]
     pub follow_interval: std::time::Duration,
-    /// At most this many rows, newest first.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
+    /// At most this many rows, newest first: 1 to 10000.
+    #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
     pub limit: i64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]

@@ -202,6 +202,7 @@ pub fn build_config(
 
 /// How every consumer running with `args` delivers, checked.
 pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Failure> {
+    args.check_relations().map_err(Failure::usage)?;
     let mut delivery = DeliverySettings {
         batch_size: args.batch_size,
         lease_ttl: args.lease_ttl,

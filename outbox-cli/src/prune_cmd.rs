@@ -16,15 +16,16 @@ pub struct PruneArgs {
     /// Report what would be removed without removing anything.
     #[arg(long)]
     pub dry_run: bool,
-    /// Events (or dead letters) removed per transaction.
-    #[arg(long, default_value_t = outbox_core::DEFAULT_PRUNE_BATCH,
+    /// Events (or dead letters) removed per transaction: 1 to 100000.
+    #[arg(long, default_value_t = outbox_core::DEFAULT_PRUNE_BATCH, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(1..=outbox_core::MAX_PRUNE_BATCH))]
     pub batch_size: i64,
     /// Only this project (default: every project).
     #[arg(long)]
     pub project: Option<ProjectId>,
     /// Retention period: events older than this that every non-retired consumer acknowledged
-    /// go, and dead letters resolved (or replayed) longer ago than this.
+    /// go, and dead letters resolved (or replayed) longer ago than this: 0s (everything
+    /// acknowledged) to 36500 days.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// Output format.

@@ -340,16 +340,25 @@ async fn operators_reactivate_and_delete_retired_consumers_audited() {
     assert_eq!(ids(&retired), ["c"]);
     let active = outbox_json(&db, &["consumers", "list", "--state", "active"]).await;
     assert_eq!(ids(&active), ["d"]);
-    let generation = retired["consumers"][0]["lease_generation"].as_i64().unwrap();
+    let generation = retired["consumers"][0]["lease_generation"]
+        .as_i64()
+        .unwrap();
 
     let (code, out, err) = consumer_action(&url, "reactivate", "c", "bob").await;
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("reactivated consumer c of project p (by bob)"), "{out}");
+    assert!(
+        out.contains("reactivated consumer c of project p (by bob)"),
+        "{out}"
+    );
     let listed = outbox_json(&db, &["consumers", "list", "--state", "active"]).await;
     assert_eq!(ids(&listed), ["c", "d"]);
     let c = &listed["consumers"][0];
     assert_eq!(c["cursor"], Value::Null, "it reconciles at its next start");
-    assert_eq!(c["lease_generation"], generation + 1, "a stale holder stays fenced");
+    assert_eq!(
+        c["lease_generation"],
+        generation + 1,
+        "a stale holder stays fenced"
+    );
     let trail = outbox_json(&db, &["audit", "--kind", "consumer-reactivated"]).await;
     assert_eq!(trail["audit"][0]["actor"], "bob");
     assert_eq!(trail["audit"][0]["reason"], "housekeeping");
@@ -414,14 +423,27 @@ async fn existing_only_refuses_to_register_a_new_consumer() {
         "{err}"
     );
     let listed = outbox_json(&db, &["consumers", "list"]).await;
-    assert_eq!(listed["consumers"].as_array().unwrap().len(), 1, "nothing registered");
+    assert_eq!(
+        listed["consumers"].as_array().unwrap().len(),
+        1,
+        "nothing registered"
+    );
     let (code, _, err) = outbox(&db, &consume("c")).await;
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = outbox(
         &db,
-        &["consume", "--all-projects", "--consumer-id", "c", "--existing-only"],
+        &[
+            "consume",
+            "--all-projects",
+            "--consumer-id",
+            "c",
+            "--existing-only",
+        ],
     )
     .await;
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--existing-only cannot be used with --all-projects"), "{err}");
+    assert!(
+        err.contains("--existing-only cannot be used with --all-projects"),
+        "{err}"
+    );
 }

@@ -554,7 +554,10 @@ async fn roles_added_after_later_migrations_get_their_grants() {
         vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
     );
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(report.applied, vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+    assert_eq!(
+        report.applied,
+        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    );
     let row = client
         .query_one(
             "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_positions', \
