@@ -104,6 +104,7 @@ pub enum Command {
     /// transactions (some rolled back, some committed late) into a dedicated probe project,
     /// received by a probe consumer and checked for dense numbering, commit order, nothing
     /// missing, duplicated or rolled back; then cleaned up. Exit 5 names each failed check.
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Verify(crate::verify_cmd::VerifyArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(crate::completions_cmd::CompletionsArgs),

@@ -361,6 +361,9 @@ async fn limits_are_in_help_and_refusals_name_the_flags_as_typed() {
             .await
             .contains("transaction: 1 to 1000000")
     );
+    let verify = help(&["verify", "--help"]).await;
+    assert!(verify.contains("in turn): 4 to 10000"), "{verify}");
+    assert!(verify.contains("of its own): 1 to 64"), "{verify}");
     assert!(
         help(&["consumers", "retire", "--help"])
             .await
