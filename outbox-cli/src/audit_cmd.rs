@@ -115,7 +115,10 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
         if let Some(last) = rows.last() {
             filter.after_id = Some(last.id);
         }
-        follow_print(args.output, &rows, first)?;
+        if !follow_print(args.output, &rows, first)? {
+            // The reader is gone (`| head -2`): what it wanted was printed.
+            return Ok(());
+        }
         first = false;
         tokio::select! {
             _ = shutdown.requested() => return Ok(()),
@@ -130,8 +133,8 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
 }
 
 /// Prints followed rows: table lines (the header only the first time) or one JSON object
-/// per line.
-fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(), Failure> {
+/// per line; false once stdout's reader is gone.
+fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<bool, Failure> {
     let mut text = String::new();
     match output {
         Output::Json => {
@@ -154,13 +157,7 @@ fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(),
             }
         }
     }
-    if text.is_empty() {
-        return Ok(());
-    }
-    let mut out = std::io::stdout().lock();
-    std::io::Write::write_all(&mut out, text.as_bytes())
-        .and_then(|()| std::io::Write::flush(&mut out))
-        .map_err(|e| Failure::runtime(format!("cannot write to stdout ({e})")))
+    crate::output::emit_open(&text)
 }
 
 /// The audit table's columns.
@@ -169,7 +166,8 @@ const AUDIT_COLUMNS: [&str; 9] = [
 ];
 
 /// Column widths under `--follow`, where rows arrive after their header was printed: a row
-/// id, a timestamp, the longest kind, identifiers and text cut to a fixed width.
+/// id, a timestamp, the longest kind, room for common identifiers (a longer one is printed
+/// whole and shifts the rest of its row).
 const FOLLOW_WIDTHS: [usize; 9] = [8, 20, 28, 16, 16, 56, 16, 6, crate::output::MAX_CELL];
 
 /// `rows` in an audit table (fitted to them, or `fixed` for following).

@@ -447,3 +447,76 @@ async fn existing_only_refuses_to_register_a_new_consumer() {
         "{err}"
     );
 }
+
+/// `audit --follow` prints identifiers whole (a longer one shifts the rest of its row, an
+/// operator copies it from there), and ends with exit 0, not 1, when its reader has what it
+/// wanted (`| head -2`), as `status | head -1` does.
+#[tokio::test]
+async fn followed_rows_keep_identifiers_whole_and_a_closed_pipe_ends_the_follow_cleanly() {
+    let db = fresh_db().await;
+    let long = "search-indexer-blue-green-deployment-2026-12";
+    seed_consumer(&db, "p", long, SeedCursor::Head, false).await;
+    seed_consumer(&db, "p", "other", SeedCursor::Head, false).await;
+    let retire = |id: &'static str| {
+        [
+            "consumers",
+            "retire",
+            "--project",
+            "p",
+            "--consumer-id",
+            id,
+            "--by",
+            "alice",
+            "--reason",
+            "gone",
+        ]
+    };
+    let (code, _, err) = outbox(&db, &retire(long)).await;
+    assert_eq!(code, 0, "{err}");
+    let mut pipeline = Command::new("bash")
+        .arg("-c")
+        .arg(
+            "\"$0\" --database-url \"$1\" audit --follow --follow-interval 100ms | head -2; \
+             echo \"outbox exited ${PIPESTATUS[0]}\"",
+        )
+        .arg(outbox_binary())
+        .arg(db.url.as_str())
+        .env("OUTBOX_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(pipeline.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+        )
+        .await
+        .expect("a followed line")
+        .unwrap();
+        lines.push(line);
+    }
+    assert!(lines[0].starts_with("ID"), "{lines:?}");
+    assert!(lines[1].contains(long), "the whole ID: {lines:?}");
+    // `head` is gone; the next row finds the pipe closed.
+    let (code, _, err) = outbox(&db, &retire("other")).await;
+    assert_eq!(code, 0, "{err}");
+    let output = tokio::time::timeout(Duration::from_secs(30), pipeline.wait_with_output())
+        .await
+        .expect("the follow ends at its next row")
+        .unwrap();
+    let mut rest = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut rest)
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.trim(),
+        "outbox exited 0",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

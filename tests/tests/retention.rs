@@ -1044,6 +1044,33 @@ async fn a_reactivated_consumer_whose_events_were_pruned_reconciles_then_continu
     assert_eq!(cursor(&db, "p", "c").await, Some(7));
 }
 
+/// A new consumer asked to start from the earliest event after history was pruned reconciles
+/// instead, and says why: `below_retention_floor`, not `missing_cursor` (which a new consumer
+/// starting from the earliest event would have replayed).
+#[tokio::test]
+async fn a_new_consumer_from_the_earliest_event_after_pruning_reconciles_below_the_floor() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 4).await;
+    age(&db, "p", 1, 4, 31).await;
+    assert_eq!(prune(&db, PruneOptions::default()).await.events_pruned, 4);
+    write_sequenced(&db, "p", 1).await;
+
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "new");
+    config.duties.prune_interval = None;
+    config.delivery.start_from = outbox_consumer::StartFrom::Earliest;
+    let (shutdown, run) = start(&db, config, &recorder);
+    eventually(WAIT, "a reconciliation", || async {
+        !recorder.reconciliations().is_empty()
+    })
+    .await;
+    let live = recorder.reconciliations()[0].clone();
+    assert_eq!(live.reason, ReconcileReason::BelowRetentionFloor);
+    assert_eq!(live.head_sequence, 5);
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 /// The cursor itself below the floor (a consumer row restored or re-enabled by hand after its
 /// events were pruned): the runtime reconciles for that reason, then follows new events.
 #[tokio::test]
