@@ -88,6 +88,12 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
     if let Some(project) = &args.filter.project {
         admin.require_project(&client, project).await?;
     }
+    if let Some(consumer) = &args.filter.consumer_id {
+        let project = args.filter.project.as_ref();
+        admin
+            .require_consumer(&client, project, consumer, true)
+            .await?;
+    }
     let mut filter = AuditFilter {
         project: args.filter.project,
         consumer: args.filter.consumer_id,

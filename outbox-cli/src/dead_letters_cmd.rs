@@ -141,6 +141,12 @@ pub async fn run(global: &Global, command: DeadLettersCommand) -> Result<(), Fai
             if let Some(project) = &args.filter.project {
                 admin.require_project(&client, project).await?;
             }
+            if let Some(consumer) = &args.filter.consumer_id {
+                let project = args.filter.project.as_ref();
+                admin
+                    .require_consumer(&client, project, consumer, false)
+                    .await?;
+            }
             let filter = DeadLetterFilter {
                 project: args.filter.project,
                 consumer: args.filter.consumer_id,
