@@ -190,7 +190,7 @@ async fn sweep_and_report(
         }
         Err(e) if crate::outage::noted(crate::outage::is_outage(&e), &e) => {}
         Err(e) => tracing::warn!(
-            error = %e, retry_in = ?interval,
+            error = %e, retry_in = %outbox_core::Readable(interval),
             "retention sweep failed; will try again at the next interval"
         ),
     }

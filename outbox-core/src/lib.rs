@@ -62,6 +62,7 @@ mod ids;
 pub mod libpq_env;
 mod migrate;
 mod observed;
+mod readable;
 mod redact;
 pub mod retention;
 mod row_security;
@@ -99,6 +100,7 @@ pub use migrate::{
     migrate_with, schema_version,
 };
 pub use observed::{in_observed_dispatch, observe};
+pub use readable::Readable;
 pub use redact::redact_connection_string;
 pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,

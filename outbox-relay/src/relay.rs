@@ -85,7 +85,7 @@ impl Relay {
         } else {
             tracing::debug!(
                 error,
-                retry_in = %humantime::format_duration(delay),
+                retry_in = %outbox_core::Readable(delay),
                 "NATS still does not answer"
             );
         }

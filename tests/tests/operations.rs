@@ -1220,7 +1220,14 @@ async fn missing_targets_exit_3_naming_them() {
             "consumer zz (in any project) not found".into(),
         ),
         (
-            vec!["dead-letters", "list", "--project", "p", "--consumer-id", "zz"],
+            vec![
+                "dead-letters",
+                "list",
+                "--project",
+                "p",
+                "--consumer-id",
+                "zz",
+            ],
             "consumer zz of project p not found".into(),
         ),
         (

@@ -464,3 +464,45 @@ fn metric_names_are_found_in_expressions() {
         ]
     );
 }
+
+/// Log lines show durations as people read them (`outbox_core::Readable`: `91.2ms`, `1.5s`),
+/// never `Debug`'s `91.245485ms` or humantime's `91ms 245us 485ns`: no log field of the
+/// libraries formats a duration either way.
+#[test]
+fn log_fields_show_durations_readably() {
+    let mut offending = Vec::new();
+    for krate in [
+        "outbox-core",
+        "outbox-consumer",
+        "outbox-service",
+        "outbox-serve",
+        "outbox-relay",
+    ] {
+        let mut stack = vec![root().join(krate).join("src")];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (n, line) in text.lines().enumerate() {
+                    let field = line.split_once(" = ").map(|(_, value)| value.trim_start());
+                    let debug_duration = field.is_some_and(|value| {
+                        value.starts_with('?')
+                            && ["delay", "interval", "elapsed", "timeout", "wait", "ttl"]
+                                .iter()
+                                .any(|word| value.contains(word))
+                    });
+                    let spelled_out =
+                        field.is_some_and(|value| value.starts_with("%humantime::format_duration"));
+                    if debug_duration || spelled_out {
+                        offending.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(offending.is_empty(), "{offending:#?}");
+}

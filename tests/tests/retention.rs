@@ -1229,6 +1229,26 @@ async fn a_failing_sweep_is_not_fatal_to_the_consumer() {
 // `outbox prune`
 // ------------------------------------------------------------------------------------------
 
+/// A dry run's log says what it would prune, never that it pruned.
+#[tokio::test]
+async fn a_dry_run_logs_would_prune() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 3).await;
+    age(&db, "p", 1, 3, 31).await;
+    let output = tokio::process::Command::new(outbox_tests::process_kit::outbox_binary())
+        .args(["--database-url", db.url.as_str(), "prune", "--dry-run"])
+        .env("OUTBOX_LOG", "info")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{err}");
+    assert!(err.contains("would prune project=p events=3"), "{err}");
+    assert!(!err.contains(" pruned"), "{err}");
+    assert_eq!(floor(&db, "p").await, 0);
+}
+
 #[tokio::test]
 async fn outbox_prune_prints_what_it_removed() {
     let db = fresh_db().await;

@@ -41,7 +41,11 @@ impl Admin {
         let known: bool = client
             .query_one_unnamed(
                 &self.schema.render(CONSUMER_KNOWN),
-                &[&project.map(ProjectId::as_str), &consumer.as_str(), &audited],
+                &[
+                    &project.map(ProjectId::as_str),
+                    &consumer.as_str(),
+                    &audited,
+                ],
             )
             .await?
             .try_get("known")?;
