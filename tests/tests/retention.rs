@@ -1229,6 +1229,44 @@ async fn a_failing_sweep_is_not_fatal_to_the_consumer() {
 // `outbox prune`
 // ------------------------------------------------------------------------------------------
 
+/// `outbox prune` on a terminal draws a progress line on stderr (spinner, elapsed time, what
+/// went so far and the rate), erased at the end; with `--output json` it draws none, on a
+/// terminal too. (Without a terminal, none either: `outbox_prune_prints_what_it_removed`.)
+#[tokio::test]
+async fn prune_shows_progress_on_a_terminal_unless_the_output_is_json() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 6).await;
+    age(&db, "p", 1, 6, 31).await;
+    let on_a_terminal = |extra: &'static str| {
+        let command = format!(
+            "'{}' --database-url '{}' prune --retention 0s --dry-run {extra}",
+            outbox_tests::process_kit::outbox_binary().display(),
+            db.url
+        );
+        async move {
+            // `script` runs the command on a pseudo-terminal: stdout and stderr are a TTY.
+            let output = tokio::process::Command::new("script")
+                .args(["-qec", &command, "/dev/null"])
+                .env("OUTBOX_LOG", "warn")
+                .env_remove("DATABASE_URL")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .expect("run script (util-linux)");
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        }
+    };
+    let table = on_a_terminal("").await;
+    assert!(table.contains("dry run: project 1/1"), "{table:?}");
+    assert!(table.contains("\r\x1b[2K"), "the line is erased: {table:?}");
+    assert!(table.contains("would prune 6 event(s)"), "{table:?}");
+    let json = on_a_terminal("--output json").await;
+    assert!(!json.contains("dry run: project"), "{json:?}");
+    assert!(!json.contains('\x1b'), "{json:?}");
+    assert!(json.contains("\"events_pruned\":6"), "{json:?}");
+}
+
 /// A dry run's log says what it would prune, never that it pruned.
 #[tokio::test]
 async fn a_dry_run_logs_would_prune() {
