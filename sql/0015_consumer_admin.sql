@@ -25,6 +25,8 @@ ALTER TABLE {{schema}}.lifecycle_audit
 -- The operator's grants for both (column by column where the runtime's columns are
 -- concerned): reactivation bumps the lease generation and keeps an unexpired lease's expiry,
 -- and replaces the current position by a missing one; deletion removes the consumer's rows.
+-- The operator still never moves a cursor: it may insert a position only without a sequence
+-- or an event (a missing cursor), carrying when the consumer last acknowledged and reconciled.
 DO $migration$
 DECLARE
     s        text := trim(both '"' from '{{schema}}');
@@ -32,9 +34,8 @@ DECLARE
 BEGIN
     EXECUTE format('GRANT UPDATE (lease_generation, claimed_until, claimed_at), DELETE '
                    'ON %I.lifecycle_consumers TO %I', s, operator);
-    EXECUTE format('GRANT INSERT (project_id, consumer_id, last_acked_sequence, '
-                   'last_acked_event_id, last_acked_at, reconciled_at), DELETE '
-                   'ON %I.lifecycle_consumer_positions TO %I', s, operator);
+    EXECUTE format('GRANT INSERT (project_id, consumer_id, last_acked_at, reconciled_at), '
+                   'DELETE ON %I.lifecycle_consumer_positions TO %I', s, operator);
     EXECUTE format('GRANT DELETE ON %I.lifecycle_lease_renewals TO %I', s, operator);
 END
 $migration$;

@@ -166,6 +166,21 @@ fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
     }
 }
 
+/// The message of [`ConsumerError::UnknownConsumer`].
+fn unknown_consumer(project: &ProjectId, consumer: &ConsumerId, existing_only: bool) -> String {
+    match existing_only {
+        true => format!(
+            "consumer {consumer} of project {project} does not exist and --existing-only \
+             refuses to register it; check the ID (outbox consumers list --project {project}), \
+             or start it once without --existing-only to register a new consumer"
+        ),
+        false => format!(
+            "consumer {consumer} of project {project} does not exist, so there is nothing to \
+             reactivate; start it without reactivation to register a new consumer"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,20 +201,5 @@ mod tests {
         let text = e.to_string();
         assert!(!text.contains("Error occurred while creating"), "{text}");
         assert!(text.contains("refused"), "{text}");
-    }
-}
-
-/// The message of [`ConsumerError::UnknownConsumer`].
-fn unknown_consumer(project: &ProjectId, consumer: &ConsumerId, existing_only: bool) -> String {
-    match existing_only {
-        true => format!(
-            "consumer {consumer} of project {project} does not exist and --existing-only \
-             refuses to register it; check the ID (outbox consumers list --project {project}), \
-             or start it once without --existing-only to register a new consumer"
-        ),
-        false => format!(
-            "consumer {consumer} of project {project} does not exist, so there is nothing to \
-             reactivate; start it without reactivation to register a new consumer"
-        ),
     }
 }

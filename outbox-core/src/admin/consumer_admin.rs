@@ -186,7 +186,9 @@ impl Admin {
 /// keeps its expiry (its newest renewal of the current generation carried into the row, as
 /// the bump leaves the renewals behind), so the next claim waits for it to run out rather than
 /// overlap with a holder that has not noticed yet. The current position is replaced by a
-/// missing one that carries when the consumer last acknowledged and reconciled.
+/// missing one (no sequence, no event: the operator's grant has neither column, so it can
+/// make a cursor missing but never move one) that carries when the consumer last
+/// acknowledged and reconciled.
 const REACTIVATE: &str = "
 WITH renewal AS (
     SELECT newest.lease_expires_at, newest.heartbeat_at
@@ -222,9 +224,8 @@ replaced AS (
 ),
 missing AS (
     INSERT INTO {{schema}}.lifecycle_consumer_positions
-        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
-         reconciled_at)
-    SELECT $1, $2, NULL, NULL, was.last_acked_at, was.reconciled_at
+        (project_id, consumer_id, last_acked_at, reconciled_at)
+    SELECT $1, $2, was.last_acked_at, was.reconciled_at
     FROM reactivated LEFT JOIN was ON true
 )
 SELECT lease_generation FROM reactivated";
