@@ -50,7 +50,7 @@ pub fn parse_or_exit() -> Cli {
 /// would point to the opposite action.
 fn instead_of(word: &str) -> Option<&'static str> {
     match word {
-        "unretire" | "activate" | "restore" | "resume" => Some(
+        "reactivate" | "unretire" | "activate" | "restore" | "resume" => Some(
             "a retired consumer is reactivated with: outbox consumers reactivate --project P \
              --consumer-id C --by OPERATOR --reason TEXT, or by starting it again with \
              outbox consume --project P --consumer-id C --reactivate (it reconciles first)",

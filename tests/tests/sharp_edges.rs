@@ -532,6 +532,7 @@ async fn a_missing_action_is_answered_with_the_command_that_does_it_not_its_oppo
             "outbox consumers reactivate --project P",
         ),
         (&["consumers", "restore"][..], "--reactivate"),
+        (&["reactivate"][..], "outbox consumers reactivate --project P"),
         (
             &["dead-letters", "unresolve"][..],
             "outbox dead-letters replay",
