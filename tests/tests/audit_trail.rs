@@ -422,6 +422,31 @@ async fn existing_only_refuses_to_register_a_new_consumer() {
         err.contains("consumer dashbaord of project p does not exist and --existing-only"),
         "{err}"
     );
+    // The same for a consumer set and for `serve`, whose pairs claim the same way.
+    for args in [
+        &[
+            "consume",
+            "--project",
+            "p",
+            "--project",
+            "q",
+            "--consumer-id",
+            "nope",
+        ][..],
+        &[
+            "serve",
+            "--project",
+            "p",
+            "--consumer-id",
+            "nope",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    ] {
+        let (code, out, err) = outbox(&db, &[args, &["--existing-only"]].concat()).await;
+        assert_eq!(code, 3, "{args:?}: {out}{err}");
+        assert!(err.contains("does not exist and --existing-only"), "{err}");
+    }
     let listed = outbox_json(&db, &["consumers", "list"]).await;
     assert_eq!(
         listed["consumers"].as_array().unwrap().len(),
