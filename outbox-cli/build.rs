@@ -12,6 +12,28 @@ fn git(args: &[&str]) -> Option<String> {
         .filter(|text| !text.is_empty())
 }
 
+/// The files whose change means the commit changed, and nothing more: this checkout's `HEAD`
+/// (a checkout of another branch) and the one ref it points to (a commit on it); while that
+/// ref is packed, `packed-refs` too (the next commit writes the loose file again, and Cargo
+/// reruns a script whose watched file is missing, until then). Never the whole `refs/heads`:
+/// every branch's ref lives there (shared by every worktree of the repository), and a commit
+/// on any of them would rebuild this binary.
+fn watched() -> Vec<String> {
+    let mut files: Vec<String> = git(&["rev-parse", "--git-path", "HEAD"])
+        .into_iter()
+        .collect();
+    let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) else {
+        return files; // a detached HEAD holds the commit itself
+    };
+    if let Some(loose) = git(&["rev-parse", "--git-path", &reference]) {
+        if !std::path::Path::new(&loose).is_file() {
+            files.extend(git(&["rev-parse", "--git-path", "packed-refs"]));
+        }
+        files.push(loose);
+    }
+    files
+}
+
 fn main() {
     let commit = git(&["rev-parse", "--short=12", "HEAD"]);
     let version = env!("CARGO_PKG_VERSION");
@@ -20,16 +42,8 @@ fn main() {
         None => format!("{version} (commit unknown: built outside a git checkout)"),
     };
     println!("cargo:rustc-env=OUTBOX_VERSION_LONG={long}");
-    // Build again when HEAD moves: the file HEAD names, and the ref it points to.
-    for path in ["HEAD", "refs/heads", "packed-refs"] {
-        if let Some(file) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={file}");
-        }
-    }
-    if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        if let Some(file) = git(&["rev-parse", "--git-path", &reference]) {
-            println!("cargo:rerun-if-changed={file}");
-        }
+    for file in watched() {
+        println!("cargo:rerun-if-changed={file}");
     }
     println!("cargo:rerun-if-changed=build.rs");
 }

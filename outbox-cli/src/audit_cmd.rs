@@ -20,7 +20,7 @@ pub struct AuditArgs {
     /// Only these kinds (repeat or separate with commas), with or without the
     /// `lifecycle-observation:` prefix: consumer-poisoned, consumer-replayed,
     /// dead-letter-replay-requested, dead-letter-resolved, consumer-retired,
-    /// consumer-reactivated, reconciled, pruned, history-diverged.
+    /// consumer-reactivated, consumer-deleted, reconciled, pruned, history-diverged.
     #[arg(long, value_delimiter = ',')]
     pub kind: Vec<AuditKind>,
     /// Only rows about this event.
@@ -35,10 +35,10 @@ pub struct AuditArgs {
     #[arg(long)]
     pub follow: bool,
     /// How often --follow looks for new rows.
-    #[arg(long, value_parser = crate::cli::parse_duration, default_value = "1s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::cli::parse_duration, default_value = "1s")]
     pub follow_interval: std::time::Duration,
-    /// At most this many rows, newest first.
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
+    /// At most this many rows, newest first: 1 to 10000.
+    #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
     pub limit: i64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -88,6 +88,12 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
     if let Some(project) = &args.filter.project {
         admin.require_project(&client, project).await?;
     }
+    if let Some(consumer) = &args.filter.consumer_id {
+        let project = args.filter.project.as_ref();
+        admin
+            .require_consumer(&client, project, consumer, true)
+            .await?;
+    }
     let mut filter = AuditFilter {
         project: args.filter.project,
         consumer: args.filter.consumer_id,
@@ -115,7 +121,10 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
         if let Some(last) = rows.last() {
             filter.after_id = Some(last.id);
         }
-        follow_print(args.output, &rows, first)?;
+        if !follow_print(args.output, &rows, first)? {
+            // The reader is gone (`| head -2`): what it wanted was printed.
+            return Ok(());
+        }
         first = false;
         tokio::select! {
             _ = shutdown.requested() => return Ok(()),
@@ -130,8 +139,8 @@ pub async fn run(global: &Global, args: AuditArgs) -> Result<(), Failure> {
 }
 
 /// Prints followed rows: table lines (the header only the first time) or one JSON object
-/// per line.
-fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(), Failure> {
+/// per line; false once stdout's reader is gone.
+fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<bool, Failure> {
     let mut text = String::new();
     match output {
         Output::Json => {
@@ -154,13 +163,7 @@ fn follow_print(output: Output, rows: &[AuditEntry], header: bool) -> Result<(),
             }
         }
     }
-    if text.is_empty() {
-        return Ok(());
-    }
-    let mut out = std::io::stdout().lock();
-    std::io::Write::write_all(&mut out, text.as_bytes())
-        .and_then(|()| std::io::Write::flush(&mut out))
-        .map_err(|e| Failure::runtime(format!("cannot write to stdout ({e})")))
+    crate::output::emit_open(&text)
 }
 
 /// The audit table's columns.
@@ -169,7 +172,8 @@ const AUDIT_COLUMNS: [&str; 9] = [
 ];
 
 /// Column widths under `--follow`, where rows arrive after their header was printed: a row
-/// id, a timestamp, the longest kind, identifiers and text cut to a fixed width.
+/// id, a timestamp, the longest kind, room for common identifiers (a longer one is printed
+/// whole and shifts the rest of its row).
 const FOLLOW_WIDTHS: [usize; 9] = [8, 20, 28, 16, 16, 56, 16, 6, crate::output::MAX_CELL];
 
 /// `rows` in an audit table (fitted to them, or `fixed` for following).

@@ -22,7 +22,8 @@ pub struct Global {
     /// ~/.pgpass.
     #[arg(long, global = true)]
     pub database_url: Option<String>,
-    /// Schema holding the outbox tables (an empty OUTBOX_SCHEMA means the default).
+    /// Schema holding the outbox tables: 1 to 40 characters from a-z, 0-9 and _, starting with
+    /// a letter or _ (an empty OUTBOX_SCHEMA means the default).
     #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox", value_parser = parse_schema)]
     pub schema: Schema,
     /// Log format on stderr.
@@ -94,14 +95,14 @@ pub struct SequenceArgs {
     /// Keep running as a candidate in the sequencer election; while elected, tick back to back
     /// while events arrive and at most this far apart when idle (e.g. 50ms). Without it, drain
     /// once and exit (no election; safe beside a running sequencer).
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration)]
     pub every: Option<std::time::Duration>,
-    /// Length of the sequencer lease with --every; a dead sequencer is replaced within 1.25
-    /// times this.
+    /// Length of the sequencer lease with --every (at least 500ms); a dead sequencer is
+    /// replaced within 1.25 times this.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s", requires = "every")]
     pub lease_ttl: std::time::Duration,
-    /// Most events numbered per transaction.
-    #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    /// Most events numbered per transaction: 1 to 1000000.
+    #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
     /// Output format of a single drain (with --every nothing is printed; logs go to stderr).
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -111,6 +112,76 @@ pub struct SequenceArgs {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_long_duration, requires = "every")]
     pub give_up_after: Option<std::time::Duration>,
 }
+
+/// The long IDs of the options given on the command line or in the environment (not left at
+/// their default), recorded once as the command line is parsed: an error about an option's
+/// value names the option the user typed, and a default the user never set as a default.
+static GIVEN: std::sync::OnceLock<std::collections::BTreeSet<String>> = std::sync::OnceLock::new();
+
+/// Records which options of `command` (and of the subcommand chosen) `matches` got from the
+/// command line or the environment.
+pub fn record_given(command: &clap::Command, matches: &clap::ArgMatches) {
+    fn walk(
+        command: &clap::Command,
+        matches: &clap::ArgMatches,
+        given: &mut std::collections::BTreeSet<String>,
+    ) {
+        use clap::parser::ValueSource;
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            // `try_contains_id` first: `value_source` panics on an ID it does not know.
+            if matches.try_contains_id(id).unwrap_or(false)
+                && matches!(
+                    matches.value_source(id),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            {
+                given.insert(id.to_owned());
+            }
+        }
+        if let Some((name, sub)) = matches.subcommand() {
+            if let Some(sub_command) = command.find_subcommand(name) {
+                walk(sub_command, sub, given);
+            }
+        }
+    }
+    let mut given = std::collections::BTreeSet::new();
+    walk(command, matches, &mut given);
+    let _ = GIVEN.set(given);
+}
+
+/// Whether option `id` (its field name, `heartbeat_interval`) was given rather than left at
+/// its default.
+pub fn given(id: &str) -> bool {
+    GIVEN.get().is_some_and(|given| given.contains(id))
+}
+
+/// `--flag VALUE` for a given option, `--flag VALUE (the default)` for one left alone.
+pub fn flag_value(id: &str, value: &str) -> String {
+    let flag = format!("--{}", id.replace('_', "-"));
+    match given(id) {
+        true => format!("{flag} {value}"),
+        false => format!("{flag} {value} (the default)"),
+    }
+}
+
+/// A duration as a person types it on the command line, and as the flags parse it back:
+/// `500ms`, `2500ms`, `10s`, `1m`, `1h 30m`.
+pub fn human(d: Duration) -> String {
+    if d.subsec_nanos() == 0 || d >= Duration::from_secs(60) {
+        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+    } else if d.subsec_nanos() % 1_000_000 == 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        humantime::format_duration(d).to_string()
+    }
+}
+
+/// The rule of every duration flag, shown after the options of the commands that take them.
+pub const DURATIONS_HELP: &str = "Durations are a number and a unit (250ms, 10s, 5m, 2h, 7d), \
+greater than zero and at most 24h; a retention period (--retention, --max-retention-overrun) \
+is 0s to 36500 days, and --give-up-after at most 36500 days. Anything else, a negative value \
+included, is refused with exit 2 naming the range.";
 
 /// The longest time knob a running process takes (a lease, a retry delay, an interval, a
 /// threshold): past a day a value is a typo (`1y` for `1s`), and every such value must also fit
@@ -285,6 +356,56 @@ pub struct ConsumeArgs {
     pub options: ConsumerOptions,
 }
 
+impl ConsumerOptions {
+    /// The relations between options, each refusal naming the options as typed (a default
+    /// the user never set is named as one), with the range that would be accepted. The
+    /// runtime checks the same relations again (`DeliverySettings::validate`), in its own
+    /// words.
+    pub fn check_relations(&self) -> Result<(), String> {
+        let min_lease = Duration::from_secs(1);
+        if self.lease_ttl < min_lease {
+            return Err(format!(
+                "{} is too short: the lease lasts at least 1s",
+                flag_value("lease_ttl", &human(self.lease_ttl))
+            ));
+        }
+        if self.heartbeat_interval * 2 > self.lease_ttl {
+            return Err(format!(
+                "{} must be at most half of {}: give --heartbeat-interval {} or less, or a \
+                 longer --lease-ttl",
+                flag_value("heartbeat_interval", &human(self.heartbeat_interval)),
+                flag_value("lease_ttl", &human(self.lease_ttl)),
+                human(self.lease_ttl / 2),
+            ));
+        }
+        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+            return Err(format!(
+                "{} is too short: the sequencer lease lasts at least {}",
+                flag_value("sequencer_lease_ttl", &human(self.sequencer_lease_ttl)),
+                human(outbox_core::MIN_SEQUENCER_LEASE_TTL)
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl ConsumeArgs {
+    /// The checks of the targets against each other and against the options: a repeated
+    /// project or consumer ID; `--existing-only` with `--all-projects`, which registers its
+    /// consumers in every project born while it runs.
+    pub fn check(&self) -> Result<(), String> {
+        self.targets.check_distinct()?;
+        if self.targets.all_projects && self.options.existing_only {
+            return Err(
+                "--existing-only cannot be used with --all-projects, which registers its \
+                        consumers in every new project; name the projects with --project"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The child-process handler of `outbox consume` and `outbox serve` (`outbox relay nats` has
 /// none: its handler is the JetStream publisher, so it does not offer these).
 #[derive(Debug, Args)]
@@ -313,8 +434,8 @@ pub struct ConsumerOptions {
     #[arg(long)]
     pub no_listen: bool,
     /// Connections in the pool, shared by every consumer of the process (which holds one
-    /// more, for LISTEN). At least 3.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(3..=100))]
+    /// more, for LISTEN): 3 to 100.
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(3..=100))]
     pub pool_size: u16,
     /// Exit at once (code 4) if another process holds this consumer's lease.
     #[arg(long)]
@@ -322,6 +443,11 @@ pub struct ConsumerOptions {
     /// Start a retired consumer again; it reconciles first.
     #[arg(long)]
     pub reactivate: bool,
+    /// Refuse (exit 3) to register a consumer ID that does not exist yet, instead of creating
+    /// it: for production units, where a new ID is a typo that would hold retention back.
+    /// Not with --all-projects, which registers its consumers in every new project.
+    #[arg(long)]
+    pub existing_only: bool,
     /// Stop with exit 0 once every committed event is numbered and handled (for scripts and
     /// batch jobs); a failed event waiting for its retry is waited for, and so is numbering
     /// (with --no-sequencer, another process must run the sequencer).
@@ -330,13 +456,13 @@ pub struct ConsumerOptions {
     /// Where a consumer without a cursor starts.
     #[arg(long, value_enum, default_value_t = StartFromArg::Reconcile)]
     pub start_from: StartFromArg,
-    /// Events per batch.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    /// Events per batch: 1 to 10000.
+    #[arg(long, default_value_t = 500, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
-    /// Lease length.
+    /// Lease length: at least 1s.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
     pub lease_ttl: Duration,
-    /// Lease renewal interval (at most half the lease).
+    /// Lease renewal interval: at most half of --lease-ttl.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub heartbeat_interval: Duration,
     /// Fallback poll interval when no wake-up arrives.
@@ -346,7 +472,8 @@ pub struct ConsumerOptions {
     /// a tick that numbered something it ticks again at once); one process at a time sequences.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "50ms")]
     pub sequence_interval: Duration,
-    /// Length of the sequencer lease; a dead sequencer is replaced within 1.25 times this.
+    /// Length of the sequencer lease (at least 500ms); a dead sequencer is replaced within 1.25
+    /// times this.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub sequencer_lease_ttl: Duration,
     /// Do not run the sequencer in this process.
@@ -355,8 +482,8 @@ pub struct ConsumerOptions {
     /// Delays after the 1st, 2nd, ... failure; the last repeats.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, value_delimiter = ',', default_value = "1s,5s,30s,5m,15m")]
     pub retry_delays: Vec<Duration>,
-    /// Attempts before an event is parked as a dead letter.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// Attempts before an event is parked as a dead letter: 1 to 1000.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub max_attempts: u32,
     /// Live-set query for reconciliation ($1 = project ID; one text column of task IDs; it
     /// must only read). Checked at start, exit 2 if it does not fit. Default: SELECT id::text
@@ -372,7 +499,7 @@ pub struct ConsumerOptions {
     /// Do not run the retention sweep in this process.
     #[arg(long, conflicts_with = "prune_interval")]
     pub no_prune: bool,
-    /// Retention period of the sweep (see `outbox prune --help`).
+    /// Retention period of the sweep: 0s to 36500 days (see `outbox prune --help`).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464), with /healthz

@@ -25,7 +25,12 @@ pub struct Cli {
 /// command that does what was asked instead.
 pub fn parse_or_exit() -> Cli {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    Cli::try_parse().unwrap_or_else(|error| {
+    use clap::{CommandFactory, FromArgMatches};
+    let parsed = Cli::command().try_get_matches().and_then(|matches| {
+        crate::cli::record_given(&Cli::command(), &matches);
+        Cli::from_arg_matches(&matches)
+    });
+    parsed.unwrap_or_else(|error| {
         if error.kind() == ErrorKind::InvalidSubcommand {
             if let Some(ContextValue::String(word)) = error.get(ContextKind::InvalidSubcommand) {
                 if let Some(tip) = instead_of(word) {
@@ -46,7 +51,8 @@ pub fn parse_or_exit() -> Cli {
 fn instead_of(word: &str) -> Option<&'static str> {
     match word {
         "reactivate" | "unretire" | "activate" | "restore" | "resume" => Some(
-            "a retired consumer is reactivated by starting it again: \
+            "a retired consumer is reactivated with: outbox consumers reactivate --project P \
+             --consumer-id C --by OPERATOR --reason TEXT, or by starting it again with \
              outbox consume --project P --consumer-id C --reactivate (it reconciles first)",
         ),
         "unresolve" | "reopen" | "unpark" => Some(
@@ -64,17 +70,21 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Number committed events (the consumer runtime does this too; use this to run the
     /// sequencer on its own or to drain a backlog).
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Sequence(SequenceArgs),
     /// Run a durable consumer: one JSON line per delivered event on stdout (logs on stderr),
     /// or drive a long-lived child process with --child.
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Consume(Box<ConsumeArgs>),
     /// Remove events older than the retention period that every non-retired consumer has
     /// acknowledged, and settled dead letters, in short batches; prints what went.
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Prune(crate::prune_cmd::PruneArgs),
     /// Per project: head, unsequenced backlog, retention floor, pruning backlog; per consumer:
     /// cursor, lag, lease, retrying event, dead letters; each with health codes.
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Status(crate::status_cmd::StatusArgs),
-    /// List or retire consumers.
+    /// List, retire, reactivate or delete consumers.
     #[command(subcommand)]
     Consumers(crate::consumers_cmd::ConsumersCommand),
     /// List, show, replay or resolve dead letters.
@@ -88,11 +98,13 @@ pub enum Command {
     /// Run durable consumers (one per --project) and serve them over HTTP: an SSE event
     /// stream per project, Prometheus /metrics, /healthz and /readyz, and an operator
     /// dashboard at /.
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Serve(Box<crate::serve::ServeArgs>),
     /// Prove gap safety on this connection path (URL, pooler, TLS, role): concurrent probe
     /// transactions (some rolled back, some committed late) into a dedicated probe project,
     /// received by a probe consumer and checked for dense numbering, commit order, nothing
     /// missing, duplicated or rolled back; then cleaned up. Exit 5 names each failed check.
+    #[command(after_help = crate::cli::DURATIONS_HELP)]
     Verify(crate::verify_cmd::VerifyArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(crate::completions_cmd::CompletionsArgs),
@@ -113,6 +125,8 @@ impl Command {
             Command::Status(_) => "read the outbox status",
             Command::Consumers(C::List(_)) => "list consumers",
             Command::Consumers(C::Retire(_)) => "retire consumers",
+            Command::Consumers(C::Reactivate(_)) => "reactivate consumers",
+            Command::Consumers(C::Delete(_)) => "delete retired consumers",
             Command::DeadLetters(D::List(_) | D::Show(_)) => "read dead letters",
             Command::DeadLetters(D::Replay(_)) => "replay dead letters",
             Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",

@@ -60,10 +60,11 @@ pub fn man(args: ManArgs, command: clap::Command) -> Result<(), Failure> {
     write_pages(&command, dir, &mut written).map_err(|e| {
         Failure::runtime(format!("cannot write man pages to {}: {e}", dir.display()))
     })?;
-    for path in written {
-        println!("{}", path.display());
-    }
-    Ok(())
+    let listing: String = written
+        .iter()
+        .map(|path| format!("{}\n", path.display()))
+        .collect();
+    crate::output::emit(&listing)
 }
 
 /// The page of `command`, then those of its subcommands, depth first.

@@ -14,7 +14,7 @@ use crate::sink::StdoutSink;
 use crate::start::Started;
 
 pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
-    args.targets.check_distinct().map_err(Failure::usage)?;
+    args.check().map_err(Failure::usage)?;
     let Some((project, consumer)) = args.targets.single() else {
         return run_set(global, args).await;
     };
@@ -206,6 +206,7 @@ pub fn build_config(
 
 /// How every consumer running with `args` delivers, checked.
 pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Failure> {
+    args.check_relations().map_err(Failure::usage)?;
     let mut delivery = DeliverySettings {
         batch_size: args.batch_size,
         lease_ttl: args.lease_ttl,
@@ -219,6 +220,7 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
         },
         wait_for_lease: !args.no_wait,
         reactivate: args.reactivate,
+        existing_only: args.existing_only,
         exit_when_caught_up: args.exit_when_caught_up,
         shutdown_grace: args.shutdown_grace,
         ..DeliverySettings::default()

@@ -1,7 +1,9 @@
-//! `outbox consumers list|retire`.
+//! `outbox consumers list|retire|reactivate|delete`.
 
-use clap::{Args, Subcommand};
-use outbox_core::{Admin, ConsumerInfo, ProjectId, Retirement};
+use clap::{Args, Subcommand, ValueEnum};
+use outbox_core::{
+    Admin, ConsumerInfo, ConsumerState, Deletion, ProjectId, Reactivation, Retirement,
+};
 use serde::Serialize;
 
 use crate::args::{ConsumerRef, Operator};
@@ -18,6 +20,33 @@ pub enum ConsumersCommand {
     /// letters become prunable, a process holding its lease stops at its next fenced write,
     /// and it cannot start again without `outbox consume --reactivate`.
     Retire(RetireArgs),
+    /// Make a retired consumer active again (audited): its cursor becomes missing, so it
+    /// reconciles at its next start, and a process that held its lease before the retirement
+    /// stays fenced off. `outbox consume --reactivate` does the same at start.
+    Reactivate(RetireArgs),
+    /// Delete a retired consumer's row with its positions, lease renewals and delivery rows,
+    /// dead letters included (audited `consumer-deleted`; its audit rows stay). Refused for an
+    /// active consumer: retire it first. Retention is unchanged (a retired consumer holds
+    /// nothing back).
+    Delete(RetireArgs),
+}
+
+/// `consumers list --state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    /// Consumers that receive events and hold retention back.
+    Active,
+    /// Retired consumers.
+    Retired,
+}
+
+impl From<StateArg> for ConsumerState {
+    fn from(state: StateArg) -> Self {
+        match state {
+            StateArg::Active => ConsumerState::Active,
+            StateArg::Retired => ConsumerState::Retired,
+        }
+    }
 }
 
 /// `outbox consumers list`.
@@ -26,18 +55,21 @@ pub struct ListArgs {
     /// Only consumers of this project.
     #[arg(long)]
     pub project: Option<ProjectId>,
+    /// Only consumers in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
 
-/// `outbox consumers retire`.
+/// `outbox consumers retire`, `reactivate` and `delete`: one consumer, the operator, why.
 #[derive(Debug, Args)]
 pub struct RetireArgs {
-    /// The consumer to retire.
+    /// The consumer.
     #[command(flatten)]
     pub consumer: ConsumerRef,
-    /// Who retires it and why (the reason stays on the consumer row).
+    /// Who acts and why (a retirement's reason also stays on the consumer row).
     #[command(flatten)]
     pub operator: Operator,
     /// Output format.
@@ -53,7 +85,10 @@ pub async fn run(global: &Global, command: ConsumersCommand) -> Result<(), Failu
             if let Some(project) = &args.project {
                 admin.require_project(&client, project).await?;
             }
-            let consumers = admin.consumers(&mut client, args.project.as_ref()).await?;
+            let mut consumers = admin.consumers(&mut client, args.project.as_ref()).await?;
+            if let Some(state) = args.state {
+                consumers.retain(|c| c.state == ConsumerState::from(state));
+            }
             print(args.output, &ConsumerList(consumers))
         }
         ConsumersCommand::Retire(args) => {
@@ -68,6 +103,46 @@ pub async fn run(global: &Global, command: ConsumersCommand) -> Result<(), Failu
                 .await?;
             print(args.output, &retired)
         }
+        ConsumersCommand::Reactivate(args) => {
+            let (c, o) = (&args.consumer, &args.operator);
+            let done = admin
+                .reactivate(&mut client, &c.project, &c.consumer_id, &o.by, &o.reason)
+                .await?;
+            print(args.output, &done)
+        }
+        ConsumersCommand::Delete(args) => {
+            let (c, o) = (&args.consumer, &args.operator);
+            let done = admin
+                .delete_consumer(&mut client, &c.project, &c.consumer_id, &o.by, &o.reason)
+                .await?;
+            print(args.output, &done)
+        }
+    }
+}
+
+impl Render for Reactivation {
+    fn table(&self) -> String {
+        format!(
+            "reactivated consumer {} of project {} (by {}); it reconciles at its next start\n",
+            self.consumer_id, self.project_id, self.reactivated_by
+        )
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        self
+    }
+}
+
+impl Render for Deletion {
+    fn table(&self) -> String {
+        format!(
+            "deleted retired consumer {} of project {} (by {}) and its {} delivery row(s)\n",
+            self.consumer_id, self.project_id, self.deleted_by, self.delivery_rows
+        )
+    }
+
+    fn json(&self) -> impl Serialize + '_ {
+        self
     }
 }
 

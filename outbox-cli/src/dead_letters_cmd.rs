@@ -38,8 +38,8 @@ pub struct ListArgs {
     /// replayed, resolved.
     #[arg(long, value_delimiter = ',')]
     pub state: Vec<DeliveryState>,
-    /// At most this many rows.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
+    /// At most this many rows: 1 to 10000.
+    #[arg(long, default_value_t = 1000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=MAX_LIMIT))]
     pub limit: i64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -57,7 +57,7 @@ pub struct Letter {
     #[arg(long)]
     pub event_id: Option<EventId>,
     /// The event's sequence, instead of its ID.
-    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..))]
     pub sequence: Option<i64>,
 }
 
@@ -105,7 +105,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub event_id: Option<EventId>,
     /// One dead letter, by its event's sequence.
-    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..))]
     pub sequence: Option<i64>,
     /// Every dead letter of the consumer.
     #[arg(long)]
@@ -140,6 +140,12 @@ pub async fn run(global: &Global, command: DeadLettersCommand) -> Result<(), Fai
         DeadLettersCommand::List(args) => {
             if let Some(project) = &args.filter.project {
                 admin.require_project(&client, project).await?;
+            }
+            if let Some(consumer) = &args.filter.consumer_id {
+                let project = args.filter.project.as_ref();
+                admin
+                    .require_consumer(&client, project, consumer, false)
+                    .await?;
             }
             let filter = DeadLetterFilter {
                 project: args.filter.project,

@@ -18,6 +18,7 @@ mod failure;
 mod lines_out;
 mod migrate_cmd;
 mod output;
+mod progress;
 mod prune_cmd;
 mod relay;
 mod sequence_cmd;

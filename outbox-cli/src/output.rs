@@ -49,7 +49,9 @@ pub const MAX_CELL: usize = 72;
 
 /// An aligned, plain-text table: a header row, then one row per item, columns separated by
 /// two spaces. Cells are escaped so that stored text can never break the layout or send
-/// terminal control sequences, and cut to [`MAX_CELL`] characters.
+/// terminal control sequences, and cut to [`MAX_CELL`] characters (except in a table of fixed
+/// widths, whose rows are printed as they arrive: there a longer cell is kept whole and pushes
+/// the rest of its row to the right, so an identifier can be copied from it).
 #[derive(Debug)]
 pub struct Table {
     /// Column names.
@@ -71,8 +73,9 @@ impl Table {
         }
     }
 
-    /// An empty table whose columns have these widths whatever the rows hold (a header is never
-    /// cut; a longer cell is), so rows rendered later line up with a header rendered earlier.
+    /// An empty table whose columns have these widths whatever the rows hold (a header or a
+    /// cell longer than its column overflows it, whole), so rows rendered later line up with a
+    /// header rendered earlier.
     pub fn fixed(headers: &[&'static str], widths: &[usize]) -> Self {
         debug_assert_eq!(headers.len(), widths.len(), "one width per column");
         let widths = headers
@@ -89,13 +92,15 @@ impl Table {
     /// Appends a row; missing cells are blank, extra cells are a bug.
     pub fn row(&mut self, cells: Vec<String>) {
         debug_assert!(cells.len() <= self.headers.len(), "more cells than columns");
-        let mut cells: Vec<String> = cells.iter().map(|c| cut(&escape(c), MAX_CELL)).collect();
+        let whole = self.fixed.is_some();
+        let mut cells: Vec<String> = cells
+            .iter()
+            .map(|c| match whole {
+                true => escape(c),
+                false => cut(&escape(c), MAX_CELL),
+            })
+            .collect();
         cells.resize(self.headers.len(), String::new());
-        if let Some(widths) = &self.fixed {
-            for (cell, width) in cells.iter_mut().zip(widths) {
-                *cell = cut(cell, *width);
-            }
-        }
         self.rows.push(cells);
     }
 
@@ -119,7 +124,7 @@ impl Table {
                     line.push_str("  ");
                 }
                 line.push_str(cell);
-                let pad = width - cell.chars().count();
+                let pad = width.saturating_sub(cell.chars().count());
                 line.extend(std::iter::repeat_n(' ', pad));
             }
             out.push_str(line.trim_end());
@@ -230,10 +235,16 @@ pub fn duration(d: std::time::Duration) -> String {
 
 /// Writes `text` to stdout. A closed pipe (`outbox status | head`) is not an error.
 pub fn emit(text: &str) -> Result<(), Failure> {
+    emit_open(text).map(drop)
+}
+
+/// Writes `text` to stdout; false when the reader is gone (a closed pipe: `| head -2` has
+/// what it wanted), which is a clean end for a printing command, not a failure.
+pub fn emit_open(text: &str) -> Result<bool, Failure> {
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
         Err(e) => Err(Failure::runtime(format!("cannot write to stdout: {e}"))),
     }
 }
@@ -292,7 +303,11 @@ mod tests {
         assert_eq!(header, "ID    KIND\n");
         let rendered = later.render();
         let rows: Vec<&str> = rendered.lines().skip(1).collect();
-        assert_eq!(rows, vec!["12…8  k", "7     retired"]);
+        assert_eq!(
+            rows,
+            vec!["12345678  k", "7     retired"],
+            "a longer cell is kept whole"
+        );
         assert_eq!(
             header.find("KIND"),
             rows[1].find("retired"),

@@ -1,7 +1,6 @@
 //! `outbox prune`: one retention sweep, batch by batch, with what it removed (or would remove).
 
-use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
@@ -9,6 +8,7 @@ use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
 use crate::cli::{Global, Output, parse_retention};
 use crate::failure::Failure;
 use crate::output::{Render, Table, print};
+use crate::progress::Progress;
 
 /// `outbox prune`.
 #[derive(Debug, Args)]
@@ -16,15 +16,16 @@ pub struct PruneArgs {
     /// Report what would be removed without removing anything.
     #[arg(long)]
     pub dry_run: bool,
-    /// Events (or dead letters) removed per transaction.
-    #[arg(long, default_value_t = outbox_core::DEFAULT_PRUNE_BATCH,
+    /// Events (or dead letters) removed per transaction: 1 to 100000.
+    #[arg(long, default_value_t = outbox_core::DEFAULT_PRUNE_BATCH, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(1..=outbox_core::MAX_PRUNE_BATCH))]
     pub batch_size: i64,
     /// Only this project (default: every project).
     #[arg(long)]
     pub project: Option<ProjectId>,
     /// Retention period: events older than this that every non-retired consumer acknowledged
-    /// go, and dead letters resolved (or replayed) longer ago than this.
+    /// go, and dead letters resolved (or replayed) longer ago than this: 0s (everything
+    /// acknowledged) to 36500 days.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// Output format.
@@ -47,11 +48,11 @@ pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
             .require_project(&client, project)
             .await?;
     }
-    let mut progress = Progress::new();
+    let mut progress = Progress::new(args.output);
     let mut sweep = pruner.sweep();
     let result = loop {
         match sweep.step(&mut client).await {
-            Ok(true) => progress.show(&sweep.progress(), args.dry_run),
+            Ok(true) => show(&mut progress, &sweep.progress(), args.dry_run),
             Ok(false) => break Ok(()),
             Err(e) => break Err(e),
         }
@@ -147,50 +148,23 @@ fn render(report: &PruneReport, project: Option<&ProjectId>) -> String {
     out
 }
 
-/// A one-line progress display on stderr, only when stderr is a terminal.
-struct Progress {
-    /// Whether to draw at all.
-    enabled: bool,
-    /// When the line was last drawn (redrawn at most every 100 ms).
-    last: Option<Instant>,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Self {
-            enabled: std::io::stderr().is_terminal(),
-            last: None,
-        }
-    }
-
-    fn show(&mut self, progress: &SweepProgress, dry_run: bool) {
-        if !self.enabled
-            || self
-                .last
-                .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
-        {
-            return;
-        }
-        self.last = Some(Instant::now());
-        let place = match &progress.current {
+/// The progress line of a sweep: where it is and what it removed so far, with the rate.
+fn show(progress: &mut Progress, sweep: &SweepProgress, dry_run: bool) {
+    progress.draw(|line| {
+        let place = match &sweep.current {
             Some((project, floor, head)) => format!(" {project}: floor {floor} of head {head};"),
             None => String::new(),
         };
-        eprint!(
-            "\r\x1b[2K{}project {}/{}{place} {} event(s), {} dead letter(s)",
+        format!(
+            "{}project {}/{}{place} {} event(s) ({}), {} dead letter(s)",
             if dry_run { "dry run: " } else { "pruning: " },
-            (progress.projects_done + 1).min(progress.projects_total.max(1)),
-            progress.projects_total,
-            progress.events_pruned,
-            progress.dead_letters_pruned,
-        );
-    }
-
-    fn clear(&self) {
-        if self.enabled && self.last.is_some() {
-            eprint!("\r\x1b[2K");
-        }
-    }
+            (sweep.projects_done + 1).min(sweep.projects_total.max(1)),
+            sweep.projects_total,
+            sweep.events_pruned,
+            line.rate(sweep.events_pruned),
+            sweep.dead_letters_pruned,
+        )
+    });
 }
 
 #[cfg(test)]

@@ -37,6 +37,13 @@ impl Render for Drained {
 }
 
 pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
+    if args.every.is_some() && args.lease_ttl < MIN_SEQUENCER_LEASE_TTL {
+        return Err(Failure::usage(format!(
+            "{} is too short: the sequencer lease lasts at least {}",
+            crate::cli::flag_value("lease_ttl", &crate::cli::human(args.lease_ttl)),
+            crate::cli::human(MIN_SEQUENCER_LEASE_TTL)
+        )));
+    }
     let database = global.database()?;
     let sequencer = Sequencer::new(&global.schema).with_batch(args.batch_size);
     let Some(every) = args.every else {
@@ -44,12 +51,6 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         let numbered = sequencer.drain(&mut client).await?;
         return print(args.output, &Drained { numbered });
     };
-    if args.lease_ttl < MIN_SEQUENCER_LEASE_TTL {
-        return Err(Failure::usage(format!(
-            "--lease-ttl {:?} is below the minimum of {MIN_SEQUENCER_LEASE_TTL:?}",
-            args.lease_ttl
-        )));
-    }
     let shutdown = Shutdown::install()?;
     outbox_consumer::availability().set_give_up_after(args.give_up_after);
     let Some(mut client) = connect_waiting(&database, &shutdown.token()).await? else {

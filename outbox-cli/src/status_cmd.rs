@@ -22,8 +22,8 @@ pub struct StatusArgs {
     /// (naming each on stderr), 0 if all are.
     #[arg(long)]
     pub check: bool,
-    /// A consumer more than this many events behind the head is `lagging`.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(0..))]
+    /// A consumer more than this many events behind the head is `lagging` (0 or more).
+    #[arg(long, default_value_t = 10_000, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(0..))]
     pub max_lag: i64,
     /// An event failing (and holding its consumer's cursor) for longer is `stuck_retrying`.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "15m")]
@@ -42,18 +42,19 @@ pub struct StatusArgs {
     /// More events than this that a retention sweep would prune now mean `pruning_backlog`
     /// (no consumer runs the sweep for the project and no `outbox prune` is scheduled).
     /// Prunable events are counted up to this number + 1 only (shown as `N+`), so status
-    /// stays cheap on a large table; a larger value makes it read more.
-    #[arg(long, default_value_t = 100_000,
+    /// stays cheap on a large table; a larger value makes it read more. 0 to 100000000.
+    #[arg(long, default_value_t = 100_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(0..=100_000_000))]
     pub max_prunable: i64,
     /// Retention period the prunable count and `retention_held` are judged by: use the one
-    /// the sweeps run with (`outbox prune --retention`, `outbox consume --retention`).
-    #[arg(long, value_parser = parse_retention, default_value = "30d")]
+    /// the sweeps run with (`outbox prune --retention`, `outbox consume --retention`): 0s to
+    /// 36500 days.
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "30d")]
     pub retention: Duration,
     /// The oldest event a sweep would keep being older than the retention period plus this
     /// means `retention_held` (a lagging consumer, a missing cursor or an unresolved dead
-    /// letter holds the floor back; HELD_BY names it).
-    #[arg(long, value_parser = parse_retention, default_value = "1d")]
+    /// letter holds the floor back; HELD_BY names it): 0s to 36500 days.
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_retention, default_value = "1d")]
     pub max_retention_overrun: Duration,
 }
 

@@ -21,23 +21,23 @@ pub struct VerifyArgs {
     #[arg(long, default_value = outbox_core::PROBE_PROJECT_PREFIX, value_parser = probe_project)]
     pub project: ProjectId,
     /// Probe transactions in all (committed, committed with several events, rolled back,
-    /// committed late, in turn).
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(4..=10_000))]
+    /// committed late, in turn): 4 to 10000.
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(4..=10_000))]
     pub transactions: u32,
-    /// Concurrent probe writers (each a connection of its own).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    /// Concurrent probe writers (each a connection of its own): 1 to 64.
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub writers: u32,
     /// How long a late transaction stays open after its write while the others commit.
-    #[arg(long, value_parser = parse_duration, default_value = "200ms")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "200ms")]
     pub late_commit: Duration,
     /// The probe consumer's fallback poll interval (its only wake-up without LISTEN).
-    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "100ms")]
     pub poll_interval: Duration,
     /// How long to wait for every committed probe event to be numbered and delivered.
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
     pub timeout: Duration,
     /// How long the LISTEN check waits for its notification.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub listen_timeout: Duration,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Table)]

@@ -156,6 +156,17 @@ async fn run_sequencer(
 /// is logged and tried again at the next interval, never fatal. Each batch takes a pooled
 /// connection of its own, so a long sweep never starves the heartbeat.
 async fn run_pruner(pool: Pool, pruners: Vec<Pruner>, interval: Duration, stop: CancellationToken) {
+    // The projects named up front have their series from the start, at 0, rather than after
+    // their first change (a sweep over a project without numbered events reports nothing).
+    let named: Vec<String> = pruners
+        .iter()
+        .filter_map(|p| p.options().project.as_ref().map(|p| p.to_string()))
+        .collect();
+    for project in &named {
+        let labels = [("project", project.clone())];
+        metrics::counter!("outbox_pruned_events_total", &labels).increment(0);
+        metrics::counter!("outbox_pruned_dead_letters_total", &labels).increment(0);
+    }
     loop {
         for pruner in &pruners {
             if stop.is_cancelled() {
@@ -179,6 +190,18 @@ async fn sweep_and_report(
 ) {
     match sweep_once(pool, pruner, stop).await {
         Ok(report) => {
+            // A named project a complete sweep did not find has no numbered event: its floor
+            // is 0, exported as such rather than missing until its first event is pruned.
+            if let Some(project) = &pruner.options().project {
+                let found = report
+                    .projects
+                    .iter()
+                    .any(|p| p.project_id == project.as_str());
+                if report.complete && !found {
+                    let labels = [("project", project.to_string())];
+                    metrics::gauge!("outbox_retention_floor", &labels).set(0.0);
+                }
+            }
             for project in &report.projects {
                 let labels = [("project", project.project_id.clone())];
                 metrics::counter!("outbox_pruned_events_total", &labels)
@@ -190,7 +213,7 @@ async fn sweep_and_report(
         }
         Err(e) if crate::outage::noted(crate::outage::is_outage(&e), &e) => {}
         Err(e) => tracing::warn!(
-            error = %e, retry_in = ?interval,
+            error = %e, retry_in = %outbox_core::Readable(interval),
             "retention sweep failed; will try again at the next interval"
         ),
     }

@@ -76,6 +76,11 @@ pub struct DeliverySettings {
     pub wait_for_lease: bool,
     /// Reactivate a retired consumer (it then reconciles) instead of refusing to start.
     pub reactivate: bool,
+    /// Refuse to register a consumer that does not exist yet
+    /// ([`ConsumerError::UnknownConsumer`](crate::ConsumerError::UnknownConsumer)): for
+    /// production units, where a new consumer ID is a typo that would hold retention back.
+    /// Decided by the claim itself, under the consumer row's lock.
+    pub existing_only: bool,
     /// Stop (returning `Ok`) once every committed event is numbered and handled and no failed
     /// event is waiting for a retry: for scripts and batch jobs.
     pub exit_when_caught_up: bool,
@@ -152,6 +157,7 @@ impl Default for DeliverySettings {
             live_query: LiveQuery::Default,
             wait_for_lease: true,
             reactivate: false,
+            existing_only: false,
             exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
         }

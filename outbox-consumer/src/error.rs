@@ -65,17 +65,17 @@ pub enum ConsumerError {
     /// The reconciliation live-set query failed when it ran.
     #[error("the live query failed during reconciliation: {0}")]
     LiveQueryFailed(String),
-    /// Reactivation was asked for a consumer that does not exist: there is nothing to
-    /// reactivate, and creating it would register a consumer under a mistyped ID.
-    #[error(
-        "consumer {consumer} of project {project} does not exist, so there is nothing to \
-         reactivate; start it without reactivation to register a new consumer"
-    )]
+    /// A consumer that does not exist was asked to reactivate, or to start with
+    /// [`existing_only`](crate::DeliverySettings::existing_only): creating it would register a
+    /// consumer under a mistyped ID, which holds retention back until retired.
+    #[error("{}", unknown_consumer(project, consumer, *existing_only))]
     UnknownConsumer {
         /// Project.
         project: ProjectId,
         /// Consumer.
         consumer: ConsumerId,
+        /// True when refused by `existing_only`, false for a reactivation.
+        existing_only: bool,
     },
     /// The database stayed unavailable longer than the process was told to wait
     /// ([`crate::Availability::set_give_up_after`]).
@@ -163,6 +163,21 @@ fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
         }
         PoolError::Closed => "the connection pool is closed".to_owned(),
         PoolError::NoRuntimeSpecified => "the connection pool has no runtime".to_owned(),
+    }
+}
+
+/// The message of [`ConsumerError::UnknownConsumer`].
+fn unknown_consumer(project: &ProjectId, consumer: &ConsumerId, existing_only: bool) -> String {
+    match existing_only {
+        true => format!(
+            "consumer {consumer} of project {project} does not exist and --existing-only \
+             refuses to register it; check the ID (outbox consumers list --project {project}), \
+             or start it once without --existing-only to register a new consumer"
+        ),
+        false => format!(
+            "consumer {consumer} of project {project} does not exist, so there is nothing to \
+             reactivate; start it without reactivation to register a new consumer"
+        ),
     }
 }
 

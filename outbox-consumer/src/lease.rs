@@ -270,8 +270,18 @@ pub(crate) async fn claim(
         let sent_at = Instant::now();
         let row = {
             let tx = client.transaction().await?;
-            tx.execute_unnamed(&schema.render(sql::LOCK_FOR_CLAIM), &[&project, &consumer])
-                .await?;
+            let exists = tx
+                .execute_unnamed(&schema.render(sql::LOCK_FOR_CLAIM), &[&project, &consumer])
+                .await?
+                > 0;
+            // The row is locked when it exists, so no deletion can slip in before the claim.
+            if !exists && config.delivery.existing_only {
+                return Err(ConsumerError::UnknownConsumer {
+                    project: config.project_id.clone(),
+                    consumer: config.consumer_id.clone(),
+                    existing_only: true,
+                });
+            }
             let row = tx
                 .query_opt_unnamed(
                     &schema.render(sql::CLAIM),

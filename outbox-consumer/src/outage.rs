@@ -94,7 +94,7 @@ impl Availability {
         if let Some((since, _)) = down.take() {
             self.up.store(true, Ordering::Relaxed);
             tracing::info!(
-                unavailable_for = ?since.elapsed(),
+                unavailable_for = %outbox_core::Readable(since.elapsed()),
                 "the database is available again; resuming"
             );
             self.publish();

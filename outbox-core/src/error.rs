@@ -42,6 +42,16 @@ pub enum Error {
         /// Migration name.
         name: String,
     },
+    /// The schema holds another tool's `schema_migrations` table: the names collide.
+    #[error(
+        "schema {schema} already holds a schema_migrations table of another tool (it lacks the \
+         version, name and checksum columns this one records): the names collide; give the \
+         outbox a schema of its own with --schema (or OUTBOX_SCHEMA), such as outbox"
+    )]
+    ForeignMigrationsTable {
+        /// The schema.
+        schema: String,
+    },
     /// The schema was never migrated (or `--schema` names the wrong one).
     #[error("schema `{schema}` is not migrated (run `outbox migrate`, or check `--schema`)")]
     NotMigrated {

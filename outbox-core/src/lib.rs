@@ -62,6 +62,7 @@ mod ids;
 pub mod libpq_env;
 mod migrate;
 mod observed;
+mod readable;
 mod redact;
 pub mod retention;
 mod row_security;
@@ -75,8 +76,8 @@ mod writer;
 
 pub use admin::{
     Admin, AdminError, AuditEntry, AuditFilter, ConsumerInfo, DeadLetter, DeadLetterDetail,
-    DeadLetterFilter, HealthThresholds, Listing, MAX_LIMIT, Reason, ReplayRequest, ReplayTarget,
-    Resolution, Retirement, Status,
+    DeadLetterFilter, Deletion, HealthThresholds, Listing, MAX_LIMIT, Reactivation, Reason,
+    ReplayRequest, ReplayTarget, Resolution, Retirement, Status,
 };
 pub use connect::{
     ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode, TargetSession,
@@ -100,6 +101,7 @@ pub use migrate::{
     migrate_with, schema_version,
 };
 pub use observed::{in_observed_dispatch, observe};
+pub use readable::Readable;
 pub use redact::redact_connection_string;
 pub use retention::{
     DEFAULT_PRUNE_BATCH, DEFAULT_RETENTION, HoldBack, MAX_PRUNE_BATCH, MAX_RETENTION, ProjectPrune,

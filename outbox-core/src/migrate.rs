@@ -106,6 +106,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "tick_function",
         template: include_str!("../../sql/0014_tick_function.sql"),
     },
+    Migration {
+        version: 15,
+        name: "consumer_admin",
+        template: include_str!("../../sql/0015_consumer_admin.sql"),
+    },
 ];
 
 /// What a migration run did.
@@ -133,6 +138,7 @@ pub async fn migrate_with(
         .await?;
     tx.batch_execute(&schema.render(sql::MIGRATIONS_TABLE))
         .await?;
+    refuse_foreign_table(&tx, schema).await?;
     let applied = tx
         .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
         .await?;
@@ -214,6 +220,7 @@ pub async fn schema_version(
         .try_get("present")?;
     let mut version = SchemaVersion::default();
     if exists {
+        refuse_foreign_table(client, schema).await?;
         let rows = client
             .query_unnamed(&schema.render(sql::APPLIED_MIGRATIONS), &[])
             .await?;
@@ -225,6 +232,25 @@ pub async fn schema_version(
         .copied()
         .collect();
     Ok(version)
+}
+
+/// Refuses a `schema_migrations` table that is not this crate's (another tool's, in a shared
+/// schema such as `public`), naming the collision instead of failing on its columns.
+async fn refuse_foreign_table(
+    client: &(impl tokio_postgres::GenericClient + Sync),
+    schema: &Schema,
+) -> Result<(), Error> {
+    let table = format!("{}.schema_migrations", schema.quoted());
+    let ours: bool = client
+        .query_one_unnamed(sql::MIGRATIONS_TABLE_IS_OURS, &[&table])
+        .await?
+        .try_get("ours")?;
+    match ours {
+        true => Ok(()),
+        false => Err(Error::ForeignMigrationsTable {
+            schema: schema.name().to_owned(),
+        }),
+    }
 }
 
 /// Refuses to run against a schema this build does not match: one migrated by a newer build

@@ -18,6 +18,16 @@ pub const APPLIED_MIGRATIONS: &str =
 /// a lock, so a never-migrated schema can be told apart from one that is behind.
 pub const TABLE_EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AS present";
 
+/// Whether the `schema_migrations` table named by `$1` (schema-qualified, quoted as needed) has
+/// the columns this crate records migrations in: another tool's table of that name (Rails',
+/// golang-migrate's, ...) in the same schema does not, and reading it would fail with a bare
+/// "column does not exist".
+pub const MIGRATIONS_TABLE_IS_OURS: &str = "
+SELECT count(*) = 3 AS ours
+FROM pg_catalog.pg_attribute
+WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
+  AND attname IN ('version', 'name', 'checksum')";
+
 /// Records one applied migration.
 pub const RECORD_MIGRATION: &str =
     "INSERT INTO {{schema}}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)";

@@ -131,9 +131,13 @@ text_enum!(
             "lifecycle-observation:dead-letter-resolved" | "dead-letter-resolved",
         /// An operator retired a consumer.
         ConsumerRetired => "lifecycle-observation:consumer-retired" | "consumer-retired",
-        /// A retired consumer was started again with reactivation.
+        /// A retired consumer was made active again: started with reactivation, or by
+        /// `outbox consumers reactivate` (actor: the operator).
         ConsumerReactivated =>
             "lifecycle-observation:consumer-reactivated" | "consumer-reactivated",
+        /// An operator deleted a retired consumer's rows (count: its delivery rows deleted
+        /// with it).
+        ConsumerDeleted => "lifecycle-observation:consumer-deleted" | "consumer-deleted",
         /// A consumer ran full reconciliation.
         Reconciled => "lifecycle-observation:reconciled" | "reconciled",
         /// The retention sweep pruned events or resolved dead letters.
@@ -255,7 +259,7 @@ mod tests {
             Ok(AuditKind::Pruned)
         );
         assert!("retired".parse::<AuditKind>().is_err());
-        assert_eq!(AuditKind::ALL.len(), 9);
+        assert_eq!(AuditKind::ALL.len(), 10);
         assert_eq!(AuditKind::ConsumerRetired.short_name(), "consumer-retired");
         for state in DeliveryState::ALL {
             assert_eq!(state.as_str().parse::<DeliveryState>(), Ok(*state));
@@ -273,6 +277,7 @@ mod tests {
         let sources = [
             include_str!("admin/status/mod.rs"),
             include_str!("admin/consumers.rs"),
+            include_str!("admin/consumer_admin.rs"),
             include_str!("admin/dead_letters/mod.rs"),
             include_str!("admin/dead_letters/repair.rs"),
             include_str!("admin/audit.rs"),

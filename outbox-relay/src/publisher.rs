@@ -277,7 +277,7 @@ impl Publisher {
                 let delay = outbox_consumer::backoff(state.connect_failures - 1, rand::random());
                 tracing::warn!(
                     error = %e,
-                    retry_in = %humantime::format_duration(delay),
+                    retry_in = %outbox_core::Readable(delay),
                     "NATS unavailable"
                 );
                 state.retry_connect_at = Some(Instant::now() + delay);

@@ -86,7 +86,7 @@ impl Relay {
         } else {
             tracing::debug!(
                 error,
-                retry_in = %humantime::format_duration(delay),
+                retry_in = %outbox_core::Readable(delay),
                 "NATS still does not answer"
             );
         }
@@ -108,6 +108,9 @@ impl Relay {
     ) -> Result<RunSummary, ConsumerError> {
         self.publisher
             .set_ledger(Ledger::new(connections.pool.clone(), &config.duties.schema));
+        // Exported at 0 from the start (the recorder exists by now), so a rate or an alert
+        // over it has a series before the first out-of-order store.
+        metrics::counter!("outbox_relay_out_of_order_total").increment(0);
         connections
             .consumer(config, self.publisher)
             .run(shutdown)

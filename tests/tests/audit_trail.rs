@@ -273,3 +273,275 @@ async fn audit_since_and_follow() {
     assert_eq!(code, 2);
     assert!(err.contains("invalid --since"), "{err}");
 }
+
+/// A login role of this test's own that is a member of `outbox_operator`; returns its URL.
+async fn operator_url(db: &TestDb) -> String {
+    let role = format!("{}_operator", db.name);
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE \"outbox_operator\""
+        ))
+        .await
+        .unwrap();
+    db.url.replacen("postgres@", &format!("{role}@"), 1)
+}
+
+/// `consumers <action> --project p --consumer-id ID --by BY --reason REASON` as `url`.
+async fn consumer_action(url: &str, action: &str, id: &str, by: &str) -> (i32, String, String) {
+    outbox_tests::process_kit::run_outbox(&[
+        "--database-url",
+        url,
+        "consumers",
+        action,
+        "--project",
+        "p",
+        "--consumer-id",
+        id,
+        "--by",
+        by,
+        "--reason",
+        "housekeeping",
+    ])
+    .await
+}
+
+/// `outbox consumers reactivate` and `delete` are operator commands, run here under the
+/// least-privilege operator role: both refuse an active consumer, both are audited with the
+/// operator and the reason, a reactivated consumer has a missing cursor (it reconciles) and a
+/// bumped generation, and a deletion takes the consumer's delivery rows with it but leaves its
+/// audit rows. `consumers list --state` filters.
+#[tokio::test]
+async fn operators_reactivate_and_delete_retired_consumers_audited() {
+    let db = fresh_db().await;
+    with_dead_letter(&db).await;
+    seed_consumer(&db, "p", "d", SeedCursor::Head, false).await;
+    let url = operator_url(&db).await;
+
+    // An active consumer is neither deleted nor reactivated.
+    let (code, out, err) = consumer_action(&url, "delete", "c", "carol").await;
+    assert_eq!(code, 4, "{out}{err}");
+    assert!(err.contains("retire it first"), "{err}");
+    let (code, _, err) = consumer_action(&url, "reactivate", "c", "bob").await;
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("not retired"), "{err}");
+    let (code, _, err) = consumer_action(&url, "retire", "c", "alice").await;
+    assert_eq!(code, 0, "{err}");
+
+    let ids = |listed: &Value| -> Vec<String> {
+        listed["consumers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["consumer_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let retired = outbox_json(&db, &["consumers", "list", "--state", "retired"]).await;
+    assert_eq!(ids(&retired), ["c"]);
+    let active = outbox_json(&db, &["consumers", "list", "--state", "active"]).await;
+    assert_eq!(ids(&active), ["d"]);
+    let generation = retired["consumers"][0]["lease_generation"]
+        .as_i64()
+        .unwrap();
+
+    let (code, out, err) = consumer_action(&url, "reactivate", "c", "bob").await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("reactivated consumer c of project p (by bob)"),
+        "{out}"
+    );
+    let listed = outbox_json(&db, &["consumers", "list", "--state", "active"]).await;
+    assert_eq!(ids(&listed), ["c", "d"]);
+    let c = &listed["consumers"][0];
+    assert_eq!(c["cursor"], Value::Null, "it reconciles at its next start");
+    assert_eq!(
+        c["lease_generation"],
+        generation + 1,
+        "a stale holder stays fenced"
+    );
+    let trail = outbox_json(&db, &["audit", "--kind", "consumer-reactivated"]).await;
+    assert_eq!(trail["audit"][0]["actor"], "bob");
+    assert_eq!(trail["audit"][0]["reason"], "housekeeping");
+
+    let (code, _, err) = consumer_action(&url, "retire", "c", "alice").await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = consumer_action(&url, "delete", "c", "carol").await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("and its 1 delivery row(s)"), "{out}");
+    let listed = outbox_json(&db, &["consumers", "list"]).await;
+    assert_eq!(ids(&listed), ["d"]);
+    let left: i64 = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT (SELECT count(*) FROM outbox.lifecycle_deliveries WHERE consumer_id = 'c') \
+                  + (SELECT count(*) FROM outbox.lifecycle_consumer_positions \
+                     WHERE consumer_id = 'c') \
+                  + (SELECT count(*) FROM outbox.lifecycle_lease_renewals \
+                     WHERE consumer_id = 'c')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "nothing of the consumer is left");
+    let trail = outbox_json(&db, &["audit", "--kind", "consumer-deleted"]).await;
+    assert_eq!(trail["audit"][0]["actor"], "carol");
+    assert_eq!(trail["audit"][0]["count"], 1);
+    assert_eq!(trail["audit"][0]["reason"], "housekeeping");
+    let retirements = outbox_json(&db, &["audit", "--kind", "consumer-retired"]).await;
+    assert_eq!(retirements["audit"].as_array().unwrap().len(), 2, "kept");
+
+    // Gone: deleting again is not found.
+    let (code, _, err) = consumer_action(&url, "delete", "c", "carol").await;
+    assert_eq!(code, 3, "{err}");
+}
+
+/// `--existing-only` refuses (exit 3) to register a consumer ID that does not exist, and
+/// registers nothing; an existing one starts as usual. Not with `--all-projects`.
+#[tokio::test]
+async fn existing_only_refuses_to_register_a_new_consumer() {
+    let db = fresh_db().await;
+    with_dead_letter(&db).await;
+    let consume = |id: &'static str| {
+        [
+            "consume",
+            "--project",
+            "p",
+            "--consumer-id",
+            id,
+            "--existing-only",
+            "--exit-when-caught-up",
+            "--start-from",
+            "earliest",
+        ]
+    };
+    let (code, out, err) = outbox(&db, &consume("dashbaord")).await;
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(
+        err.contains("consumer dashbaord of project p does not exist and --existing-only"),
+        "{err}"
+    );
+    // The same for a consumer set and for `serve`, whose pairs claim the same way.
+    for args in [
+        &[
+            "consume",
+            "--project",
+            "p",
+            "--project",
+            "q",
+            "--consumer-id",
+            "nope",
+        ][..],
+        &[
+            "serve",
+            "--project",
+            "p",
+            "--consumer-id",
+            "nope",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    ] {
+        let (code, out, err) = outbox(&db, &[args, &["--existing-only"]].concat()).await;
+        assert_eq!(code, 3, "{args:?}: {out}{err}");
+        assert!(err.contains("does not exist and --existing-only"), "{err}");
+    }
+    let listed = outbox_json(&db, &["consumers", "list"]).await;
+    assert_eq!(
+        listed["consumers"].as_array().unwrap().len(),
+        1,
+        "nothing registered"
+    );
+    let (code, _, err) = outbox(&db, &consume("c")).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = outbox(
+        &db,
+        &[
+            "consume",
+            "--all-projects",
+            "--consumer-id",
+            "c",
+            "--existing-only",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--existing-only cannot be used with --all-projects"),
+        "{err}"
+    );
+}
+
+/// `audit --follow` prints identifiers whole (a longer one shifts the rest of its row, an
+/// operator copies it from there), and ends with exit 0, not 1, when its reader has what it
+/// wanted (`| head -2`), as `status | head -1` does.
+#[tokio::test]
+async fn followed_rows_keep_identifiers_whole_and_a_closed_pipe_ends_the_follow_cleanly() {
+    let db = fresh_db().await;
+    let long = "search-indexer-blue-green-deployment-2026-12";
+    seed_consumer(&db, "p", long, SeedCursor::Head, false).await;
+    seed_consumer(&db, "p", "other", SeedCursor::Head, false).await;
+    let retire = |id: &'static str| {
+        [
+            "consumers",
+            "retire",
+            "--project",
+            "p",
+            "--consumer-id",
+            id,
+            "--by",
+            "alice",
+            "--reason",
+            "gone",
+        ]
+    };
+    let (code, _, err) = outbox(&db, &retire(long)).await;
+    assert_eq!(code, 0, "{err}");
+    let mut pipeline = Command::new("bash")
+        .arg("-c")
+        .arg(
+            "\"$0\" --database-url \"$1\" audit --follow --follow-interval 100ms | head -2; \
+             echo \"outbox exited ${PIPESTATUS[0]}\"",
+        )
+        .arg(outbox_binary())
+        .arg(db.url.as_str())
+        .env("OUTBOX_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(pipeline.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+        )
+        .await
+        .expect("a followed line")
+        .unwrap();
+        lines.push(line);
+    }
+    assert!(lines[0].starts_with("ID"), "{lines:?}");
+    assert!(lines[1].contains(long), "the whole ID: {lines:?}");
+    // `head` is gone; the next row finds the pipe closed.
+    let (code, _, err) = outbox(&db, &retire("other")).await;
+    assert_eq!(code, 0, "{err}");
+    let output = tokio::time::timeout(Duration::from_secs(30), pipeline.wait_with_output())
+        .await
+        .expect("the follow ends at its next row")
+        .unwrap();
+    let mut rest = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut rest)
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.trim(),
+        "outbox exited 0",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

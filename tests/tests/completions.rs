@@ -138,3 +138,45 @@ async fn man_refuses_a_file_as_its_directory() {
     assert!(stderr.contains("is not a directory"), "{stderr}");
     std::fs::remove_file(&file).unwrap();
 }
+
+/// The build script that stamps the commit into `outbox --version` reruns only when this
+/// checkout's commit changes: it watches `HEAD` and the one ref `HEAD` points to, never a
+/// directory of refs (every branch's commit, in every worktree, rebuilt the binary).
+#[tokio::test]
+async fn the_version_stamp_is_rebuilt_only_when_the_commit_changes() {
+    let binary = outbox_binary();
+    let build = binary.parent().unwrap().join("build");
+    let newest = std::fs::read_dir(&build)
+        .unwrap()
+        .filter_map(|entry| {
+            let path = entry.unwrap().path();
+            let name = path.file_name()?.to_str()?.to_owned();
+            let output = path.join("output");
+            (name.starts_with("outbox-cli-") && output.is_file()).then_some(output)
+        })
+        .max_by_key(|output| std::fs::metadata(output).unwrap().modified().unwrap())
+        .expect("the outbox-cli build script ran");
+    let text = std::fs::read_to_string(&newest).unwrap();
+    let watched: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("cargo:rerun-if-changed="))
+        .collect();
+    assert!(watched.contains(&"build.rs"), "{text}");
+    let git = |args: &[&str]| {
+        let out = Command::new("git").args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let head = git(&["rev-parse", "--git-path", "HEAD"]);
+    let head = std::fs::canonicalize(&head).unwrap_or_else(|_| head.into());
+    assert!(
+        watched.iter().any(|w| std::path::Path::new(w) == head),
+        "HEAD {} is watched: {watched:?}",
+        head.display()
+    );
+    for file in watched {
+        assert!(
+            !std::path::Path::new(file).is_dir(),
+            "{file} is a directory: a change to any ref in it would rebuild"
+        );
+    }
+}

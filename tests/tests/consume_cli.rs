@@ -134,7 +134,7 @@ async fn usage_errors_exit_2_with_a_clear_message() {
                 "--heartbeat-interval",
                 "9s",
             ],
-            "half the lease TTL",
+            "--heartbeat-interval 9s must be at most half of --lease-ttl 10s",
         ),
         (
             vec![

@@ -312,3 +312,135 @@ async fn a_mistyped_consumer_shows_as_never_acknowledged() {
         "{err}"
     );
 }
+
+/// The limits of the options are in `--help`, not only in the errors that enforce them; a
+/// refusal of options that do not fit together names them as typed (a default the user never
+/// set as a default); a negative number gets the range, not "unexpected argument".
+#[tokio::test]
+async fn limits_are_in_help_and_refusals_name_the_flags_as_typed() {
+    let help = |args: &'static [&'static str]| async move {
+        let (code, out, err) = run_with_env(args, &[]).await;
+        assert_eq!(code, 0, "{args:?}: {err}");
+        out.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let consume = help(&["consume", "--help"]).await;
+    for limit in [
+        "Events per batch: 1 to 10000",
+        "more, for LISTEN): 3 to 100",
+        "Lease length: at least 1s",
+        "at most half of --lease-ttl",
+        "(at least 500ms)",
+        "dead letter: 1 to 1000",
+        "0s to 36500 days",
+        "greater than zero and at most 24h",
+    ] {
+        assert!(consume.contains(limit), "consume --help lacks {limit:?}");
+    }
+    assert!(
+        help(&["--help"])
+            .await
+            .contains("1 to 40 characters from a-z, 0-9 and _")
+    );
+    assert!(
+        help(&["audit", "--help"])
+            .await
+            .contains("newest first: 1 to 10000")
+    );
+    assert!(
+        help(&["dead-letters", "list", "--help"])
+            .await
+            .contains("rows: 1 to 10000")
+    );
+    assert!(
+        help(&["prune", "--help"])
+            .await
+            .contains("per transaction: 1 to 100000")
+    );
+    assert!(
+        help(&["sequence", "--help"])
+            .await
+            .contains("transaction: 1 to 1000000")
+    );
+    let verify = help(&["verify", "--help"]).await;
+    assert!(verify.contains("in turn): 4 to 10000"), "{verify}");
+    assert!(verify.contains("of its own): 1 to 64"), "{verify}");
+    assert!(
+        help(&["consumers", "retire", "--help"])
+            .await
+            .contains("at most 200 characters")
+    );
+
+    let refused = |args: &'static [&'static str]| async move {
+        let (code, out, err) = run_with_env(args, &[]).await;
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        err
+    };
+    let consume = ["consume", "--project", "p", "--consumer-id", "c"];
+    let with = |more: &'static [&'static str]| -> &'static [&'static str] {
+        Box::leak([&consume[..], more].concat().into_boxed_slice())
+    };
+    let err = refused(with(&["--lease-ttl", "5s"])).await;
+    assert!(
+        err.contains(
+            "--heartbeat-interval 10s (the default) must be at most half of --lease-ttl 5s: give \
+             --heartbeat-interval 2500ms or less"
+        ),
+        "{err}"
+    );
+    let err = refused(with(&["--heartbeat-interval", "40s"])).await;
+    assert!(
+        err.contains(
+            "--heartbeat-interval 40s must be at most half of --lease-ttl 1m (the default)"
+        ),
+        "{err}"
+    );
+    let err = refused(with(&[
+        "--lease-ttl",
+        "500ms",
+        "--heartbeat-interval",
+        "100ms",
+    ]))
+    .await;
+    assert!(
+        err.contains("--lease-ttl 500ms is too short: the lease lasts at least 1s"),
+        "{err}"
+    );
+    let err = refused(with(&["--sequencer-lease-ttl", "100ms"])).await;
+    assert!(
+        err.contains("--sequencer-lease-ttl 100ms is too short"),
+        "{err}"
+    );
+    let err = refused(&["sequence", "--every", "1s", "--lease-ttl", "100ms"]).await;
+    assert!(err.contains("--lease-ttl 100ms is too short"), "{err}");
+    for (args, range) in [
+        (
+            with(&["--lease-ttl", "-5s"]),
+            "must be greater than zero and at most 24h",
+        ),
+        (with(&["--batch-size", "-1"]), "-1 is not in 1..=10000"),
+        (with(&["--pool-size", "-1"]), "-1 is not in 3..=100"),
+        (with(&["--max-attempts", "-3"]), "-3 is not in 1..=1000"),
+        (&["audit", "--limit", "-1"][..], "-1 is not in 1..=10000"),
+        (
+            &["dead-letters", "list", "--limit", "-1"][..],
+            "-1 is not in 1..=10000",
+        ),
+        (
+            &["prune", "--batch-size", "-1"][..],
+            "-1 is not in 1..=100000",
+        ),
+        (&["status", "--max-lag", "-1"][..], "-1 is not in 0.."),
+        (
+            &["status", "--retention", "-1s"][..],
+            "must be between 0s and 36500 days",
+        ),
+        (
+            &["audit", "--follow-interval", "-1s"][..],
+            "must be greater than zero",
+        ),
+    ] {
+        let err = refused(args).await;
+        assert!(err.contains(range), "{args:?}: {err}");
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+}

@@ -220,3 +220,51 @@ async fn the_consumer_id_check_keeps_the_identifier_rule() {
         );
     }
 }
+
+/// Another tool's `schema_migrations` in the schema asked for (`--schema public` beside a
+/// Rails or golang-migrate table): migrate, its dry run and every other command say that the
+/// names collide instead of failing on a missing column (42703), and change nothing.
+#[tokio::test]
+async fn another_tools_migrations_table_is_named_as_a_collision() {
+    let db = empty_db().await;
+    let client = db.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE public.schema_migrations (version bigint PRIMARY KEY, dirty boolean);
+             INSERT INTO public.schema_migrations VALUES (20240101, false);",
+        )
+        .await
+        .unwrap();
+    let mut client = db.connect().await;
+    let err = migrate(&mut client, &Schema::new("public").unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ForeignMigrationsTable { .. }),
+        "{err:?}"
+    );
+    let collision = "schema public already holds a schema_migrations table of another tool";
+    for args in [&["migrate"][..], &["migrate", "--dry-run"], &["status"]] {
+        let (code, out, err) = outbox_tests::process_kit::run_outbox(
+            &[
+                &["--database-url", db.url.as_str(), "--schema", "public"][..],
+                args,
+            ]
+            .concat(),
+        )
+        .await;
+        assert_ne!(code, 0, "{args:?}: {out}");
+        assert!(err.contains(collision), "{args:?}: {err}");
+        assert!(err.contains("the names collide"), "{args:?}: {err}");
+        assert!(!err.contains("42703"), "{args:?}: {err}");
+    }
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'lifecycle%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "nothing was created");
+}

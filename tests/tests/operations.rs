@@ -1214,6 +1214,30 @@ async fn missing_targets_exit_3_naming_them() {
             vec!["status", "--project", "x"],
             "project x not found".into(),
         ),
+        // A filter by an unknown consumer is refused, not answered with an empty listing.
+        (
+            vec!["dead-letters", "list", "--consumer-id", "zz"],
+            "consumer zz (in any project) not found".into(),
+        ),
+        (
+            vec![
+                "dead-letters",
+                "list",
+                "--project",
+                "p",
+                "--consumer-id",
+                "zz",
+            ],
+            "consumer zz of project p not found".into(),
+        ),
+        (
+            vec!["audit", "--consumer-id", "zz"],
+            "consumer zz (in any project) not found".into(),
+        ),
+        (
+            vec!["audit", "--project", "p", "--consumer-id", "zz", "--follow"],
+            "consumer zz of project p not found".into(),
+        ),
     ];
     for (args, message) in cases {
         let err = outbox_fails(&db, 3, &args).await;

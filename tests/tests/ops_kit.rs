@@ -238,6 +238,8 @@ async fn live_scrapes(db: &TestDb) -> Vec<(&'static str, String)> {
     let consume_scrape = scrape_showing(
         consume_addr.parse().unwrap(),
         &[
+            "outbox_database_up",
+            "outbox_history_divergences_total",
             "outbox_delivery_failures_total",
             "outbox_dead_letters_parked_total",
             "outbox_retention_floor",
@@ -281,7 +283,11 @@ async fn live_scrapes(db: &TestDb) -> Vec<(&'static str, String)> {
     let mut relay: OutboxProcess = nats_kit::spawn_relay(&db.url, &relay_args);
     let relay_scrape = scrape_showing(
         relay_addr.parse().unwrap(),
-        &["outbox_events_delivered_total", "outbox_lease_held"],
+        &[
+            "outbox_events_delivered_total",
+            "outbox_lease_held",
+            "outbox_relay_out_of_order_total",
+        ],
     )
     .await;
 
@@ -343,6 +349,11 @@ async fn live_metrics_pass_promtool_and_carry_every_name_the_rules_use() {
         );
         exported.extend(scraped_names(scrape));
     }
+    let (_, relay) = &scrapes[2];
+    assert!(
+        relay.contains("outbox_relay_out_of_order_total 0"),
+        "the relay's counter is exported at 0 from its start:\n{relay}"
+    );
     for file in USERS_OF_METRICS {
         let used = metric_names_in(&queries_of(file));
         assert!(!used.is_empty(), "{file} uses no metric");
@@ -351,6 +362,55 @@ async fn live_metrics_pass_promtool_and_carry_every_name_the_rules_use() {
             missing.is_empty(),
             "{file} uses metrics no binary exported: {missing:?}; exported: {exported:?}"
         );
+    }
+}
+
+/// Every series whose labels a process knows when it starts is exported at 0 from then on,
+/// not only after its first change: a consumer of a project without events has its delivery,
+/// parking and divergence counters, and (running the sweep for it) the project's pruning
+/// counters and retention floor; the relay its out-of-order counter (checked in the live
+/// scrapes above).
+#[tokio::test]
+async fn series_with_known_labels_start_at_zero() {
+    let db = fresh_db().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut args = FAST.to_vec();
+    args.extend_from_slice(&[
+        "--project",
+        "p1",
+        "--consumer-id",
+        "c",
+        "--metrics-addr",
+        &addr,
+    ]);
+    let mut consume = ConsumeProcess::spawn(&db.url, &args);
+    let wanted = [
+        "outbox_events_delivered_total",
+        "outbox_dead_letters_parked_total",
+        "outbox_history_divergences_total",
+        "outbox_pruned_events_total",
+        "outbox_pruned_dead_letters_total",
+        "outbox_retention_floor",
+        "outbox_database_up",
+    ];
+    let scrape = scrape_showing(addr.parse().unwrap(), &wanted).await;
+    consume.signal("TERM");
+    assert_eq!(consume.wait().await, 0, "{}", consume.stderr());
+    for name in wanted {
+        let line = scrape
+            .lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .unwrap_or_else(|| panic!("no {name}:\n{scrape}"));
+        let value = line.rsplit(' ').next().unwrap();
+        let expected = if name == "outbox_database_up" {
+            "1"
+        } else {
+            "0"
+        };
+        assert_eq!(value, expected, "{line}");
+        if name != "outbox_database_up" {
+            assert!(line.contains(r#"project="p1""#), "{line}");
+        }
     }
 }
 
@@ -388,6 +448,8 @@ fn the_dashboard_has_a_panel_for_each_view_on_the_data_source_variable() {
         "Unsequenced backlog",
         "SSE clients",
         "Relay throughput",
+        "Database reachable",
+        "History divergences",
     ] {
         assert!(titles.contains(&wanted), "no panel {wanted:?}: {titles:?}");
     }
@@ -463,4 +525,46 @@ fn metric_names_are_found_in_expressions() {
             "outbox_lease_held"
         ]
     );
+}
+
+/// Log lines show durations as people read them (`outbox_core::Readable`: `91.2ms`, `1.5s`),
+/// never `Debug`'s `91.245485ms` or humantime's `91ms 245us 485ns`: no log field of the
+/// libraries formats a duration either way.
+#[test]
+fn log_fields_show_durations_readably() {
+    let mut offending = Vec::new();
+    for krate in [
+        "outbox-core",
+        "outbox-consumer",
+        "outbox-service",
+        "outbox-serve",
+        "outbox-relay",
+    ] {
+        let mut stack = vec![root().join(krate).join("src")];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (n, line) in text.lines().enumerate() {
+                    let field = line.split_once(" = ").map(|(_, value)| value.trim_start());
+                    let debug_duration = field.is_some_and(|value| {
+                        value.starts_with('?')
+                            && ["delay", "interval", "elapsed", "timeout", "wait", "ttl"]
+                                .iter()
+                                .any(|word| value.contains(word))
+                    });
+                    let spelled_out =
+                        field.is_some_and(|value| value.starts_with("%humantime::format_duration"));
+                    if debug_duration || spelled_out {
+                        offending.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(offending.is_empty(), "{offending:#?}");
 }

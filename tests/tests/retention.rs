@@ -1044,6 +1044,33 @@ async fn a_reactivated_consumer_whose_events_were_pruned_reconciles_then_continu
     assert_eq!(cursor(&db, "p", "c").await, Some(7));
 }
 
+/// A new consumer asked to start from the earliest event after history was pruned reconciles
+/// instead, and says why: `below_retention_floor`, not `missing_cursor` (which a new consumer
+/// starting from the earliest event would have replayed).
+#[tokio::test]
+async fn a_new_consumer_from_the_earliest_event_after_pruning_reconciles_below_the_floor() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 4).await;
+    age(&db, "p", 1, 4, 31).await;
+    assert_eq!(prune(&db, PruneOptions::default()).await.events_pruned, 4);
+    write_sequenced(&db, "p", 1).await;
+
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "new");
+    config.duties.prune_interval = None;
+    config.delivery.start_from = outbox_consumer::StartFrom::Earliest;
+    let (shutdown, run) = start(&db, config, &recorder);
+    eventually(WAIT, "a reconciliation", || async {
+        !recorder.reconciliations().is_empty()
+    })
+    .await;
+    let live = recorder.reconciliations()[0].clone();
+    assert_eq!(live.reason, ReconcileReason::BelowRetentionFloor);
+    assert_eq!(live.head_sequence, 5);
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 /// The cursor itself below the floor (a consumer row restored or re-enabled by hand after its
 /// events were pruned): the runtime reconciles for that reason, then follows new events.
 #[tokio::test]
@@ -1201,6 +1228,64 @@ async fn a_failing_sweep_is_not_fatal_to_the_consumer() {
 // ------------------------------------------------------------------------------------------
 // `outbox prune`
 // ------------------------------------------------------------------------------------------
+
+/// `outbox prune` on a terminal draws a progress line on stderr (spinner, elapsed time, what
+/// went so far and the rate), erased at the end; with `--output json` it draws none, on a
+/// terminal too. (Without a terminal, none either: `outbox_prune_prints_what_it_removed`.)
+#[tokio::test]
+async fn prune_shows_progress_on_a_terminal_unless_the_output_is_json() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 6).await;
+    age(&db, "p", 1, 6, 31).await;
+    let on_a_terminal = |extra: &'static str| {
+        let command = format!(
+            "'{}' --database-url '{}' prune --retention 0s --dry-run {extra}",
+            outbox_tests::process_kit::outbox_binary().display(),
+            db.url
+        );
+        async move {
+            // `script` runs the command on a pseudo-terminal: stdout and stderr are a TTY.
+            let output = tokio::process::Command::new("script")
+                .args(["-qec", &command, "/dev/null"])
+                .env("OUTBOX_LOG", "warn")
+                .env_remove("DATABASE_URL")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .expect("run script (util-linux)");
+            assert!(output.status.success(), "{output:?}");
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        }
+    };
+    let table = on_a_terminal("").await;
+    assert!(table.contains("dry run: project 1/1"), "{table:?}");
+    assert!(table.contains("\r\x1b[2K"), "the line is erased: {table:?}");
+    assert!(table.contains("would prune 6 event(s)"), "{table:?}");
+    let json = on_a_terminal("--output json").await;
+    assert!(!json.contains("dry run: project"), "{json:?}");
+    assert!(!json.contains('\x1b'), "{json:?}");
+    assert!(json.contains("\"events_pruned\":6"), "{json:?}");
+}
+
+/// A dry run's log says what it would prune, never that it pruned.
+#[tokio::test]
+async fn a_dry_run_logs_would_prune() {
+    let db = fresh_db().await;
+    write_sequenced(&db, "p", 3).await;
+    age(&db, "p", 1, 3, 31).await;
+    let output = tokio::process::Command::new(outbox_tests::process_kit::outbox_binary())
+        .args(["--database-url", db.url.as_str(), "prune", "--dry-run"])
+        .env("OUTBOX_LOG", "info")
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{err}");
+    assert!(err.contains("would prune project=p events=3"), "{err}");
+    assert!(!err.contains(" pruned"), "{err}");
+    assert_eq!(floor(&db, "p").await, 0);
+}
 
 #[tokio::test]
 async fn outbox_prune_prints_what_it_removed() {

@@ -299,7 +299,7 @@ pub async fn run_worker_via(
         batch_size,
         async_commit,
     } = variant;
-    let load_at_start = crate::report::load_one();
+    let load_at_start = procfs::load_one();
     let wal_before = wal_syncs(url).await.ok();
     let exe = std::env::current_exe()?;
     let mut command = tokio::process::Command::new(exe);

@@ -129,7 +129,7 @@ impl Reconciler for NoReconcile {
 
 /// Runs one scenario against `url` with a fresh project and consumer.
 pub async fn run(url: &str, scenario: Scenario) -> BoxResult<Outcome> {
-    let load_at_start = crate::report::load_one();
+    let load_at_start = crate::procfs::load_one();
     let mode = if scenario.listen { "listen" } else { "poll" };
     let project = format!("lat-{mode}-{}", scenario.rate);
     let consumer_id = format!("latency-{mode}-{}", scenario.rate);

@@ -1,4 +1,13 @@
-//! Reading another process's memory and CPU use from `/proc` (Linux only).
+//! Reading another process's memory and CPU use, and the machine's load, from `/proc` (Linux
+//! only).
+
+/// The 1-minute load average (NaN when unreadable).
+pub fn load_one() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|l| l.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
 
 /// Clock ticks per second of `/proc/<pid>/stat` times. USER_HZ is fixed at 100 in the Linux
 /// user-space ABI on the architectures this runs on; reading it with `sysconf` would need

@@ -154,7 +154,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return AfterFailure::Wait(outage::outage_backoff(failures));
         }
         let delay = base::backoff(failures, rand::random());
-        tracing::warn!(error = %e, retry_in = ?delay, "transient failure; will retry");
+        tracing::warn!(error = %e, retry_in = %outbox_core::Readable(delay), "transient failure; will retry");
         AfterFailure::Wait(delay)
     }
 

@@ -28,7 +28,9 @@ const CANCEL_PATIENCE: Duration = Duration::from_secs(2);
 
 impl<D, R: Reconciler> Consumer<D, R> {
     /// A consumer without a cursor reconciles, or replays retained history when asked to and
-    /// nothing has been pruned yet.
+    /// nothing has been pruned yet. A new consumer asked to start from the earliest event
+    /// whose history was pruned reconciles for that reason (`below_retention_floor`), not for
+    /// its missing cursor, which alone would have been replayed.
     pub(super) async fn start_without_cursor(
         &self,
         lease: &Lease,
@@ -36,6 +38,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
         progress: &mut Progress,
         shutdown: &CancellationToken,
     ) -> Result<(), ConsumerError> {
+        let mut reason = ReconcileReason::MissingCursor;
         if self.config.delivery.start_from == StartFrom::Earliest && progress.new_consumer {
             let mut client = self.pool.get().await?;
             let (_, floor) =
@@ -51,8 +54,8 @@ impl<D, R: Reconciler> Consumer<D, R> {
                 floor,
                 "history before the retention floor is gone; reconciling instead"
             );
+            reason = ReconcileReason::BelowRetentionFloor;
         }
-        let reason = ReconcileReason::MissingCursor;
         self.reconcile(lease, statements, progress, reason, shutdown)
             .await
     }

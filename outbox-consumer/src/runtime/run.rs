@@ -183,6 +183,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             None => Err(ConsumerError::UnknownConsumer {
                 project: project.clone(),
                 consumer: consumer.clone(),
+                existing_only: false,
             }),
         }
     }

@@ -128,7 +128,7 @@ impl Statements {
 pub(super) struct ConsumerRow {
     pub(super) state: ConsumerState,
     retired_by: Option<String>,
-    retired_at: Option<DateTime<Utc>>,
+    pub(super) retired_at: Option<DateTime<Utc>>,
 }
 
 impl Admin {

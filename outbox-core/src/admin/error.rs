@@ -48,6 +48,11 @@ pub enum Target {
         /// The consumer.
         consumer: ConsumerId,
     },
+    /// A consumer ID, in whichever project (a filter given without `--project`).
+    ConsumerId {
+        /// The consumer.
+        consumer: ConsumerId,
+    },
     /// One consumer's delivery state of one event.
     DeadLetter {
         /// The project.
@@ -92,6 +97,7 @@ impl fmt::Display for Target {
             Target::Consumer { project, consumer } => {
                 write!(f, "consumer {consumer} of project {project}")
             }
+            Target::ConsumerId { consumer } => write!(f, "consumer {consumer} (in any project)"),
             Target::DeadLetter {
                 project,
                 consumer,

@@ -33,9 +33,10 @@
 //! Each noun keeps its types, its operations and their SQL (templates over `{{schema}}`; reads
 //! take optional filters as nullable parameters, `$n::text IS NULL OR ...`) together:
 //! - [`status`]: health codes, thresholds, project and consumer status, [`Admin::status`].
-//! - [`consumers`]: consumer listing and retirement ([`Admin::consumers`], [`Admin::retire`]);
-//!   reactivation is the consumer runtime's (`ConsumerConfig::reactivate`), since only the
-//!   process that will run the consumer can say it reconciles first.
+//! - [`consumers`]: consumer listing and retirement ([`Admin::consumers`], [`Admin::retire`]).
+//! - [`consumer_admin`]: a retired consumer reactivated ([`Admin::reactivate`]; it reconciles
+//!   at its next start, as after the runtime's own reactivation at its claim) or deleted with
+//!   its rows ([`Admin::delete_consumer`]).
 //! - [`dead_letters`]: listing, showing, replaying and resolving dead letters.
 //! - [`projects`]: [`Admin::require_project`], the one rule for an unknown `--project`.
 //! - [`audit`]: the audit trail, and [`AuditLog`], the one statement that appends to it.
@@ -43,6 +44,7 @@
 //! - [`reason`]: [`Reason`], the validated operator text.
 
 pub mod audit;
+pub mod consumer_admin;
 pub mod consumers;
 pub mod dead_letters;
 pub mod error;
@@ -62,6 +64,7 @@ pub use crate::audit_log::{AuditLog, AuditRecord};
 pub use crate::ids::{EventId, MAX_EVENT_ID_LEN, MAX_OPERATOR_LEN, OperatorName};
 pub use crate::states::{AuditKind, ConsumerState, DeliveryState, Health};
 pub use audit::{AuditEntry, AuditFilter};
+pub use consumer_admin::{Deletion, Reactivation};
 pub use consumers::{ConsumerInfo, Retirement, RetryingEvent};
 pub use dead_letters::{
     DeadLetter, DeadLetterDetail, DeadLetterFilter, EventFields, ReplayRequest, ReplayTarget,
@@ -108,6 +111,8 @@ pub struct Admin {
     status: status::Statements,
     /// Consumer statements.
     consumers: consumers::Statements,
+    /// Reactivation and deletion statements.
+    consumer_admin: consumer_admin::Statements,
     /// Dead-letter statements.
     dead_letters: dead_letters::Statements,
     /// The audit trail's reader.
@@ -141,6 +146,7 @@ impl Admin {
         Self {
             status: status::Statements::new(schema),
             consumers: consumers::Statements::new(schema),
+            consumer_admin: consumer_admin::Statements::new(schema),
             dead_letters: dead_letters::Statements::new(schema),
             audit_trail: schema.render(audit::AUDIT_TRAIL),
             audit: AuditLog::new(schema),

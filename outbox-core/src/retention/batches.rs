@@ -56,16 +56,19 @@ pub(super) enum Batch {
     Done,
 }
 
+/// Logs what a sweep did for one project, or, in a dry run, what it would have done.
 pub(super) fn log_project(entry: &ProjectPrune, dry_run: bool) {
     if entry.events_pruned > 0 || entry.dead_letters_pruned > 0 {
-        tracing::info!(
-            project = %entry.project_id,
-            events = entry.events_pruned,
-            dead_letters = entry.dead_letters_pruned,
-            floor = entry.floor,
-            dry_run,
-            "pruned"
+        let (project, events, dead_letters, floor) = (
+            &entry.project_id,
+            entry.events_pruned,
+            entry.dead_letters_pruned,
+            entry.floor,
         );
+        match dry_run {
+            true => tracing::info!(%project, events, dead_letters, floor, "would prune"),
+            false => tracing::info!(%project, events, dead_letters, floor, "pruned"),
+        }
     } else if let Some(hold) = &entry.held_by {
         tracing::debug!(project = %entry.project_id, floor = entry.floor, held_by = %hold,
                         "nothing to prune");
