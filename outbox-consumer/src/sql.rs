@@ -781,6 +781,57 @@ pub const BACKEND_PID: &str = "SELECT pg_backend_pid() AS pid";
 /// Cancels the statement server process `$1` runs (a role may cancel its own sessions').
 pub const CANCEL_BACKEND: &str = "SELECT pg_cancel_backend($1) AS cancelled";
 
+/// Every statement above by its constant's name, in the order of this file: what
+/// `sql/statements.sql` holds rendered (checked by `statements_file`).
+#[cfg(test)]
+pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
+    macro_rules! named {
+        ($($name:ident),* $(,)?) => { vec![$((stringify!($name), $name)),*] };
+    }
+    named![
+        LOCK_FOR_CLAIM,
+        CLAIM,
+        TAKE_OVER,
+        CONSUMER_ROW,
+        REACTIVATE,
+        HEARTBEAT,
+        RELEASE,
+        LOCK_FENCE,
+        ACK,
+        HAS_UNSEQUENCED,
+        MOVE_CURSOR,
+        RECORD_RECONCILED,
+        PROJECT_BOUNDS,
+        READ_BATCH,
+        HELD_DELIVERY,
+        RECORD_RETRY,
+        PARK,
+        CLEAR_PASSED_RETRIES,
+        ACK_CLEARING,
+        ACK_AND_RETRY,
+        REPLAY_REQUESTED,
+        MARK_REPLAYED,
+        MARK_REPLAY_FAILED,
+        HEARTBEAT_SET,
+        ACK_SET,
+        KEY_SCANS_ONLY,
+        POLL_SET,
+        READ_RANGE,
+        GAUGES,
+        POSITION_CHECK,
+        RESUME_POINT,
+        EVENT_AT,
+        CURSOR_UNDER_LEASE,
+        CLAIMED_POSITION,
+        CURSOR,
+        BACKEND_PID,
+        CANCEL_BACKEND,
+    ]
+}
+
+#[cfg(test)]
+mod statements_file;
+
 #[cfg(test)]
 mod tests {
     use outbox_core::{AuditKind, ConsumerState, DeliveryState};

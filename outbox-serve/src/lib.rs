@@ -1,33 +1,10 @@
 //! The lifecycle-outbox HTTP server: durable consumers whose handled events are fanned out
 //! over HTTP, Server-Sent Events for ephemeral clients, with Prometheus metrics, Kubernetes
 //! probes and an operator dashboard. `outbox serve` is this crate behind command-line
-//! options; an application can run it inside its own tokio service:
+//! options; an application can run it inside its own tokio service, as this function does
+//! (`tests/tests/embedding.rs` runs it against a real database and an SSE client):
 //!
-//! ```no_run
-//! use outbox_consumer::{DeliverySettings, Duties};
-//! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
-//! use outbox_serve::{Server, ServerSettings};
-//! use outbox_service::Connections;
-//! use tokio_util::sync::CancellationToken;
-//!
-//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let settings = ConnectSettings::parse("postgresql://app@localhost/app")?;
-//! let connections = Connections::new(&settings, 4, true)?;
-//! let read_pool = settings.pool(4)?;
-//! let consumer = ConsumerId::new("dashboard")?;
-//! let projects = vec![ProjectId::new("p1")?, ProjectId::new("p2")?];
-//! // Every project's consumer delivers as `delivery`; the duties are carried out once.
-//! let (delivery, duties) = (DeliverySettings::default(), Duties::default());
-//! let settings = ServerSettings::new(consumer);
-//!
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! let shutdown = CancellationToken::new();
-//! Server::new(connections, read_pool, delivery, duties, projects, settings)
-//!     .run(listener, shutdown)
-//!     .await?;
-//! # Ok(())
-//! # }
-//! ```
+#![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!
 //! All served projects run as one [`outbox_consumer::ConsumerSet`]: one pool, one LISTEN
 //! connection and one place in the sequencer election, however many projects it serves. Each

@@ -375,11 +375,37 @@ async fn a_restart_honours_the_saved_retry_time_and_continues_the_count() {
     run.await.unwrap().unwrap();
 
     let restarted = Recorder::default();
-    let (shutdown, run) = start(&db, config, &restarted);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let consumer = Consumer::new(
+        db.pool(4),
+        Some(db.config.clone()),
+        config,
+        restarted.clone(),
+        restarted.clone(),
+    );
+    let probe = consumer.probe();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let token = shutdown.clone();
+        async move { consumer.run(token).await }
+    });
+    // The restarted consumer holds its lease and has finished a round of its loop: it has
+    // taken up the held event and decided whether to dispatch it.
+    eventually(WAIT, "the restarted consumer's first round", || async {
+        probe.lease_held() && probe.since_last_poll().is_some()
+    })
+    .await;
     assert!(
         restarted.events().is_empty(),
         "no retry before the saved time"
+    );
+    assert_eq!(
+        query_i64(
+            &db,
+            "SELECT count(*) FROM outbox.lifecycle_deliveries WHERE next_attempt_at > now()"
+        )
+        .await,
+        1,
+        "the saved retry time had not come when the restarted consumer was checked"
     );
     eventually(WAIT, "the retry", || async {
         !restarted.events().is_empty()

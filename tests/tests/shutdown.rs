@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use outbox_tests::cluster_kit::PrivateCluster;
+use outbox_tests::connect;
+use outbox_tests::consumer_kit::{eventually, eventually_count};
 use outbox_tests::process_kit::OutboxProcess;
 use tokio::time::Instant;
 
@@ -12,13 +14,26 @@ use tokio::time::Instant;
 /// a select on the shutdown signal.
 const PROMPT: Duration = Duration::from_secs(5);
 
-/// Stops the database under the running `process`, lets it notice, then sends SIGTERM and
-/// expects a clean exit within [`PROMPT`].
-async fn sigterm_while_database_down(cluster: &PrivateCluster, mut process: OutboxProcess) {
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+/// How long the process may take to reach a state the test waits for; only a hang fails.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Once `running` (a count query on the cluster) returns 1, that is the process is at work
+/// against the database, stops the database under it; once the process says the database is
+/// unavailable (it is inside its reconnect loop), sends SIGTERM and expects a clean exit
+/// within [`PROMPT`].
+async fn sigterm_while_database_down(
+    cluster: &PrivateCluster,
+    mut process: OutboxProcess,
+    running: &str,
+) {
+    let client = connect(&cluster.url.parse().expect("cluster URL parses")).await;
+    eventually_count(&client, PATIENCE, "the process at work", running, 1).await;
+    drop(client);
     cluster.stop();
-    // Long enough for the process to be inside its reconnect loop.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    eventually(PATIENCE, "the process to notice the outage", || async {
+        process.stderr().contains("the database is unavailable")
+    })
+    .await;
     let sent = Instant::now();
     process.signal("TERM");
     let code = tokio::time::timeout(PROMPT, process.wait())
@@ -43,7 +58,8 @@ async fn sequence_every_stops_on_sigterm_while_the_database_is_down() {
     let cluster = PrivateCluster::start("shutdown-sequence");
     cluster.migrate().await;
     let process = OutboxProcess::spawn_command(&cluster.url, "sequence", &["--every", "50ms"]);
-    sigterm_while_database_down(&cluster, process).await;
+    let elected = "SELECT count(*) FROM outbox.lifecycle_sequencer_lease WHERE owner IS NOT NULL";
+    sigterm_while_database_down(&cluster, process, elected).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,5 +85,7 @@ async fn consume_stops_on_sigterm_while_the_database_is_down() {
             "1s",
         ],
     );
-    sigterm_while_database_down(&cluster, process).await;
+    let claimed = "SELECT count(*) FROM outbox.lifecycle_consumers \
+                   WHERE project_id = 'p' AND consumer_id = 'c' AND lease_owner IS NOT NULL";
+    sigterm_while_database_down(&cluster, process, claimed).await;
 }
