@@ -343,7 +343,7 @@ CREATE TABLE outbox.lifecycle_audit (
     count bigint,
     recorded_at timestamp with time zone DEFAULT now() NOT NULL,
     reason text,
-    CONSTRAINT lifecycle_audit_kind_check CHECK ((kind = ANY (ARRAY['lifecycle-observation:consumer-poisoned'::text, 'lifecycle-observation:consumer-replayed'::text, 'lifecycle-observation:dead-letter-replay-requested'::text, 'lifecycle-observation:dead-letter-resolved'::text, 'lifecycle-observation:consumer-retired'::text, 'lifecycle-observation:consumer-reactivated'::text, 'lifecycle-observation:reconciled'::text, 'lifecycle-observation:pruned'::text, 'lifecycle-observation:history-diverged'::text])))
+    CONSTRAINT lifecycle_audit_kind_check CHECK ((kind = ANY (ARRAY['lifecycle-observation:consumer-poisoned'::text, 'lifecycle-observation:consumer-replayed'::text, 'lifecycle-observation:dead-letter-replay-requested'::text, 'lifecycle-observation:dead-letter-resolved'::text, 'lifecycle-observation:consumer-retired'::text, 'lifecycle-observation:consumer-reactivated'::text, 'lifecycle-observation:consumer-deleted'::text, 'lifecycle-observation:reconciled'::text, 'lifecycle-observation:pruned'::text, 'lifecycle-observation:history-diverged'::text])))
 );
 
 --
@@ -958,19 +958,21 @@ GRANT UPDATE(count) ON TABLE outbox.lifecycle_audit TO outbox_operator;
 --
 
 GRANT SELECT,DELETE ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
-GRANT SELECT ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
+GRANT SELECT,DELETE ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumer_positions.project_id; Type: ACL; Schema: outbox; Owner: -
 --
 
 GRANT INSERT(project_id) ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
+GRANT INSERT(project_id) ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumer_positions.consumer_id; Type: ACL; Schema: outbox; Owner: -
 --
 
 GRANT INSERT(consumer_id) ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
+GRANT INSERT(consumer_id) ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumer_positions.last_acked_sequence; Type: ACL; Schema: outbox; Owner: -
@@ -989,19 +991,21 @@ GRANT INSERT(last_acked_event_id) ON TABLE outbox.lifecycle_consumer_positions T
 --
 
 GRANT INSERT(last_acked_at) ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
+GRANT INSERT(last_acked_at) ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumer_positions.reconciled_at; Type: ACL; Schema: outbox; Owner: -
 --
 
 GRANT INSERT(reconciled_at) ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
+GRANT INSERT(reconciled_at) ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
 
 --
 -- Name: TABLE lifecycle_consumers; Type: ACL; Schema: outbox; Owner: -
 --
 
 GRANT SELECT ON TABLE outbox.lifecycle_consumers TO outbox_consumer;
-GRANT SELECT ON TABLE outbox.lifecycle_consumers TO outbox_operator;
+GRANT SELECT,DELETE ON TABLE outbox.lifecycle_consumers TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumers.project_id; Type: ACL; Schema: outbox; Owner: -
@@ -1026,18 +1030,21 @@ GRANT INSERT(lease_owner),UPDATE(lease_owner) ON TABLE outbox.lifecycle_consumer
 --
 
 GRANT INSERT(lease_generation),UPDATE(lease_generation) ON TABLE outbox.lifecycle_consumers TO outbox_consumer;
+GRANT UPDATE(lease_generation) ON TABLE outbox.lifecycle_consumers TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumers.claimed_until; Type: ACL; Schema: outbox; Owner: -
 --
 
 GRANT INSERT(claimed_until),UPDATE(claimed_until) ON TABLE outbox.lifecycle_consumers TO outbox_consumer;
+GRANT UPDATE(claimed_until) ON TABLE outbox.lifecycle_consumers TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumers.claimed_at; Type: ACL; Schema: outbox; Owner: -
 --
 
 GRANT INSERT(claimed_at),UPDATE(claimed_at) ON TABLE outbox.lifecycle_consumers TO outbox_consumer;
+GRANT UPDATE(claimed_at) ON TABLE outbox.lifecycle_consumers TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_consumers.state; Type: ACL; Schema: outbox; Owner: -
@@ -1068,7 +1075,7 @@ GRANT UPDATE(retired_reason) ON TABLE outbox.lifecycle_consumers TO outbox_opera
 --
 
 GRANT SELECT,DELETE ON TABLE outbox.lifecycle_lease_renewals TO outbox_consumer;
-GRANT SELECT ON TABLE outbox.lifecycle_lease_renewals TO outbox_operator;
+GRANT SELECT,DELETE ON TABLE outbox.lifecycle_lease_renewals TO outbox_operator;
 
 --
 -- Name: COLUMN lifecycle_lease_renewals.project_id; Type: ACL; Schema: outbox; Owner: -
