@@ -15,19 +15,32 @@ fn git(args: &[&str]) -> Option<String> {
 /// The files whose change means the commit changed, and nothing more: this checkout's `HEAD`
 /// (a checkout of another branch) and the one ref it points to (a commit on it); while that
 /// ref is packed, `packed-refs` too (the next commit writes the loose file again, and Cargo
-/// reruns a script whose watched file is missing, until then). Never the whole `refs/heads`:
+/// reruns a script whose watched file is missing, until then). Absolute paths (in the main
+/// checkout `--git-path` answers relative to this directory), so that each names its file
+/// wherever it is read. Never the whole `refs/heads`:
 /// every branch's ref lives there (shared by every worktree of the repository), and a commit
 /// on any of them would rebuild this binary.
 fn watched() -> Vec<String> {
-    let mut files: Vec<String> = git(&["rev-parse", "--git-path", "HEAD"])
-        .into_iter()
-        .collect();
+    let mut files: Vec<String> =
+        git(&["rev-parse", "--path-format=absolute", "--git-path", "HEAD"])
+            .into_iter()
+            .collect();
     let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) else {
         return files; // a detached HEAD holds the commit itself
     };
-    if let Some(loose) = git(&["rev-parse", "--git-path", &reference]) {
+    if let Some(loose) = git(&[
+        "rev-parse",
+        "--path-format=absolute",
+        "--git-path",
+        &reference,
+    ]) {
         if !std::path::Path::new(&loose).is_file() {
-            files.extend(git(&["rev-parse", "--git-path", "packed-refs"]));
+            files.extend(git(&[
+                "rev-parse",
+                "--path-format=absolute",
+                "--git-path",
+                "packed-refs",
+            ]));
         }
         files.push(loose);
     }

@@ -445,7 +445,8 @@ pub struct ConsumerOptions {
     pub reactivate: bool,
     /// Refuse (exit 3) to register a consumer ID that does not exist yet, instead of creating
     /// it: for production units, where a new ID is a typo that would hold retention back.
-    /// Not with --all-projects, which registers its consumers in every new project.
+    /// Not for a consumer set that follows every project, which registers its consumers in
+    /// every new project.
     #[arg(long)]
     pub existing_only: bool,
     /// Stop with exit 0 once every committed event is numbered and handled (for scripts and
