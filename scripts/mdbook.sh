@@ -7,7 +7,8 @@
 #   scripts/mdbook.sh build    build the book into docs/book/, failing on any warning
 #   scripts/mdbook.sh check    build, then the book's tests (outbox-cli/tests/docs_book.rs): no
 #                              dead relative link in the book or README.md, every page in
-#                              SUMMARY.md, the CLI reference what `outbox --help` prints
+#                              SUMMARY.md, the CLI reference what `outbox --help` prints;
+#                              and the benchmark plots what bench/plots.sh draws
 #
 # The version is pinned so the book renders the same everywhere; an mdbook on $PATH is used
 # only when it is that version.
@@ -57,6 +58,7 @@ case "${1:-ensure}" in
         rm -f "$out"
         log "book built: $PWD/docs/book/index.html"
         if [ "$1" = check ]; then
+            bash bench/plots.sh --check
             cargo test -p outbox-cli --test docs_book --quiet >&2
         fi
         ;;
