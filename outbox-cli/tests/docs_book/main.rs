@@ -124,3 +124,19 @@ fn every_command_has_a_section() {
         );
     }
 }
+
+/// The README is the short tour; the manual is the book. A README that grows past this is
+/// taking the book's content back.
+#[test]
+fn readme_stays_short() {
+    const MAX_LINES: usize = 250;
+    let readme =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .expect("read README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= MAX_LINES,
+        "README.md has {lines} lines, over {MAX_LINES}: move the detail into a page of the docs \
+         book (docs/src/) and link it"
+    );
+}
