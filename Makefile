@@ -1,5 +1,5 @@
 # lifecycle-outbox: the two commands of the README, and a few helpers.
-.PHONY: demo test bench lint pg-up pg-down build
+.PHONY: demo test bench lint pg-up pg-down build docs
 
 # Starts a disposable PostgreSQL, migrates, and runs a narrated scenario.
 demo:
@@ -8,6 +8,11 @@ demo:
 # Everything the suite needs (a fresh disposable cluster), then lint and the whole suite.
 test:
 	bash scripts/test.sh
+
+# The docs book (docs/) into docs/book/: mdBook (installed into .tools/ the first time) with
+# warnings as errors, then its checks: no dead relative link, the CLI reference current.
+docs:
+	bash scripts/mdbook.sh check
 
 # Benchmarks; figures go to stdout and bench/RESULTS*.md.
 bench:

@@ -31,6 +31,9 @@ echo "promtool: $OUTBOX_PROMTOOL"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
+# The docs book builds without a warning, has no dead relative link and its CLI reference is
+# current (mdBook is installed into .tools/ the first time).
+bash scripts/mdbook.sh check
 log=$(mktemp)
 cargo test --workspace --no-fail-fast -- --test-threads "${OUTBOX_TEST_THREADS:-4}" 2>&1 | tee "$log"
 # One closing line for the whole suite (cargo prints one per test binary, the last of which
