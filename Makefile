@@ -9,7 +9,7 @@ demo:
 test:
 	bash scripts/test.sh
 
-# The docs book (docs/) into docs/book/: mdBook (installed into .tools/ the first time) with
+# The docs book (docs/) into docs/book/: mdBook (installed the first time, see scripts/mdbook.sh) with
 # warnings as errors, then its checks: no dead relative link, the CLI reference current.
 docs:
 	bash scripts/mdbook.sh check

@@ -2,8 +2,9 @@
 # mdBook, which builds the docs book (docs/).
 #
 #   scripts/mdbook.sh ensure   print the path of an mdbook binary (version 0.4.52), installing
-#                              it with `cargo install --locked` into .tools/ (gitignored) when
-#                              missing
+#                              it with `cargo install --locked` when missing, into
+#                              $OUTBOX_TOOLS (default ~/.cache/lifecycle-outbox/tools: outside
+#                              the checkout, so a fresh clone on the same machine reuses it)
 #   scripts/mdbook.sh build    build the book into docs/book/, failing on any warning
 #   scripts/mdbook.sh check    build, then the book's tests (outbox-cli/tests/docs_book.rs): no
 #                              dead relative link in the book or README.md, every page in
@@ -16,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=0.4.52
-root=$PWD/.tools
+root=${OUTBOX_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/lifecycle-outbox/tools}
 log() { echo "mdbook.sh: $*" >&2; }
 
 is_pinned() { [ -x "$1" ] && [ "$("$1" --version 2>/dev/null)" = "mdbook v$version" ]; }

@@ -32,7 +32,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --bins
 # The docs book builds without a warning, has no dead relative link and its CLI reference is
-# current (mdBook is installed into .tools/ the first time).
+# current (mdBook is installed the first time, see scripts/mdbook.sh).
 bash scripts/mdbook.sh check
 log=$(mktemp)
 cargo test --workspace --no-fail-fast -- --test-threads "${OUTBOX_TEST_THREADS:-4}" 2>&1 | tee "$log"

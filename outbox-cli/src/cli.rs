@@ -81,7 +81,7 @@ pub struct MigrateArgs {
     pub dry_run: bool,
     /// Also enable per-project row security: the schema's writer, consumer and operator
     /// roles then see and write only the projects bound to them in lifecycle_role_projects
-    /// (see README, Deploying). Idempotent.
+    /// (see docs/src/deploying.md). Idempotent.
     #[arg(long)]
     pub row_security: bool,
     /// Output format.

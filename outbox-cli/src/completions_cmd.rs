@@ -13,7 +13,7 @@ use crate::failure::Failure;
 /// `outbox completions`.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
-    /// The shell to complete for; the script goes to stdout (see README, "Shell completions
+    /// The shell to complete for; the script goes to stdout (see docs/src/operating.md, "Shell completions
     /// and man pages", for where each shell loads it from).
     #[arg(value_enum)]
     pub shell: Shell,

@@ -102,13 +102,13 @@ pub fn permission_denied(e: &(dyn std::error::Error + 'static)) -> Option<Failur
                     "permission denied: role {role} may not {action} for this project ({}): \
                      row security binds each role to the projects listed for it; add a row \
                      (role_name, project_id) = ('{role}', 'PROJECT') to the schema's \
-                     lifecycle_role_projects table (see README, Binding roles to projects)",
+                     lifecycle_role_projects table (see docs/src/deploying.md, Binding roles to projects)",
                     db.message()
                 )));
             }
             return Some(Failure::runtime(format!(
                 "permission denied: role {role} may not {action} ({}); grant it the role \
-                 this process needs (see README, Deploying)",
+                 this process needs (see docs/src/deploying.md, Roles)",
                 db.message()
             )));
         }
