@@ -334,7 +334,7 @@ pub struct ConsumerOptions {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
     /// Most events per read while catching up, 1..=10000 and at least --batch-size (default
-    /// 2000, or --batch-size when larger). While reads come back full, each asks for twice the
+    /// 4000, or --batch-size when larger). While reads come back full, each asks for twice the
     /// last, from --batch-size up to this; once one comes back short (caught up) reads return
     /// to --batch-size. A crash repeats at most one read batch, so at most this many events.
     /// Equal to --batch-size: fixed batches.
