@@ -337,7 +337,9 @@ pub struct ConsumerOptions {
     /// 4000, or --batch-size when larger). While reads come back full, each asks for twice the
     /// last, from --batch-size up to this; once one comes back short (caught up) reads return
     /// to --batch-size. A crash repeats at most one read batch, so at most this many events.
-    /// Equal to --batch-size: fixed batches.
+    /// Equal to --batch-size: fixed batches. Reads of a single consumer (`consume` of one
+    /// project and ID, `relay`); the consumers of a set (`consume` of several, `serve`) share
+    /// reads of --batch-size.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub max_batch_size: Option<i64>,
     /// Lease length.

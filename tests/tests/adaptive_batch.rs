@@ -261,11 +261,16 @@ async fn a_maximum_below_the_batch_size_is_refused_naming_both_flags() {
     .await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("1..=10000"), "{stderr}");
-    let (code, help, _) = run_outbox(&["consume", "--help"]).await;
-    assert_eq!(code, 0);
-    assert!(help.contains("--max-batch-size <N>"), "{help}");
-    assert!(
-        help.contains("1..=10000 and at least --batch-size"),
-        "{help}"
-    );
+    for command in ["consume", "serve", "relay nats"] {
+        let mut args: Vec<&str> = command.split(' ').collect();
+        args.push("--help");
+        let (code, help, _) = run_outbox(&args).await;
+        assert_eq!(code, 0, "{command}");
+        let flattened = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(flattened.contains("--max-batch-size <N>"), "{help}");
+        assert!(
+            flattened.contains("1..=10000 and at least --batch-size (default 4000"),
+            "{help}"
+        );
+    }
 }

@@ -271,9 +271,12 @@ mod tests {
 
     use super::*;
 
+    /// The reads made: the cursor each read after and its size.
+    type Seen = Arc<Mutex<Vec<(i64, i64)>>>;
+
     /// A read-ahead whose reads record the cursor they read after and their size, and return
     /// nothing.
-    fn recorder() -> (Arc<Mutex<Vec<(i64, i64)>>>, impl Fn(i64, i64) -> BoxedRead) {
+    fn recorder() -> (Seen, impl Fn(i64, i64) -> BoxedRead) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = seen.clone();
         let read = move |after: i64, limit: i64| -> BoxedRead {
