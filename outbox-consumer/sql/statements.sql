@@ -205,6 +205,10 @@ SELECT COALESCE(max(head_sequence), 0) AS head_sequence,
 FROM "outbox".lifecycle_project_heads
 WHERE project_id = $1;
 
+-- EVER_POSITIONED
+SELECT EXISTS (SELECT 1 FROM "outbox".lifecycle_consumer_positions
+               WHERE project_id = $1 AND consumer_id = $2) AS positioned;
+
 -- READ_BATCH
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
        o.occurred_at, o.payload_version, o.payload

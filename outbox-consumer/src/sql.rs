@@ -407,6 +407,13 @@ SELECT COALESCE(max(head_sequence), 0) AS head_sequence,
 FROM {{schema}}.lifecycle_project_heads
 WHERE project_id = $1";
 
+/// Whether the consumer ever had a position (a cursor, or the missing one a reactivation
+/// records): a consumer registered by a process that stopped before its first position is as
+/// new as one registered now.
+pub const EVER_POSITIONED: &str = "
+SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_consumer_positions
+               WHERE project_id = $1 AND consumer_id = $2) AS positioned";
+
 /// The event's columns, of `lifecycle_outbox AS o`, that every statement whose rows
 /// `store::decode` reads starts with, in the order it reads them by position.
 macro_rules! event_columns {
@@ -802,6 +809,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         MOVE_CURSOR,
         RECORD_RECONCILED,
         PROJECT_BOUNDS,
+        EVER_POSITIONED,
         READ_BATCH,
         HELD_DELIVERY,
         RECORD_RETRY,

@@ -17,7 +17,9 @@ use crate::lease::Lease;
 use crate::sql;
 
 mod position;
-pub(crate) use position::{DatabasePosition, audit_divergence, bounds, event_at, position_check};
+pub(crate) use position::{
+    DatabasePosition, audit_divergence, bounds, event_at, ever_positioned, position_check,
+};
 
 /// The runtime's statements, rendered once for the schema.
 #[derive(Debug)]
@@ -30,6 +32,7 @@ pub(crate) struct Statements {
     pub has_unsequenced: String,
     pub record_reconciled: String,
     pub bounds: String,
+    pub ever_positioned: String,
     pub read_batch: String,
     pub held: String,
     pub record_retry: String,
@@ -60,6 +63,7 @@ impl Statements {
             has_unsequenced: schema.render(sql::HAS_UNSEQUENCED),
             record_reconciled: schema.render(sql::RECORD_RECONCILED),
             bounds: schema.render(sql::PROJECT_BOUNDS),
+            ever_positioned: schema.render(sql::EVER_POSITIONED),
             read_batch: schema.render(sql::READ_BATCH),
             held: schema.render(sql::HELD_DELIVERY),
             record_retry: schema.render(sql::RECORD_RETRY),

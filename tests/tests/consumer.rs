@@ -1053,3 +1053,29 @@ async fn the_caught_up_check_reads_the_work_list_under_stale_statistics() {
     }
     assert_the_counters_move(&db, last).await;
 }
+
+/// A consumer asked to start from the earliest event whose first process stopped (killed,
+/// say) after registering it and before its first position is as new as one registered now:
+/// it replays from the first event. Reconciling instead skipped the project's history (for a
+/// relay: events never published while its cursor passed them).
+#[tokio::test]
+async fn a_consumer_registered_by_a_process_that_stopped_before_its_first_position_replays() {
+    let db = fresh_db().await;
+    for task in ["t1", "t2", "t3"] {
+        write_event(&db, "p", task).await;
+    }
+    seed_consumer(&db, "p", "c1", SeedCursor::Missing, false).await;
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "c1");
+    config.delivery.start_from = StartFrom::Earliest;
+    let (shutdown, run) = start(&db, config, &recorder);
+    eventually(WAIT, "three events delivered", || async {
+        recorder.sequences().len() == 3
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(recorder.sequences(), vec![1, 2, 3]);
+    assert!(recorder.reconciliations().is_empty(), "no reconciliation");
+    assert_eq!(cursor(&db, "p", "c1").await, Some(3));
+}

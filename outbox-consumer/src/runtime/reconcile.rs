@@ -39,10 +39,26 @@ impl<D, R: Reconciler> Consumer<D, R> {
         shutdown: &CancellationToken,
     ) -> Result<(), ConsumerError> {
         let mut reason = ReconcileReason::MissingCursor;
-        if self.config.delivery.start_from == StartFrom::Earliest && progress.new_consumer {
+        if self.config.delivery.start_from == StartFrom::Earliest {
             let mut client = self.pool.get().await?;
-            let (_, floor) =
-                store::bounds(&**client, statements, self.config.project_id.as_str()).await?;
+            let project = self.config.project_id.as_str();
+            // New: registered by this claim, or by a process that stopped (killed, say)
+            // before its first position. A reactivated consumer has had one and reconciles.
+            let new = progress.new_consumer
+                || !store::ever_positioned(
+                    &**client,
+                    statements,
+                    project,
+                    self.config.consumer_id.as_str(),
+                )
+                .await?;
+            if !new {
+                drop(client);
+                return self
+                    .reconcile(lease, statements, progress, reason, shutdown)
+                    .await;
+            }
+            let (_, floor) = store::bounds(&**client, statements, project).await?;
             if floor == 0 {
                 store::set_cursor(&mut client, statements, lease, 0, None).await?;
                 tracing::info!("new consumer starts from the earliest event");

@@ -84,6 +84,19 @@ pub(crate) async fn bounds(
     ))
 }
 
+/// Whether `consumer` of `project` ever had a position ([`sql::EVER_POSITIONED`]).
+pub(crate) async fn ever_positioned(
+    client: &(impl GenericClient + Sync),
+    statements: &Statements,
+    project: &str,
+    consumer: &str,
+) -> Result<bool, ConsumerError> {
+    Ok(client
+        .query_one_unnamed(&statements.ever_positioned, &[&project, &consumer])
+        .await?
+        .try_get("positioned")?)
+}
+
 /// Appends the `lifecycle-observation:history-diverged` row: the process's position (as the
 /// count) and identity (as the event), with what the database has in `detail`.
 pub(crate) async fn audit_divergence(
