@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Consumer benchmark: catch-up throughput and peak RSS (with and without failures), and
+# Consumer benchmark: catch-up throughput and peak RSS (with and without failures; the
+# adaptive read batch against today's fixed batches of 500, side by side), and
 # end-to-end latency from writer commit to handler, with LISTEN and poll-only.
 #
 #   bench/consumer.sh                   full run: 1M-event backlog, 3 repetitions, 10 s per
@@ -10,6 +11,8 @@
 #   BENCH_EVENTS           events in the catch-up backlog (default 1000000)
 #   BENCH_REPS             repetitions of each catch-up run (default 3; 1 with BENCH_QUICK=1)
 #   BENCH_LATENCY_SECONDS  seconds of writing per latency scenario (default 10; 3 quick)
+#   BENCH_MAX_BATCH_SIZES  other maxima of the adaptive read batch to run beside the default
+#                          in every repetition, e.g. 4000,8000 (default none)
 #   OUTBOX_BENCH_PG_DIR    cluster directory (default <project>/.pg-bench-consumer)
 #   OUTBOX_BENCH_PG_PORT   cluster port (default 54332)
 # Extra arguments are passed to outbox-bench (e.g. --batch-sizes 100,2000,10000).

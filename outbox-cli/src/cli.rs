@@ -460,6 +460,15 @@ pub struct ConsumerOptions {
     /// Events per batch: 1 to 10000.
     #[arg(long, default_value_t = 500, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
+    /// Most events per read while catching up, 1..=10000 and at least --batch-size (default
+    /// 4000, or --batch-size when larger). While reads come back full, each asks for twice the
+    /// last, from --batch-size up to this; once one comes back short (caught up) reads return
+    /// to --batch-size. A crash repeats at most one read batch, so at most this many events.
+    /// Equal to --batch-size: fixed batches. Reads of a single consumer (`consume` of one
+    /// project and ID, `relay`); the consumers of a set (`consume` of several, `serve`) share
+    /// reads of --batch-size.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub max_batch_size: Option<i64>,
     /// Lease length: at least 1s.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
     pub lease_ttl: Duration,

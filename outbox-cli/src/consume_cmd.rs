@@ -207,8 +207,20 @@ pub fn build_config(
 /// How every consumer running with `args` delivers, checked.
 pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Failure> {
     args.check_relations().map_err(Failure::usage)?;
+    let max_batch_size = match args.max_batch_size {
+        Some(max) if max < args.batch_size => {
+            return Err(Failure::usage(format!(
+                "--max-batch-size {max} is smaller than --batch-size {}: reads start at \
+                 --batch-size and grow up to --max-batch-size",
+                args.batch_size
+            )));
+        }
+        Some(max) => max,
+        None => outbox_consumer::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size),
+    };
     let mut delivery = DeliverySettings {
         batch_size: args.batch_size,
+        max_batch_size,
         lease_ttl: args.lease_ttl,
         heartbeat_interval: args.heartbeat_interval,
         poll_interval: args.poll_interval,

@@ -79,7 +79,8 @@ mod store;
 
 pub use base::{ShownCursor, backoff};
 pub use config::{
-    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DeliverySettings, Duties, LiveQuery, StartFrom,
+    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DEFAULT_MAX_BATCH_SIZE, DeliverySettings,
+    Duties, LiveQuery, MAX_BATCH_SIZE_CEILING, StartFrom,
 };
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;

@@ -66,6 +66,7 @@ async fn failures_inside_batches_retry_from_memory_in_order() {
     };
     let mut config = fast_config("p", "c");
     config.delivery.batch_size = 50;
+    config.delivery.max_batch_size = 50;
     config.delivery.retry = RetrySchedule::new(vec![Duration::from_millis(1)], 5).unwrap();
     let (stop, run) = start_with(&db, config, handler.clone(), Recorder::default());
     eventually(WAIT, "the cursor at the last event", || async {

@@ -506,6 +506,7 @@ async fn stale_holder(fail: bool) {
     config.delivery.lease_ttl = Duration::from_secs(60);
     config.delivery.heartbeat_interval = Duration::from_secs(20);
     config.delivery.batch_size = 1;
+    config.delivery.max_batch_size = 1;
     let shutdown = CancellationToken::new();
     let consumer = Consumer::new(db.pool(4), None, config, gate.clone(), Recorder::default());
     let run = tokio::spawn({

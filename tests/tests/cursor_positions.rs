@@ -43,6 +43,7 @@ async fn write_numbered(db: &TestDb, client: &Client, tag: &str, count: i32) {
 async fn consume_through(db: &TestDb, through: i64) {
     let mut config = fast_config("p", "c");
     config.delivery.batch_size = 1;
+    config.delivery.max_batch_size = 1;
     config.duties.sequence_interval = None;
     config.duties.prune_interval = None;
     let recorder = Recorder::default();
@@ -370,6 +371,7 @@ async fn a_sets_acknowledgements_under_a_held_snapshot_keep_their_cost() {
     let recorders = Recorders::default();
     let mut delivery = fast_delivery();
     delivery.batch_size = 1;
+    delivery.max_batch_size = 1;
     delivery.heartbeat_interval = Duration::from_secs(1);
     let duties = Duties {
         prune_interval: None,

@@ -825,6 +825,7 @@ async fn pruning_during_live_writing_and_consuming_loses_nothing() {
     config.duties.prune_interval = Some(Duration::from_millis(50));
     config.duties.retention = Duration::ZERO;
     config.delivery.batch_size = 20;
+    config.delivery.max_batch_size = 20;
     let released = Arc::new(AtomicBool::new(false));
     let (shutdown, run) = start_with(
         &db,

@@ -43,6 +43,10 @@ pub struct WorkerArgs {
     /// Events per batch (the runtime's default is 500).
     #[arg(long, default_value_t = 500)]
     pub batch_size: i64,
+    /// Most events per read: reads double from `--batch-size` while they come back full (the
+    /// runtime's default maximum when not given; equal to `--batch-size`: fixed batches).
+    #[arg(long)]
+    pub max_batch_size: Option<i64>,
     /// The retry delay with `--fail-every`, in milliseconds (0 isolates the runtime's own
     /// cost of a failure from the schedule's wait).
     #[arg(long, default_value_t = 1)]
@@ -160,6 +164,9 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     }
     consumer_config.delivery.start_from = StartFrom::Earliest;
     consumer_config.delivery.batch_size = args.batch_size;
+    consumer_config.delivery.max_batch_size = args
+        .max_batch_size
+        .unwrap_or(outbox_consumer::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size));
     if args.fail_every.is_some() {
         consumer_config.delivery.retry =
             RetrySchedule::new(vec![Duration::from_millis(args.retry_delay_ms)], 10)?;
@@ -240,8 +247,11 @@ pub struct Run {
 pub struct Variant {
     /// Fail the first attempt of every event whose sequence is a multiple of this.
     pub fail_every: Option<i64>,
-    /// Events per batch.
+    /// Events per batch (the first read of a catch-up, and every read once caught up).
     pub batch_size: i64,
+    /// Most events per read: reads grow to this while they come back full. Equal to
+    /// `batch_size`: fixed batches, as before the adaptive read batch.
+    pub max_batch_size: i64,
     /// `synchronous_commit = off` for the consumer's sessions.
     pub async_commit: bool,
 }
@@ -251,14 +261,35 @@ impl Variant {
     pub const DEFAULT: Variant = Variant {
         fail_every: None,
         batch_size: 500,
+        max_batch_size: outbox_consumer::DEFAULT_MAX_BATCH_SIZE,
         async_commit: false,
     };
+
+    /// Fixed batches of `batch_size` (every read the same size).
+    pub const fn fixed(batch_size: i64) -> Variant {
+        Variant {
+            batch_size,
+            max_batch_size: batch_size,
+            ..Variant::DEFAULT
+        }
+    }
+
+    /// The read sizes: `500` for fixed batches, `500-2000` for reads growing to 2,000.
+    pub fn batches(&self) -> String {
+        if self.max_batch_size == self.batch_size {
+            self.batch_size.to_string()
+        } else {
+            format!("{}-{}", self.batch_size, self.max_batch_size)
+        }
+    }
 
     /// A short name for consumer IDs: `batch-2000`, `async-commit-failures`, ...
     pub fn label(&self) -> String {
         let mut parts = Vec::new();
-        if self.batch_size != Self::DEFAULT.batch_size {
-            parts.push(format!("batch-{}", self.batch_size));
+        if self.batch_size != Self::DEFAULT.batch_size
+            || self.max_batch_size != Self::DEFAULT.max_batch_size
+        {
+            parts.push(format!("batch-{}", self.batches()));
         }
         if self.async_commit {
             parts.push("async-commit".to_owned());
@@ -297,6 +328,7 @@ pub async fn run_worker_via(
     let Variant {
         fail_every,
         batch_size,
+        max_batch_size,
         async_commit,
     } = variant;
     let load_at_start = procfs::load_one();
@@ -309,6 +341,7 @@ pub async fn run_worker_via(
         .args(["--consumer-id", consumer_id])
         .args(["--expect", &events.to_string()])
         .args(["--batch-size", &batch_size.to_string()])
+        .args(["--max-batch-size", &max_batch_size.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+mod adaptive;
 mod catchup;
 mod latency;
 mod pgq;
@@ -93,6 +94,10 @@ struct BenchArgs {
     /// each, not part of the goals; always skipped with BENCH_QUICK=1).
     #[arg(long)]
     skip_diagnostics: bool,
+    /// Other maxima of the adaptive read batch to measure beside the default one, in every
+    /// repetition (e.g. 4000,8000): how the default was chosen.
+    #[arg(long, env = "BENCH_MAX_BATCH_SIZES", value_delimiter = ',')]
+    max_batch_sizes: Vec<i64>,
     /// Where the markdown report is written (besides stdout).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../RESULTS-consumer.md"))]
     results: PathBuf,
@@ -259,18 +264,9 @@ async fn catch_up(
     };
     let variants = if diagnostics {
         vec![
-            Variant {
-                batch_size: 100,
-                ..Variant::DEFAULT
-            },
-            Variant {
-                batch_size: 2000,
-                ..Variant::DEFAULT
-            },
-            Variant {
-                batch_size: 10_000,
-                ..Variant::DEFAULT
-            },
+            Variant::fixed(100),
+            Variant::fixed(2000),
+            Variant::fixed(10_000),
             async_commit,
             Variant {
                 fail_every: Some(report::FAIL_EVERY),
@@ -281,6 +277,17 @@ async fn catch_up(
         Vec::new()
     };
     results.diagnostics = variants.iter().map(|&v| (v, Vec::new())).collect();
+    results.other_maxima = args
+        .max_batch_sizes
+        .iter()
+        .map(|&max| {
+            let variant = Variant {
+                max_batch_size: max,
+                ..Variant::DEFAULT
+            };
+            (variant, Vec::new())
+        })
+        .collect();
 
     for rep in 1..=reps {
         let bare = catchup::bare_loop(&url, project, &format!("bare-{rep}"), events, false).await?;
@@ -291,10 +298,31 @@ async fn catch_up(
         );
         results.bare.push(bare);
 
+        // Today's fixed batches and the adaptive read batch back to back, so that both meet
+        // the same load on the machine.
+        let id = format!("fixed-{rep}");
+        let fixed = catchup::run_worker(&url, project, &id, events, Variant::fixed(500)).await?;
+        progress!(
+            "rep {rep}: catch-up, fixed batches of 500 {}",
+            describe(&fixed)
+        );
+        results.fixed.push(fixed);
+
         let id = format!("catchup-{rep}");
         let clean = catchup::run_worker(&url, project, &id, events, Variant::DEFAULT).await?;
         progress!("rep {rep}: catch-up {}", describe(&clean));
         results.clean.push(clean);
+
+        for (variant, runs) in &mut results.other_maxima {
+            let id = format!("{}-{rep}", variant.label());
+            let run = catchup::run_worker(&url, project, &id, events, *variant).await?;
+            progress!(
+                "rep {rep}: catch-up, reads {}: {}",
+                variant.batches(),
+                describe(&run)
+            );
+            runs.push(run);
+        }
 
         let id = format!("failures-{rep}");
         let run = catchup::run_worker(&url, project, &id, events, failing).await?;

@@ -37,8 +37,14 @@ pub struct Results {
     pub bare: Vec<BareLoop>,
     /// Bare loop re-preparing its statements on every call, as the runtime does.
     pub bare_reprepared: Vec<BareLoop>,
-    /// Catch-up without failures.
+    /// Catch-up without failures (the default configuration: reads growing from 500 to the
+    /// default maximum).
     pub clean: Vec<Run>,
+    /// Catch-up with fixed batches of 500, as before the adaptive read batch; in the same
+    /// repetitions as `clean`.
+    pub fixed: Vec<Run>,
+    /// Catch-ups growing to other maxima (`--max-batch-sizes`), in the same repetitions.
+    pub other_maxima: Vec<(Variant, Vec<Run>)>,
     /// Catch-up with 1% failing once.
     pub failing: Vec<Run>,
     /// Diagnostic runs: other batch sizes, asynchronous commit; one per repetition each.
@@ -141,6 +147,9 @@ fn write_report(out: &mut String, r: &Results) -> std::fmt::Result {
     if !r.clean.is_empty() {
         write_catch_up(out, r)?;
     }
+    if !r.clean.is_empty() && !r.fixed.is_empty() {
+        crate::adaptive::write(out, r)?;
+    }
     if !r.latency.is_empty() {
         write_latency(out, r)?;
     }
@@ -167,7 +176,7 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
         out,
         "- Each run: a child process `outbox-bench catch-up-worker` runs `Consumer::run` with a \
          fresh consumer ID, `StartFrom::Earliest`, listen off, the default configuration \
-         otherwise (batches of 500, embedded sequencer elected through its lease and, \
+         otherwise (reads of 500 doubling up to the default maximum while they come back full, embedded sequencer elected through its lease and, \
          while it leads over an empty queue, ticking every 50 ms, retention sweep at start, as a deployment would run them), and a no-op \
          handler that counts, checks order and cancels the run when the last sequence is \
          handled. Time = `Consumer::run` call to its return (lease claim, earliest-start \
@@ -316,7 +325,7 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
         writeln!(out)?;
         writeln!(
             out,
-            "| batch size | synchronous_commit | failures | runs | seconds | events/s | peak RSS \
+            "| batch size (reads growing: first-max) | synchronous_commit | failures | runs | seconds | events/s | peak RSS \
              MiB | consumer CPU s | backend CPU s | WAL syncs | load |"
         )?;
         writeln!(
@@ -327,7 +336,7 @@ fn write_catch_up(out: &mut String, r: &Results) -> std::fmt::Result {
             writeln!(
                 out,
                 "| {} | {} | {} | {} | {:.2} | {:.0} | {:.1} | {:.2} | {:.2} | {:.0} | {:.2} |",
-                variant.batch_size,
+                variant.batches(),
                 if variant.async_commit { "off" } else { "on" },
                 if variant.fail_every.is_some() {
                     "1% once"

@@ -29,8 +29,10 @@ pub(super) struct Progress {
     /// this run created. A reactivated consumer, or one that crashed before its first
     /// reconciliation finished, always reconciles.
     pub new_consumer: bool,
-    /// The next batch, being read while this one is dispatched (lone consumers, after a full
-    /// batch); used only if the cursor reaches the point it was read after.
+    /// A lone consumer's read size (growing in a catch-up) and the next batches, being read
+    /// while this one is dispatched (after a full batch); a batch read ahead is used only if
+    /// the cursor reaches the point it was read after. Dropped (`None`) after an anomaly: the
+    /// next read then starts again at the base size.
     pub prefetched: Option<Prefetch>,
     /// The run's metrics.
     pub meters: Meters,
