@@ -31,6 +31,29 @@ pub struct AuditRecord<'a> {
     pub reason: Option<&'a str>,
 }
 
+impl<'a> AuditRecord<'a> {
+    /// An operator's action on a consumer (retire, reactivate, delete): the operator, the
+    /// reason, and the kind's count.
+    pub fn consumer_action(
+        kind: AuditKind,
+        project_id: &'a str,
+        consumer_id: &'a str,
+        by: &'a str,
+        count: Option<i64>,
+        reason: &'a str,
+    ) -> Self {
+        Self {
+            kind,
+            project_id,
+            consumer_id: Some(consumer_id),
+            event_id: None,
+            actor: Some(by),
+            count,
+            reason: Some(reason),
+        }
+    }
+}
+
 /// Appends to the audit trail of one schema: the only writer of `lifecycle_audit` rows.
 #[derive(Debug, Clone)]
 pub struct AuditLog {

@@ -8,6 +8,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use super::Reason;
+use super::consumers::ConsumerRow;
 use super::{Admin, AdminError, AuditRecord, Target};
 use crate::ids::{ConsumerId, OperatorName, ProjectId};
 use crate::schema::Schema;
@@ -79,14 +80,13 @@ impl Admin {
         reason: &Reason,
     ) -> Result<Reactivation, AdminError> {
         let tx = Self::write(client).await?;
-        let row = self.lock_consumer(&tx, project, consumer, true).await?;
-        if row.state != ConsumerState::Retired {
-            return Err(AdminError::Conflict {
-                target: Target::consumer(project, consumer),
-                state: row.state.to_string(),
-                refusal: "not retired, so there is nothing to reactivate".into(),
-            });
-        }
+        self.lock_retired(
+            &tx,
+            project,
+            consumer,
+            "not retired, so there is nothing to reactivate",
+        )
+        .await?;
         let (p, c) = (project.as_str(), consumer.as_str());
         let generation: i64 = tx
             .query_one_unnamed(&self.consumer_admin.reactivate, &[&p, &c])
@@ -95,15 +95,14 @@ impl Admin {
         self.audit
             .record(
                 &tx,
-                &AuditRecord {
-                    kind: AuditKind::ConsumerReactivated,
-                    project_id: p,
-                    consumer_id: Some(c),
-                    event_id: None,
-                    actor: Some(by.as_str()),
-                    count: None,
-                    reason: Some(reason.as_str()),
-                },
+                &AuditRecord::consumer_action(
+                    AuditKind::ConsumerReactivated,
+                    p,
+                    c,
+                    by.as_str(),
+                    None,
+                    reason.as_str(),
+                ),
             )
             .await?;
         tx.commit().await?;
@@ -131,16 +130,15 @@ impl Admin {
         reason: &Reason,
     ) -> Result<Deletion, AdminError> {
         let tx = Self::write(client).await?;
-        let row = self.lock_consumer(&tx, project, consumer, true).await?;
-        if row.state != ConsumerState::Retired {
-            return Err(AdminError::Conflict {
-                target: Target::consumer(project, consumer),
-                state: row.state.to_string(),
-                refusal: "active: it holds retention back and may be running; retire it first \
-                          (outbox consumers retire), then delete it"
-                    .into(),
-            });
-        }
+        let row = self
+            .lock_retired(
+                &tx,
+                project,
+                consumer,
+                "active: it holds retention back and may be running; retire it first \
+                          (outbox consumers retire), then delete it",
+            )
+            .await?;
         let (p, c) = (project.as_str(), consumer.as_str());
         let statements = &self.consumer_admin;
         let delivery_rows = tx
@@ -156,15 +154,14 @@ impl Admin {
         self.audit
             .record(
                 &tx,
-                &AuditRecord {
-                    kind: AuditKind::ConsumerDeleted,
-                    project_id: p,
-                    consumer_id: Some(c),
-                    event_id: None,
-                    actor: Some(by.as_str()),
-                    count: Some(delivery_rows),
-                    reason: Some(reason.as_str()),
-                },
+                &AuditRecord::consumer_action(
+                    AuditKind::ConsumerDeleted,
+                    p,
+                    c,
+                    by.as_str(),
+                    Some(delivery_rows),
+                    reason.as_str(),
+                ),
             )
             .await?;
         tx.commit().await?;
@@ -177,6 +174,26 @@ impl Admin {
             retired_at: row.retired_at,
             delivery_rows,
         })
+    }
+
+    /// Locks the consumer row and returns it, refusing (conflict, with `refusal`) unless it
+    /// is retired.
+    async fn lock_retired(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        project: &ProjectId,
+        consumer: &ConsumerId,
+        refusal: &str,
+    ) -> Result<ConsumerRow, AdminError> {
+        let row = self.lock_consumer(tx, project, consumer, true).await?;
+        if row.state != ConsumerState::Retired {
+            return Err(AdminError::Conflict {
+                target: Target::consumer(project, consumer),
+                state: row.state.to_string(),
+                refusal: refusal.into(),
+            });
+        }
+        Ok(row)
     }
 }
 

@@ -236,15 +236,14 @@ impl Admin {
         self.audit
             .record(
                 &tx,
-                &AuditRecord {
-                    kind: AuditKind::ConsumerRetired,
-                    project_id: p,
-                    consumer_id: Some(c),
-                    event_id: None,
-                    actor: Some(by.as_str()),
-                    count: Some(unresolved),
-                    reason: Some(reason.as_str()),
-                },
+                &AuditRecord::consumer_action(
+                    AuditKind::ConsumerRetired,
+                    p,
+                    c,
+                    by.as_str(),
+                    Some(unresolved),
+                    reason.as_str(),
+                ),
             )
             .await?;
         tx.commit().await?;
