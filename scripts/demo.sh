@@ -80,6 +80,27 @@ cat "$out"
 kill -TERM $consumer
 wait $consumer || true
 
+say "Extending the stream deliberately: the archive flow's contracts are registered (audited)"
+run $outbox contracts add contracts/task-archived.json --by demo-operator
+run $outbox contracts add contracts/task-restored.json --by demo-operator
+run $outbox contracts list
+
+say "FN-5 is archived: the generic writer checks the payload against its contract"
+sql -c "SELECT outbox.write_event('demo', 'task:archived', 1, 'FN-5',
+               jsonb_build_object('archived_at', now(),
+                                  'prior', jsonb_build_object('column', 'todo', 'status', 'open')),
+               'demo-api-1') AS event_id"
+say "A payload with a free-text note is refused, naming the field; nothing is written"
+sql -c "SELECT outbox.write_event('demo', 'task:archived', 1, 'FN-5',
+               '{\"archived_at\": \"2026-11-01T12:00:00Z\", \"prior\": {}, \"note\": \"bye\"}',
+               'demo-api-1')" || true
+
+say "A consumer that declares both types receives the archive; the deletes-only 'dashboard' passes it"
+: >"$out"
+$outbox consume --project demo --consumer-id archive-view --start-from earliest \
+    --event-types task:deleted@1,task:archived@1 --exit-when-caught-up >"$out" 2>>"$out.log"
+cat "$out"
+
 say "What the database holds"
 sql -c "SELECT sequence, event_id, writer_process_id, payload FROM outbox.lifecycle_outbox
         WHERE project_id = 'demo' ORDER BY sequence" \

@@ -12,6 +12,157 @@
 CREATE SCHEMA outbox;
 
 --
+-- Name: check_field(text, text, jsonb, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.check_field(label text, path text, spec jsonb, value jsonb) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $_$
+DECLARE
+    kind   text := spec ->> 'type';
+    vtype  text := jsonb_typeof(value);
+    text_v text;
+    at     timestamptz;
+    num    numeric;
+    max_len integer;
+BEGIN
+    CASE kind
+    WHEN 'identifier' THEN
+        max_len := coalesce((spec ->> 'max_length')::integer, 128);
+        IF vtype <> 'string' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must be an identifier (a string), not %s',
+                                 label, path, vtype);
+        END IF;
+        text_v := value #>> '{}';
+        IF text_v ~ '^[A-Za-z0-9._:@-]+$' AND char_length(text_v) <= max_len THEN
+            RETURN text_v;
+        END IF;
+        IF text_v = '' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must not be empty', label, path);
+        END IF;
+        IF char_length(text_v) > max_len THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": %s characters exceeds the limit of %s',
+                                 label, path, char_length(text_v), max_len);
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid payload for %s: field "%s": only A-Z a-z 0-9 . _ : @ - are allowed in an identifier',
+                             label, path);
+    WHEN 'timestamp' THEN
+        text_v := value #>> '{}';
+        IF vtype <> 'string' OR text_v !~
+            '^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must be an RFC 3339 timestamp with an offset (2026-01-31T12:00:00Z)',
+                                 label, path);
+        END IF;
+        IF substr(text_v, 9, 2)::integer > 28 THEN
+            -- The only calendar check the pattern cannot make (30 February); rare enough
+            -- that the subtransaction of an exception block is paid only here.
+            BEGIN
+                at := text_v::timestamptz;
+            EXCEPTION WHEN datetime_field_overflow OR invalid_datetime_format THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = format('invalid payload for %s: field "%s": %s is not a date',
+                                     label, path, to_jsonb(text_v)::text);
+            END;
+        ELSE
+            at := text_v::timestamptz;
+        END IF;
+        IF at < timestamptz '2000-01-01 00:00:00+00' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": %s is before 2000-01-01T00:00:00Z',
+                                 label, path, text_v);
+        END IF;
+        RETURN to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+    WHEN 'integer' THEN
+        IF vtype <> 'number' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must be an integer, not %s',
+                                 label, path, vtype);
+        END IF;
+        num := value::text::numeric;
+        IF num <> trunc(num) OR num < -9223372036854775808 OR num > 9223372036854775807 THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": %s is not a 64-bit integer',
+                                 label, path, value::text);
+        END IF;
+        IF spec ? 'minimum' AND num < (spec ->> 'minimum')::numeric THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": %s is below the minimum %s',
+                                 label, path, value::text, spec ->> 'minimum');
+        END IF;
+        IF spec ? 'maximum' AND num > (spec ->> 'maximum')::numeric THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": %s is above the maximum %s',
+                                 label, path, value::text, spec ->> 'maximum');
+        END IF;
+        RETURN trunc(num)::text;
+    WHEN 'boolean' THEN
+        IF vtype <> 'boolean' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must be true or false, not %s',
+                                 label, path, vtype);
+        END IF;
+        RETURN value::text;
+    WHEN 'enum' THEN
+        IF vtype <> 'string' OR NOT (spec -> 'values') @> jsonb_build_array(value) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must be one of %s',
+                                 label, path, spec -> 'values');
+        END IF;
+        RETURN value #>> '{}';
+    WHEN 'object' THEN
+        IF vtype <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": must be an object, not %s',
+                                 label, path, vtype);
+        END IF;
+        PERFORM "outbox".check_fields(label, path || '.', spec -> 'fields', value);
+        RETURN NULL;
+    ELSE
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid contract %s: field "%s" has the unknown type %s',
+                             label, path, to_jsonb(kind)::text);
+    END CASE;
+END
+$_$;
+
+--
+-- Name: check_fields(text, text, jsonb, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.check_fields(label text, prefix text, fields jsonb, payload jsonb) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    k    text;
+    spec jsonb;
+BEGIN
+    FOR k IN SELECT jsonb_object_keys(payload) ORDER BY 1 LOOP
+        IF NOT fields ? k THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('invalid payload for %s: field "%s": not in the contract',
+                                 label, prefix || k);
+        END IF;
+    END LOOP;
+    FOR k, spec IN SELECT key, value FROM jsonb_each(fields) ORDER BY key LOOP
+        IF payload -> k IS NULL OR payload -> k = 'null'::jsonb THEN
+            IF (spec ->> 'required')::boolean THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = format('invalid payload for %s: field "%s": is required',
+                                     label, prefix || k);
+            END IF;
+        ELSE
+            PERFORM "outbox".check_field(label, prefix || k, spec, payload -> k);
+        END IF;
+    END LOOP;
+END
+$$;
+
+--
 -- Name: check_identifier(text, text, integer); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
@@ -81,6 +232,33 @@ BEGIN
     RETURN prior;
 END
 $$;
+
+--
+-- Name: check_traceparent(text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.check_traceparent(traceparent text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+BEGIN
+    IF traceparent IS NULL THEN
+        RETURN;
+    END IF;
+    IF char_length(traceparent) <> 55 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid traceparent: %s characters, a version 00 header has 55',
+                             char_length(traceparent));
+    END IF;
+    IF traceparent !~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'invalid traceparent: expected 00-<32 hex trace ID>-<16 hex parent ID>-<2 hex flags>, lower case';
+    END IF;
+    IF substr(traceparent, 4, 32) = repeat('0', 32) OR substr(traceparent, 37, 16) = repeat('0', 16) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'invalid traceparent: an all-zero trace ID or parent ID is not allowed';
+    END IF;
+END
+$_$;
 
 --
 -- Name: lifecycle_outbox_tick(bigint, bigint, text); Type: FUNCTION; Schema: outbox; Owner: -
@@ -260,10 +438,73 @@ CREATE FUNCTION outbox.project_allowed(project text, caller name) RETURNS boolea
 $$;
 
 --
--- Name: write_task_deleted(text, text, timestamp with time zone, text, jsonb); Type: FUNCTION; Schema: outbox; Owner: -
+-- Name: write_event(text, text, integer, text, jsonb, text, text); Type: FUNCTION; Schema: outbox; Owner: -
 --
 
-CREATE FUNCTION outbox.write_task_deleted(project_id text, task_id text, deleted_at timestamp with time zone, writer_process_id text, prior jsonb DEFAULT NULL::jsonb) RETURNS text
+CREATE FUNCTION outbox.write_event(project_id text, event_type text, major integer, subject_id text, payload jsonb, writer_process_id text, traceparent text DEFAULT NULL::text) RETURNS text
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    c        record;
+    label    text := event_type || '@' || major;
+    v_id     text;
+    k        text;
+BEGIN
+    IF (project_id ~ '^[A-Za-z0-9._:@-]+$' AND char_length(project_id) <= 128
+        AND subject_id ~ '^[A-Za-z0-9._:@-]+$' AND char_length(subject_id) <= 128
+        AND writer_process_id ~ '^[A-Za-z0-9._:@-]+$'
+        AND char_length(writer_process_id) <= 128) IS NOT TRUE THEN
+        PERFORM "outbox".check_identifier('project_id', project_id, 128);
+        PERFORM "outbox".check_identifier('subject_id', subject_id, 128);
+        PERFORM "outbox".check_identifier('writer_process_id', writer_process_id, 128);
+    END IF;
+    SELECT ec.minor, ec.identity, ec.fields, ec.status INTO c
+    FROM "outbox".lifecycle_event_contracts ec
+    WHERE ec.event_type = write_event.event_type AND ec.major = write_event.major;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('unknown event type %s: no contract is registered '
+                             '(see outbox contracts list)', label);
+    END IF;
+    IF c.status = 'retired' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('event type %s is retired: its contract accepts no new events', label);
+    END IF;
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('invalid payload for %s: must be a JSON object', label);
+    END IF;
+    PERFORM "outbox".check_traceparent(traceparent);
+    PERFORM "outbox".check_fields(label, '', c.fields, payload);
+    IF write_event.event_type = 'task:deleted' AND write_event.major = 1 THEN
+        -- The original layout, and the original writer's own checks of the deletion time.
+        RETURN "outbox".write_task_deleted(project_id, subject_id,
+            (payload ->> 'deleted_at')::timestamptz, writer_process_id, payload -> 'prior',
+            traceparent);
+    END IF;
+    v_id := replace(write_event.event_type, ':', '-')
+        || CASE WHEN write_event.major > 1 THEN '.v' || write_event.major ELSE '' END
+        || ':' || subject_id;
+    FOREACH k IN ARRAY c.identity LOOP
+        v_id := v_id || ':' || "outbox".check_field(label, k, c.fields -> k, payload -> k);
+    END LOOP;
+    INSERT INTO "outbox".lifecycle_outbox AS o
+        (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
+         payload_version, type_minor, payload, traceparent)
+    VALUES
+        (write_event.project_id, write_event.event_type, v_id, subject_id, NULL,
+         write_event.writer_process_id, write_event.major, c.minor, payload,
+         write_event.traceparent)
+    ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING;
+    RETURN v_id;
+END
+$_$;
+
+--
+-- Name: write_task_deleted(text, text, timestamp with time zone, text, jsonb, text); Type: FUNCTION; Schema: outbox; Owner: -
+--
+
+CREATE FUNCTION outbox.write_task_deleted(project_id text, task_id text, deleted_at timestamp with time zone, writer_process_id text, prior jsonb DEFAULT NULL::jsonb, traceparent text DEFAULT NULL::text) RETURNS text
     LANGUAGE plpgsql
     AS $_$
 DECLARE
@@ -302,6 +543,9 @@ BEGIN
             MESSAGE = format('invalid deleted_at: %s is more than 5 minutes in the future',
                 to_char(deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'));
     END IF;
+    IF traceparent IS NOT NULL THEN
+        PERFORM "outbox".check_traceparent(traceparent);
+    END IF;
     IF prior IS NULL THEN
         v_payload := '{}'::jsonb;
     ELSIF (jsonb_typeof(prior) = 'object'
@@ -320,10 +564,11 @@ BEGIN
         || to_char(deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
     INSERT INTO "outbox".lifecycle_outbox AS o
         (project_id, event_type, event_id, task_id, deleted_at, writer_process_id,
-         payload_version, payload)
+         payload_version, payload, traceparent)
     VALUES
         (write_task_deleted.project_id, 'task:deleted', v_event_id, write_task_deleted.task_id,
-         write_task_deleted.deleted_at, write_task_deleted.writer_process_id, 1, v_payload)
+         write_task_deleted.deleted_at, write_task_deleted.writer_process_id, 1, v_payload,
+         write_task_deleted.traceparent)
     ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING;
     RETURN v_event_id;
 END
@@ -343,7 +588,8 @@ CREATE TABLE outbox.lifecycle_audit (
     count bigint,
     recorded_at timestamp with time zone DEFAULT now() NOT NULL,
     reason text,
-    CONSTRAINT lifecycle_audit_kind_check CHECK ((kind = ANY (ARRAY['lifecycle-observation:consumer-poisoned'::text, 'lifecycle-observation:consumer-replayed'::text, 'lifecycle-observation:dead-letter-replay-requested'::text, 'lifecycle-observation:dead-letter-resolved'::text, 'lifecycle-observation:consumer-retired'::text, 'lifecycle-observation:consumer-reactivated'::text, 'lifecycle-observation:consumer-deleted'::text, 'lifecycle-observation:reconciled'::text, 'lifecycle-observation:pruned'::text, 'lifecycle-observation:history-diverged'::text])))
+    contract text,
+    CONSTRAINT lifecycle_audit_kind_check CHECK ((kind = ANY (ARRAY['lifecycle-observation:consumer-poisoned'::text, 'lifecycle-observation:consumer-replayed'::text, 'lifecycle-observation:dead-letter-replay-requested'::text, 'lifecycle-observation:dead-letter-resolved'::text, 'lifecycle-observation:consumer-retired'::text, 'lifecycle-observation:consumer-reactivated'::text, 'lifecycle-observation:consumer-deleted'::text, 'lifecycle-observation:reconciled'::text, 'lifecycle-observation:pruned'::text, 'lifecycle-observation:history-diverged'::text, 'lifecycle-observation:contract-added'::text, 'lifecycle-observation:contract-deprecated'::text, 'lifecycle-observation:contract-retired'::text])))
 );
 
 --
@@ -489,6 +735,30 @@ CREATE TABLE outbox.lifecycle_deliveries (
 );
 
 --
+-- Name: lifecycle_event_contracts; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.lifecycle_event_contracts (
+    event_type text NOT NULL,
+    major integer NOT NULL,
+    minor integer NOT NULL,
+    description text NOT NULL,
+    identity text[] NOT NULL,
+    fields jsonb NOT NULL,
+    status text DEFAULT 'active'::text NOT NULL,
+    registered_by text NOT NULL,
+    registered_at timestamp with time zone DEFAULT now() NOT NULL,
+    changed_by text,
+    changed_at timestamp with time zone,
+    CONSTRAINT lifecycle_event_contracts_description_check CHECK (((char_length(description) >= 1) AND (char_length(description) <= 500))),
+    CONSTRAINT lifecycle_event_contracts_event_type_check CHECK ((event_type ~ '^[a-z][a-z0-9_]{0,31}:[a-z][a-z0-9_]{0,31}$'::text)),
+    CONSTRAINT lifecycle_event_contracts_fields_check CHECK ((jsonb_typeof(fields) = 'object'::text)),
+    CONSTRAINT lifecycle_event_contracts_major_check CHECK (((major >= 1) AND (major <= 9999))),
+    CONSTRAINT lifecycle_event_contracts_minor_check CHECK (((minor >= 0) AND (minor <= 9999))),
+    CONSTRAINT lifecycle_event_contracts_status_check CHECK ((status = ANY (ARRAY['active'::text, 'deprecated'::text, 'retired'::text])))
+);
+
+--
 -- Name: lifecycle_lease_renewals_renewal_id_seq; Type: SEQUENCE; Schema: outbox; Owner: -
 --
 
@@ -512,13 +782,15 @@ CREATE TABLE outbox.lifecycle_outbox (
     event_type text NOT NULL,
     event_id text NOT NULL,
     task_id text NOT NULL,
-    deleted_at timestamp with time zone NOT NULL,
+    deleted_at timestamp with time zone,
     writer_process_id text NOT NULL,
     occurred_at timestamp with time zone DEFAULT now() NOT NULL,
     payload_version integer NOT NULL,
     payload jsonb NOT NULL,
     sequenced_at timestamp with time zone,
-    xid xid8 DEFAULT pg_current_xact_id()
+    xid xid8 DEFAULT pg_current_xact_id(),
+    type_minor integer DEFAULT 0 NOT NULL,
+    traceparent text
 );
 
 --
@@ -746,11 +1018,25 @@ ALTER TABLE ONLY outbox.lifecycle_deliveries
     ADD CONSTRAINT lifecycle_deliveries_pkey PRIMARY KEY (project_id, consumer_id, event_id);
 
 --
+-- Name: lifecycle_event_contracts lifecycle_event_contracts_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.lifecycle_event_contracts
+    ADD CONSTRAINT lifecycle_event_contracts_pkey PRIMARY KEY (event_type, major);
+
+--
 -- Name: lifecycle_lease_renewals lifecycle_lease_renewals_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
 ALTER TABLE ONLY outbox.lifecycle_lease_renewals
     ADD CONSTRAINT lifecycle_lease_renewals_pkey PRIMARY KEY (project_id, consumer_id, renewal_id);
+
+--
+-- Name: lifecycle_outbox lifecycle_outbox_deleted_at_check; Type: CHECK CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE outbox.lifecycle_outbox
+    ADD CONSTRAINT lifecycle_outbox_deleted_at_check CHECK (((event_type = 'task:deleted'::text) = (deleted_at IS NOT NULL))) NOT VALID;
 
 --
 -- Name: lifecycle_outbox lifecycle_outbox_event_key; Type: CONSTRAINT; Schema: outbox; Owner: -
@@ -760,6 +1046,13 @@ ALTER TABLE ONLY outbox.lifecycle_outbox
     ADD CONSTRAINT lifecycle_outbox_event_key UNIQUE (project_id, event_id);
 
 ALTER TABLE ONLY outbox.lifecycle_outbox REPLICA IDENTITY USING INDEX lifecycle_outbox_event_key;
+
+--
+-- Name: lifecycle_outbox lifecycle_outbox_traceparent_check; Type: CHECK CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE outbox.lifecycle_outbox
+    ADD CONSTRAINT lifecycle_outbox_traceparent_check CHECK ((traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text)) NOT VALID;
 
 --
 -- Name: lifecycle_projects lifecycle_projects_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
@@ -898,6 +1191,18 @@ GRANT USAGE ON SCHEMA outbox TO outbox_consumer;
 GRANT USAGE ON SCHEMA outbox TO outbox_operator;
 
 --
+-- Name: FUNCTION check_field(label text, path text, spec jsonb, value jsonb); Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT ALL ON FUNCTION outbox.check_field(label text, path text, spec jsonb, value jsonb) TO outbox_writer;
+
+--
+-- Name: FUNCTION check_fields(label text, prefix text, fields jsonb, payload jsonb); Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT ALL ON FUNCTION outbox.check_fields(label text, prefix text, fields jsonb, payload jsonb) TO outbox_writer;
+
+--
 -- Name: FUNCTION check_identifier(field text, value text, max_len integer); Type: ACL; Schema: outbox; Owner: -
 --
 
@@ -908,6 +1213,12 @@ GRANT ALL ON FUNCTION outbox.check_identifier(field text, value text, max_len in
 --
 
 GRANT ALL ON FUNCTION outbox.check_prior(prior jsonb) TO outbox_writer;
+
+--
+-- Name: FUNCTION check_traceparent(traceparent text); Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT ALL ON FUNCTION outbox.check_traceparent(traceparent text) TO outbox_writer;
 
 --
 -- Name: FUNCTION lifecycle_outbox_tick(lock_key bigint, batch_size bigint, channel text); Type: ACL; Schema: outbox; Owner: -
@@ -935,10 +1246,16 @@ GRANT ALL ON FUNCTION outbox.project_allowed(project text, caller name) TO outbo
 GRANT ALL ON FUNCTION outbox.project_allowed(project text, caller name) TO outbox_operator;
 
 --
--- Name: FUNCTION write_task_deleted(project_id text, task_id text, deleted_at timestamp with time zone, writer_process_id text, prior jsonb); Type: ACL; Schema: outbox; Owner: -
+-- Name: FUNCTION write_event(project_id text, event_type text, major integer, subject_id text, payload jsonb, writer_process_id text, traceparent text); Type: ACL; Schema: outbox; Owner: -
 --
 
-GRANT ALL ON FUNCTION outbox.write_task_deleted(project_id text, task_id text, deleted_at timestamp with time zone, writer_process_id text, prior jsonb) TO outbox_writer;
+GRANT ALL ON FUNCTION outbox.write_event(project_id text, event_type text, major integer, subject_id text, payload jsonb, writer_process_id text, traceparent text) TO outbox_writer;
+
+--
+-- Name: FUNCTION write_task_deleted(project_id text, task_id text, deleted_at timestamp with time zone, writer_process_id text, prior jsonb, traceparent text); Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT ALL ON FUNCTION outbox.write_task_deleted(project_id text, task_id text, deleted_at timestamp with time zone, writer_process_id text, prior jsonb, traceparent text) TO outbox_writer;
 
 --
 -- Name: TABLE lifecycle_audit; Type: ACL; Schema: outbox; Owner: -
@@ -1164,6 +1481,14 @@ GRANT UPDATE(resolved_reason) ON TABLE outbox.lifecycle_deliveries TO outbox_ope
 GRANT UPDATE(replay_requested_by) ON TABLE outbox.lifecycle_deliveries TO outbox_operator;
 
 --
+-- Name: TABLE lifecycle_event_contracts; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT SELECT ON TABLE outbox.lifecycle_event_contracts TO outbox_writer;
+GRANT SELECT ON TABLE outbox.lifecycle_event_contracts TO outbox_consumer;
+GRANT SELECT,INSERT,UPDATE ON TABLE outbox.lifecycle_event_contracts TO outbox_operator;
+
+--
 -- Name: TABLE lifecycle_outbox; Type: ACL; Schema: outbox; Owner: -
 --
 
@@ -1200,6 +1525,12 @@ GRANT SELECT(event_id) ON TABLE outbox.lifecycle_outbox TO outbox_writer;
 --
 
 GRANT UPDATE(sequenced_at) ON TABLE outbox.lifecycle_outbox TO outbox_consumer;
+
+--
+-- Name: COLUMN lifecycle_outbox.xid; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT SELECT(xid) ON TABLE outbox.lifecycle_outbox TO outbox_writer;
 
 --
 -- Name: TABLE lifecycle_sequencer_frontier; Type: ACL; Schema: outbox; Owner: -

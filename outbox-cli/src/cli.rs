@@ -430,6 +430,12 @@ pub struct ChildOptions {
 /// `--project` repeated) share them.
 #[derive(Debug, Args)]
 pub struct ConsumerOptions {
+    /// The event types and majors handled, comma-separated (`task:deleted@1,task:archived@1`;
+    /// see `outbox contracts list`). An event of another type passes without being handled
+    /// (counted in outbox_events_skipped_total); one of a named type in another major is
+    /// parked at once as a contract_mismatch dead letter. Each must be registered.
+    #[arg(long, value_name = "TYPE@MAJOR,...", default_value = "task:deleted@1")]
+    pub event_types: outbox_core::EventTypes,
     /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,

@@ -87,6 +87,10 @@ pub enum Command {
     /// List, retire, reactivate or delete consumers.
     #[command(subcommand)]
     Consumers(crate::consumers_cmd::ConsumersCommand),
+    /// The event contract registry: register, list, show, deprecate, retire and export the
+    /// contracts of the event types the stream carries.
+    #[command(subcommand)]
+    Contracts(crate::contracts_cmd::ContractsCommand),
     /// List, show, replay or resolve dead letters.
     #[command(subcommand)]
     DeadLetters(crate::dead_letters_cmd::DeadLettersCommand),
@@ -116,6 +120,7 @@ impl Command {
     /// What the command does, as in "role R may not ...".
     pub fn action(&self) -> &'static str {
         use crate::consumers_cmd::ConsumersCommand as C;
+        use crate::contracts_cmd::ContractsCommand as K;
         use crate::dead_letters_cmd::DeadLettersCommand as D;
         match self {
             Command::Migrate(_) => "migrate the outbox schema",
@@ -127,6 +132,9 @@ impl Command {
             Command::Consumers(C::Retire(_)) => "retire consumers",
             Command::Consumers(C::Reactivate(_)) => "reactivate consumers",
             Command::Consumers(C::Delete(_)) => "delete retired consumers",
+            Command::Contracts(K::List(_) | K::Show(_) | K::Export(_)) => "read event contracts",
+            Command::Contracts(K::Add(_)) => "register event contracts",
+            Command::Contracts(K::Deprecate(_) | K::Retire(_)) => "change event contracts",
             Command::DeadLetters(D::List(_) | D::Show(_)) => "read dead letters",
             Command::DeadLetters(D::Replay(_)) => "replay dead letters",
             Command::DeadLetters(D::Resolve(_)) => "resolve dead letters",

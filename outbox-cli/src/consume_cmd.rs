@@ -235,6 +235,7 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
         existing_only: args.existing_only,
         exit_when_caught_up: args.exit_when_caught_up,
         shutdown_grace: args.shutdown_grace,
+        event_types: args.event_types.clone(),
         ..DeliverySettings::default()
     };
     if let Some(query) = &args.live_query {

@@ -12,6 +12,7 @@ mod command;
 mod completions_cmd;
 mod consume_cmd;
 mod consumers_cmd;
+mod contracts_cmd;
 mod db;
 mod dead_letters_cmd;
 mod failure;
@@ -61,6 +62,7 @@ fn main() -> std::process::ExitCode {
             Command::Prune(args) => prune_cmd::run(&cli.global, args).await,
             Command::Status(args) => status_cmd::run(&cli.global, args).await,
             Command::Consumers(command) => consumers_cmd::run(&cli.global, command).await,
+            Command::Contracts(command) => contracts_cmd::run(&cli.global, command).await,
             Command::DeadLetters(command) => dead_letters_cmd::run(&cli.global, command).await,
             Command::Audit(args) => audit_cmd::run(&cli.global, args).await,
             Command::Relay(command) => relay::run(&cli.global, command).await,

@@ -209,9 +209,12 @@ WHERE project_id = $1;
 SELECT EXISTS (SELECT 1 FROM "outbox".lifecycle_consumer_positions
                WHERE project_id = $1 AND consumer_id = $2) AS positioned;
 
+-- CONTRACTS
+SELECT event_type, major FROM "outbox".lifecycle_event_contracts;
+
 -- READ_BATCH
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
-       o.occurred_at, o.payload_version, o.payload
+       o.occurred_at, o.payload_version, o.payload, o.type_minor, o.traceparent
 FROM "outbox".lifecycle_outbox AS o
 WHERE o.project_id = $1 AND o.sequence > $2
 ORDER BY o.sequence
@@ -330,7 +333,7 @@ SELECT count(*) AS acked FROM acked;
 
 -- REPLAY_REQUESTED
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
-       o.occurred_at, o.payload_version, o.payload, d.attempts
+       o.occurred_at, o.payload_version, o.payload, o.type_minor, o.traceparent, d.attempts
 FROM "outbox".lifecycle_deliveries AS d
 JOIN "outbox".lifecycle_outbox AS o
   ON o.project_id = d.project_id AND o.event_id = d.event_id
@@ -434,7 +437,7 @@ WHERE $1::text[] IS NULL OR h.project_id = ANY($1::text[]);
 
 -- READ_RANGE
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
-       o.occurred_at, o.payload_version, o.payload
+       o.occurred_at, o.payload_version, o.payload, o.type_minor, o.traceparent
 FROM "outbox".lifecycle_outbox AS o
 WHERE o.project_id = $1 AND o.sequence > $2 AND o.sequence <= $3
   AND NOT EXISTS (

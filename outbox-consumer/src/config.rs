@@ -106,6 +106,12 @@ pub struct DeliverySettings {
     pub exit_when_caught_up: bool,
     /// How long shutdown waits for a running handler before abandoning its event.
     pub shutdown_grace: Duration,
+    /// The event types and majors the handler understands (default `task:deleted@1`): an
+    /// event of another type moves the cursor without a handler call (counted in
+    /// `outbox_events_skipped_total`); an event of a declared type in another major is parked
+    /// at once as a `contract_mismatch` dead letter, replayable once the declaration names
+    /// it. Each must be registered: the consumer refuses to start otherwise.
+    pub event_types: outbox_core::EventTypes,
 }
 
 /// What the process shares and does beside delivering, once however many pairs it runs: the
@@ -181,6 +187,7 @@ impl Default for DeliverySettings {
             existing_only: false,
             exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
+            event_types: outbox_core::EventTypes::default(),
         }
     }
 }

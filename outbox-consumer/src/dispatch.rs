@@ -5,12 +5,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::observe;
+use outbox_core::{Acceptance, EventTypes, observe};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
-use crate::handler::{Handler, TransactionalHandler};
+use crate::handler::{Handler, PartialAck, TransactionalHandler};
 use crate::lease::Lease;
 use crate::store::{self, Statements};
 
@@ -23,6 +23,18 @@ pub struct DispatchContext<'a> {
     pub(crate) grace: Duration,
     /// Sequence of an event with saved retry state, cleared when it is acknowledged.
     pub(crate) held_sequence: Option<i64>,
+    /// The types the handler understands: events of other types pass without a call.
+    pub(crate) event_types: &'a EventTypes,
+    /// `outbox_events_skipped_total`: events passed without a call.
+    pub(crate) skipped: &'a metrics::Counter,
+}
+
+impl DispatchContext<'_> {
+    /// Whether `event` is of a type the handler did not declare (it passes without a call).
+    /// A declared type in an undeclared major never gets here: the read parks it.
+    fn skips(&self, event: &ObservedEvent) -> bool {
+        self.event_types.accept(&event.event_type, event.type_major) == Acceptance::Skip
+    }
 }
 
 /// How far a batch got.
@@ -102,12 +114,17 @@ impl<H: Handler> DispatchMode for Plain<H> {
         // One guard for the whole run of handler calls, not one per event: the grace after
         // a shutdown bounds them all the same, since no event starts after the shutdown.
         let mut handled = 0;
+        let mut skipped = 0;
         let handling = async {
             for event in events {
                 if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
                     break;
                 }
-                self.0.handle(event).await?;
+                if ctx.skips(event) {
+                    skipped += 1;
+                } else {
+                    self.0.handle(event).await?;
+                }
                 handled += 1;
             }
             Ok(())
@@ -125,8 +142,9 @@ impl<H: Handler> DispatchMode for Plain<H> {
         if let Some(event) = events.get(handled).filter(|_| abandoned) {
             tracing::warn!(sequence = event.sequence, "handler abandoned at shutdown");
         }
+        ctx.skipped.increment(skipped as u64);
         if handled > 0 {
-            if let Err(partial) = self.0.before_ack_prefix(&events[..handled]).await {
+            if let Err(partial) = self.before_ack(ctx, &events[..handled], skipped).await {
                 // Only the durable prefix is acknowledged; the event after it is charged with
                 // the failure (unless it was the sink's or shutdown's) and everything after
                 // that is delivered again. A broken sink stops the run before any of it is
@@ -174,6 +192,52 @@ impl<H: Handler> DispatchMode for Plain<H> {
     }
 }
 
+impl<H: Handler> Plain<H> {
+    /// [`Handler::before_ack_prefix`] over the events the handler saw: the skipped ones are
+    /// left out, and a partial acknowledgement's count is mapped back onto `handled`.
+    async fn before_ack(
+        &self,
+        ctx: &DispatchContext<'_>,
+        handled: &[ObservedEvent],
+        skipped: usize,
+    ) -> Result<(), PartialAck> {
+        if skipped == 0 {
+            return self.0.before_ack_prefix(handled).await;
+        }
+        let seen: Vec<usize> = (0..handled.len())
+            .filter(|&index| !ctx.skips(&handled[index]))
+            .collect();
+        if seen.is_empty() {
+            return Ok(());
+        }
+        let events: Vec<ObservedEvent> = seen.iter().map(|&i| handled[i].clone()).collect();
+        self.0
+            .before_ack_prefix(&events)
+            .await
+            .map_err(|partial| PartialAck {
+                durable: seen.get(partial.durable).copied().unwrap_or(handled.len()),
+                failure: partial.failure,
+            })
+    }
+}
+
+/// Acknowledges skipped events that no handled event's transaction covered (they trail the
+/// batch, or precede the event that failed).
+async fn ack_skipped(
+    ctx: &DispatchContext<'_>,
+    client: &mut deadpool_postgres::Client,
+    through: Option<i64>,
+) -> Result<(), ConsumerError> {
+    let Some(sequence) = through else {
+        return Ok(());
+    };
+    let tx = client.transaction().await?;
+    store::lock_fence(&tx, ctx.statements, ctx.lease).await?;
+    store::ack_in(&tx, ctx.statements, ctx.lease, ctx.held_sequence, sequence).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
     async fn deliver(
         &self,
@@ -181,13 +245,22 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
         events: &[ObservedEvent],
     ) -> Result<BatchOutcome, ConsumerError> {
         let mut client = ctx.pool.get().await?;
+        // Skipped events are acknowledged by the next handled event's transaction, or on
+        // their own when none follows.
+        let mut skipped_through = None;
         for (index, event) in events.iter().enumerate() {
             if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
+                ack_skipped(ctx, &mut client, skipped_through).await?;
                 return Ok(BatchOutcome {
                     handled: index,
                     acked: true,
                     failure: None,
                 });
+            }
+            if ctx.skips(event) {
+                ctx.skipped.increment(1);
+                skipped_through = Some(event.sequence);
+                continue;
             }
             let tx = client.transaction().await?;
             store::lock_fence(&tx, ctx.statements, ctx.lease).await?;
@@ -202,9 +275,11 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                     )
                     .await?;
                     tx.commit().await?;
+                    skipped_through = None;
                 }
                 Some(Err(f)) => {
                     tx.rollback().await?;
+                    ack_skipped(ctx, &mut client, skipped_through).await?;
                     return Ok(BatchOutcome {
                         handled: index,
                         acked: true,
@@ -213,6 +288,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                 }
                 None => {
                     tx.rollback().await?;
+                    ack_skipped(ctx, &mut client, skipped_through).await?;
                     return Ok(BatchOutcome {
                         handled: index,
                         acked: true,
@@ -221,6 +297,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                 }
             }
         }
+        ack_skipped(ctx, &mut client, skipped_through).await?;
         Ok(BatchOutcome {
             handled: events.len(),
             acked: true,

@@ -12,8 +12,13 @@ pub struct ObservedEvent {
     /// Always true: this is an observation, never the writer's own emission. Observers must
     /// not repeat writer-owned delete side effects.
     pub observed: bool,
-    /// The event type (`task:deleted`).
+    /// The event type (`task:deleted`, `task:archived`).
     pub event_type: String,
+    /// The type's major version: the contract the payload follows (equal to
+    /// `payload_version`, its name before types had contracts).
+    pub type_major: i32,
+    /// The minor version of that contract the writer wrote under.
+    pub type_minor: i32,
     /// The project whose stream this is.
     pub project_id: ProjectId,
     /// The consumer receiving it.
@@ -22,20 +27,31 @@ pub struct ObservedEvent {
     pub sequence: i64,
     /// Stable identity: deduplicate on `(consumer_id, event_id)`.
     pub event_id: String,
-    /// The deleted task.
+    /// The task the event is about (its subject): for `task:deleted`, the deleted task.
     pub task_id: String,
-    /// When it was deleted: the deletion identity (RFC 3339 UTC, microseconds, as in the ID).
-    #[serde(serialize_with = "rfc3339_micros")]
-    pub deleted_at: DateTime<Utc>,
+    /// For `task:deleted`, when it was deleted: the deletion identity (RFC 3339 UTC,
+    /// microseconds, as in the ID). `None` for other types.
+    #[serde(
+        serialize_with = "rfc3339_micros_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub deleted_at: Option<DateTime<Utc>>,
     /// The process that wrote the event (the origin).
     pub writer_process_id: String,
     /// When the event was written.
     #[serde(serialize_with = "rfc3339_micros")]
     pub occurred_at: DateTime<Utc>,
-    /// Payload layout version.
+    /// Payload layout version (the type's major).
     pub payload_version: i32,
-    /// The task's state before deletion.
+    /// For `task:deleted`, the task's state before deletion (empty for other types).
     pub prior: Prior,
+    /// The payload as its contract describes it (for `task:deleted`: `deleted_at` and
+    /// `prior`).
+    pub payload: EventPayload,
+    /// The writer's W3C trace context, when it passed one: a handler continues the writer's
+    /// trace from it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     /// True when an operator asked to replay this dead letter; it arrives outside sequence
     /// order.
     pub replay: bool,
@@ -46,6 +62,54 @@ pub struct ObservedEvent {
 fn rfc3339_micros<S: serde::Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&outbox_core::format_timestamp(*at))
 }
+
+fn rfc3339_micros_opt<S: serde::Serializer>(
+    at: &Option<DateTime<Utc>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match at {
+        Some(at) => rfc3339_micros(at, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// An event's payload as JSON text, kept as read (no tree of values is built for it); it is
+/// written into lines as it is, and parsed by whoever needs its fields.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct EventPayload(Box<serde_json::value::RawValue>);
+
+impl EventPayload {
+    /// Wraps JSON text; `None` when it is not JSON.
+    pub fn from_json(text: String) -> Option<Self> {
+        serde_json::value::RawValue::from_string(text)
+            .ok()
+            .map(Self)
+    }
+
+    /// An empty object.
+    pub fn empty() -> Self {
+        Self::from_json("{}".into()).expect("{} is JSON")
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Parses the payload into `T` (a struct of the contract's fields).
+    pub fn parse<'a, T: serde::Deserialize<'a>>(&'a self) -> serde_json::Result<T> {
+        serde_json::from_str(self.0.get())
+    }
+}
+
+impl PartialEq for EventPayload {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for EventPayload {}
 
 /// A bounded failure code, `[a-z0-9_]{1,64}`: it is stored and shown to operators, so it never
 /// carries error text, payloads or secrets.
@@ -81,6 +145,13 @@ impl FailureClass {
     /// A stored payload could not be decoded (the runtime fails and parks such an event).
     pub fn undecodable_payload() -> Self {
         Self("undecodable_payload".into())
+    }
+
+    /// The event's type is one the consumer declared, in a major it did not: parked at once,
+    /// since a retry cannot make it understood; replay it once the declaration names the
+    /// major.
+    pub fn contract_mismatch() -> Self {
+        Self("contract_mismatch".into())
     }
 
     /// A handler failed without saying why.

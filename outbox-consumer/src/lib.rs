@@ -84,7 +84,7 @@ pub use config::{
 };
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
-pub use event::{FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
+pub use event::{EventPayload, FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
 pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };

@@ -419,9 +419,14 @@ SELECT EXISTS (SELECT 1 FROM {{schema}}.lifecycle_consumer_positions
 macro_rules! event_columns {
     () => {
         "o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
-       o.occurred_at, o.payload_version, o.payload"
+       o.occurred_at, o.payload_version, o.payload, o.type_minor, o.traceparent"
     };
 }
+
+/// Every registered contract's type and major (a consumer's declared types are checked
+/// against them at its start).
+pub const CONTRACTS: &str = "
+SELECT event_type, major FROM {{schema}}.lifecycle_event_contracts";
 
 /// Up to `$3` sequenced events after cursor `$2`, in order.
 pub const READ_BATCH: &str = concat!(
@@ -810,6 +815,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         RECORD_RECONCILED,
         PROJECT_BOUNDS,
         EVER_POSITIONED,
+        CONTRACTS,
         READ_BATCH,
         HELD_DELIVERY,
         RECORD_RETRY,

@@ -61,6 +61,8 @@ pub struct AuditLog {
     insert: String,
     /// [`AUDIT`] with `RETURNING id`, rendered for the schema.
     insert_returning_id: String,
+    /// [`AUDIT_CONTRACT`], rendered for the schema.
+    insert_contract: String,
 }
 
 impl AuditLog {
@@ -69,6 +71,7 @@ impl AuditLog {
         Self {
             insert: schema.render(AUDIT),
             insert_returning_id: schema.render(&format!("{AUDIT}\nRETURNING id")),
+            insert_contract: schema.render(AUDIT_CONTRACT),
         }
     }
 
@@ -105,6 +108,27 @@ impl AuditLog {
     }
 }
 
+impl AuditLog {
+    /// Appends an operator's change to the contract registry: no project (a contract is the
+    /// schema's), the contract (`task:archived@1`), the operator and the reason.
+    pub async fn record_contract(
+        &self,
+        client: &(impl GenericClient + Sync),
+        kind: AuditKind,
+        contract: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        client
+            .execute_unnamed(
+                &self.insert_contract,
+                &[&kind.as_str(), &contract, &by, &reason],
+            )
+            .await?;
+        Ok(())
+    }
+}
+
 /// [`AUDIT`]'s parameters, `kind` being `record.kind` as stored.
 fn params<'r>(kind: &'r &'static str, record: &'r AuditRecord<'_>) -> [&'r (dyn ToSql + Sync); 7] {
     [
@@ -124,3 +148,8 @@ const AUDIT: &str = "
 INSERT INTO {{schema}}.lifecycle_audit
     (kind, project_id, consumer_id, event_id, actor, count, reason)
 VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// Appends a contract registry row: `$1` kind, `$2` contract, `$3` operator, `$4` reason.
+const AUDIT_CONTRACT: &str = "
+INSERT INTO {{schema}}.lifecycle_audit (kind, contract, actor, reason)
+VALUES ($1, $2, $3, $4)";

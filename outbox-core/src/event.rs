@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{IdError, ProjectId, TaskId, validate_identifier};
 
-/// The only event type in the stream so far.
+/// The first event type of the stream, registered by the schema itself.
 pub const TASK_DELETED: &str = "task:deleted";
 
 /// Version of the payload layout written by this library.
@@ -44,6 +44,12 @@ pub enum ValidationError {
     /// A `prior` value is not a string.
     #[error("invalid prior.{0}: must be a string")]
     PriorValueNotString(String),
+    /// A payload value was refused (`invalid payload for task:archived@1: field "x": ...`).
+    #[error("{0}")]
+    Payload(String),
+    /// A W3C trace context header was malformed.
+    #[error("invalid traceparent: {0}")]
+    Traceparent(String),
 }
 
 /// The task's state just before deletion: the minimum an observer needs to update its view.

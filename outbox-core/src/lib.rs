@@ -55,6 +55,7 @@
 pub mod admin;
 mod audit_log;
 mod connect;
+pub mod contract;
 mod election;
 mod error;
 mod event;
@@ -82,6 +83,10 @@ pub use admin::{
 pub use connect::{
     ConnectError, ConnectSettings, Connector, Pooler, RootCert, SslMode, TargetSession,
     TlsConnection, WrongServer, explain as explain_connect_error, is_outage,
+};
+pub use contract::{
+    Acceptance, Contract, ContractFileError, ContractRef, ContractStatus, Event, EventTypeName,
+    EventTypes, FieldSpec, FieldType, Payload, RefError, validate_traceparent,
 };
 pub use election::{
     Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,

@@ -111,6 +111,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "consumer_admin",
         template: include_str!("../../sql/0015_consumer_admin.sql"),
     },
+    Migration {
+        version: 16,
+        name: "event_contracts",
+        template: include_str!("../../sql/0016_event_contracts.sql"),
+    },
 ];
 
 /// What a migration run did.

@@ -88,6 +88,17 @@ VALUES ($1, 'task:deleted', $2, $3, $4, $5, $6, $7)
 ON CONFLICT ON CONSTRAINT lifecycle_outbox_event_key DO NOTHING
 RETURNING id";
 
+/// Records an event of any registered type through the SQL writer (migration 0016), which
+/// checks the payload against the type's contract and inserts once: `$1` project, `$2` type,
+/// `$3` major, `$4` subject, `$5` payload, `$6` writer process, `$7` traceparent (or NULL).
+/// `inserted` says whether this call recorded it (false: the occurrence was recorded before).
+pub const WRITE_EVENT: &str = "
+SELECT event_id,
+       EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox o
+               WHERE o.project_id = $1 AND o.event_id = w.event_id
+                 AND o.xid = pg_current_xact_id()) AS inserted
+FROM {{schema}}.write_event($1, $2, $3, $4, $5, $6, $7) AS w(event_id)";
+
 /// One sequencer tick (migration 0014): the idle probe, the sequencer lock and the numbering
 /// of up to `$2` committed events, in one statement and so one transaction of its own; `$1`
 /// is the schema's lock key, `$3` the channel notified with each touched project. Returns a

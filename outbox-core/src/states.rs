@@ -145,6 +145,14 @@ text_enum!(
         /// A consumer found that the event at its position is not the one it acknowledged
         /// (a failover lost a tail, or a backup was restored) and reconciled.
         HistoryDiverged => "lifecycle-observation:history-diverged" | "history-diverged",
+        /// An operator registered a contract: a new type, major or minor (the reason says
+        /// which minor).
+        ContractAdded => "lifecycle-observation:contract-added" | "contract-added",
+        /// An operator deprecated a contract's major.
+        ContractDeprecated =>
+            "lifecycle-observation:contract-deprecated" | "contract-deprecated",
+        /// An operator retired a contract's major.
+        ContractRetired => "lifecycle-observation:contract-retired" | "contract-retired",
     }
 );
 
@@ -259,7 +267,7 @@ mod tests {
             Ok(AuditKind::Pruned)
         );
         assert!("retired".parse::<AuditKind>().is_err());
-        assert_eq!(AuditKind::ALL.len(), 10);
+        assert_eq!(AuditKind::ALL.len(), 13);
         assert_eq!(AuditKind::ConsumerRetired.short_name(), "consumer-retired");
         for state in DeliveryState::ALL {
             assert_eq!(state.as_str().parse::<DeliveryState>(), Ok(*state));

@@ -1,10 +1,12 @@
-//! The transactional writer: records `task:deleted` inside the caller's delete transaction.
+//! The transactional writer: records `task:deleted` inside the caller's delete transaction,
+//! and events of any registered type through the SQL writer `write_event`.
 
 use tokio_postgres::GenericClient;
 use tokio_postgres::types::Type;
 
+use crate::contract::Event;
 use crate::error::Error;
-use crate::event::{PAYLOAD_VERSION, TaskDeleted};
+use crate::event::{PAYLOAD_VERSION, TaskDeleted, ValidationError};
 use crate::ids::WriterProcessId;
 use crate::observed::in_observed_dispatch;
 use crate::schema::Schema;
@@ -47,6 +49,8 @@ pub struct Writer {
     process_id: WriterProcessId,
     /// The insert statement rendered for the configured schema.
     insert: String,
+    /// The generic writer's call, rendered for the configured schema.
+    write_event: String,
 }
 
 impl Writer {
@@ -55,6 +59,7 @@ impl Writer {
         Self {
             process_id,
             insert: schema.render(sql::WRITE_TASK_DELETED),
+            write_event: schema.render(sql::WRITE_EVENT),
         }
     }
 
@@ -92,6 +97,48 @@ impl Writer {
             WriteOutcome::AlreadyRecorded { event_id }
         } else {
             WriteOutcome::Recorded { event_id }
+        })
+    }
+
+    /// Records an event of any registered type through `client`, the caller's open
+    /// transaction, with one call of the SQL writer `write_event`: the payload is checked
+    /// against the type's contract there, in the same round trip (an unknown or retired type,
+    /// or a payload that breaks its contract, is refused with a message naming the field and
+    /// nothing is written). A repeated write of one occurrence (same subject and identity
+    /// fields) records nothing new.
+    pub async fn record_event<C>(&self, client: &C, event: &Event) -> Result<WriteOutcome, Error>
+    where
+        C: GenericClient + Sync,
+    {
+        if in_observed_dispatch() {
+            return Err(Error::WriteInsideObservedDispatch);
+        }
+        let contract = event.contract();
+        let major = i32::try_from(contract.major).unwrap_or(i32::MAX);
+        let row = client
+            .query_typed(
+                &self.write_event,
+                &[
+                    (&event.project_id().as_str(), Type::TEXT),
+                    (&contract.event_type.as_str(), Type::TEXT),
+                    (&major, Type::INT4),
+                    (&event.subject_id().as_str(), Type::TEXT),
+                    (event.payload(), Type::JSONB),
+                    (&self.process_id.as_str(), Type::TEXT),
+                    (&event.traceparent(), Type::TEXT),
+                ],
+            )
+            .await?;
+        let row = row.first().ok_or_else(|| {
+            Error::Validation(ValidationError::Payload(format!(
+                "write_event returned no row for {contract}"
+            )))
+        })?;
+        let event_id: String = row.try_get("event_id")?;
+        Ok(if row.try_get("inserted")? {
+            WriteOutcome::Recorded { event_id }
+        } else {
+            WriteOutcome::AlreadyRecorded { event_id }
         })
     }
 }

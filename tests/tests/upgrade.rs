@@ -551,12 +551,12 @@ async fn roles_added_after_later_migrations_get_their_grants() {
     let report = dry_run(&db).await;
     assert_eq!(
         versions(&report["pending"]),
-        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
     );
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
     assert_eq!(
         report.applied,
-        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
     );
     let row = client
         .query_one(

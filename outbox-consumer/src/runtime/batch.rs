@@ -97,6 +97,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             shutdown,
             grace: self.config.delivery.shutdown_grace,
             held_sequence: progress.position.held_sequence(),
+            event_types: &self.config.delivery.event_types,
+            skipped: &progress.meters.skipped,
         };
         let outcome = self.dispatch.deliver(&ctx, &events).await?;
         let retry_in = match (&outcome.failure, events.get(outcome.handled)) {

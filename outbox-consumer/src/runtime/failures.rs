@@ -80,7 +80,11 @@ impl<D, R> Consumer<D, R> {
         class: FailureClass,
     ) -> Result<(), ConsumerError> {
         let attempts = event.attempt;
-        let delay = self.config.delivery.retry.delay_after(attempts);
+        // A retry cannot make a contract mismatch understood: it is parked at once.
+        let delay = match class == FailureClass::contract_mismatch() {
+            true => None,
+            false => self.config.delivery.retry.delay_after(attempts),
+        };
         let mut client = self.pool.get().await?;
         store::record_failure(
             &mut client,

@@ -90,6 +90,8 @@ pub(super) struct Meters {
     cursor: metrics::Gauge,
     /// `outbox_dead_letters_parked_total`: events parked.
     pub dead_letters: metrics::Counter,
+    /// `outbox_events_skipped_total`: events of undeclared types passed without a call.
+    pub skipped: metrics::Counter,
     /// `outbox_history_divergences_total`: positions found not to exist in the database's
     /// history.
     pub divergences: metrics::Counter,
@@ -107,6 +109,7 @@ impl Meters {
             delivered: metrics::counter!("outbox_events_delivered_total", &labels),
             cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
             dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
+            skipped: metrics::counter!("outbox_events_skipped_total", &labels),
             divergences: metrics::counter!("outbox_history_divergences_total", &labels),
             commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
             labels,

@@ -6,7 +6,9 @@ use super::fetch::{Fetched, ReadAfter};
 use super::position::Read;
 use super::progress::Progress;
 use crate::error::ConsumerError;
+use crate::event::FailureClass;
 use crate::store::Statements;
+use outbox_core::Acceptance;
 
 impl<D, R> Consumer<D, R> {
     /// Read and decode: the contiguous run of events after `cursor`, up to the first
@@ -37,7 +39,16 @@ impl<D, R> Consumer<D, R> {
             progress.bounds_checked = false;
             return Ok(None);
         }
-        let read = progress.position.contiguous(cursor, batch.events);
+        let mut decoded = batch.events;
+        // An event of a declared type in an undeclared major fails on its own, like an
+        // undecodable one, and is parked at once.
+        for (event, class) in decoded.iter_mut().filter(|(_, class)| class.is_none()) {
+            let types = &self.config.delivery.event_types;
+            if types.accept(&event.event_type, event.type_major) == Acceptance::Mismatch {
+                *class = Some(FailureClass::contract_mismatch());
+            }
+        }
+        let read = progress.position.contiguous(cursor, decoded);
         let Read::Events { events, cut_short } = &read else {
             return Ok(Some((read, false)));
         };

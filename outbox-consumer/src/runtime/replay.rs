@@ -8,9 +8,11 @@ use outbox_core::Unnamed as _;
 use super::Consumer;
 use crate::dispatch::{DispatchContext, DispatchMode};
 use crate::error::ConsumerError;
+use crate::event::FailureClass;
 use crate::handler::Reconciler;
 use crate::lease::Lease;
 use crate::store::{self, Statements};
+use outbox_core::Acceptance;
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// Re-dispatches dead letters an operator asked to replay.
@@ -31,6 +33,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 )
                 .await?
         };
+        // Replays never reach the skip (one event at a time, decided below), but the context
+        // carries the counter all the same.
+        let skipped = metrics::counter!("outbox_events_skipped_total",
+            "project" => project.to_string(), "consumer" => consumer.to_string());
         let ctx = DispatchContext {
             pool: &self.pool,
             lease,
@@ -38,6 +44,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             shutdown,
             grace: self.config.delivery.shutdown_grace,
             held_sequence: None,
+            event_types: &self.config.delivery.event_types,
+            skipped: &skipped,
         };
         for row in rows {
             if !lease.is_valid() || shutdown.is_cancelled() {
@@ -46,7 +54,28 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             let attempts: i32 = row.try_get("attempts")?;
             let attempt = attempts.max(0) as u32 + 1;
             let (event, undecodable) = store::decode(&row, project, consumer, true, attempt)?;
-            if let Some(class) = undecodable {
+            let acceptance = self
+                .config
+                .delivery
+                .event_types
+                .accept(&event.event_type, event.type_major);
+            let class = match acceptance {
+                Acceptance::Mismatch => Some(FailureClass::contract_mismatch()),
+                _ => None,
+            };
+            if acceptance == Acceptance::Skip && undecodable.is_none() {
+                // A dead letter of a type this consumer no longer declares: it would pass the
+                // stream without a call, so the replay does too.
+                let mut client = self.pool.get().await?;
+                let tx = client.transaction().await?;
+                store::lock_fence(&tx, statements, lease).await?;
+                store::record_replay(&tx, statements, lease, &event, &Ok(())).await?;
+                tx.commit().await?;
+                tracing::info!(event_id = %event.event_id, event_type = %event.event_type,
+                    "dead letter of an undeclared type marked replayed without a handler call");
+                continue;
+            }
+            if let Some(class) = undecodable.or(class) {
                 let mut client = self.pool.get().await?;
                 let tx = client.transaction().await?;
                 store::lock_fence(&tx, statements, lease).await?;

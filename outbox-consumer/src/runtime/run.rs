@@ -16,7 +16,7 @@ use crate::dispatch::DispatchMode;
 use crate::error::ConsumerError;
 use crate::handler::Reconciler;
 use crate::outage::{self, wait_out};
-use crate::{lease, sql};
+use crate::{lease, sql, store};
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// Runs until `shutdown` is cancelled (then finishes or abandons the current event within
@@ -54,6 +54,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             if checked.is_none() {
                 return Ok(RunSummary::default());
             }
+        }
+        let declared = wait_out("the event types' check", &shutdown, || async {
+            let client = self.pool.get().await?;
+            store::check_declared(&**client, &statements, &self.config.delivery.event_types).await
+        });
+        if declared.await?.is_none() {
+            return Ok(RunSummary::default());
         }
         if self.config.delivery.reactivate
             && wait_out("the consumer lookup", &shutdown, || self.refuse_unknown())

@@ -35,6 +35,8 @@ pub struct AuditEntry {
     pub count: Option<i64>,
     /// The operator's reason (`consumer-retired`, `dead-letter-resolved`).
     pub reason: Option<String>,
+    /// The contract (`task:archived@1`), for the `contract-*` kinds.
+    pub contract: Option<String>,
 }
 
 impl AuditEntry {
@@ -50,6 +52,7 @@ impl AuditEntry {
             actor: row.try_get("actor")?,
             count: row.try_get("count")?,
             reason: row.try_get("reason")?,
+            contract: row.try_get("contract")?,
         })
     }
 }
@@ -131,7 +134,7 @@ impl Admin {
 /// `$4` event or NULL, `$5` earliest time or NULL, `$6` last ID already seen or NULL, `$7` row
 /// limit.
 pub(super) const AUDIT_TRAIL: &str = "
-SELECT id, recorded_at, kind, project_id, consumer_id, event_id, actor, count, reason
+SELECT id, recorded_at, kind, project_id, consumer_id, event_id, actor, count, reason, contract
 FROM {{schema}}.lifecycle_audit
 WHERE ($1::text IS NULL OR project_id = $1)
   AND ($2::text IS NULL OR consumer_id = $2)

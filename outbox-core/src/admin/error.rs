@@ -30,6 +30,9 @@ pub enum InputError {
     /// `max_prunable`).
     #[error("invalid threshold: {0}")]
     Threshold(String),
+    /// A contract file was refused, or is incompatible with the registered version.
+    #[error(transparent)]
+    Contract(#[from] crate::contract::ContractFileError),
 }
 
 /// The object an operation is about, named in every error.
@@ -70,6 +73,11 @@ pub enum Target {
         consumer: ConsumerId,
         /// The event's sequence.
         sequence: i64,
+    },
+    /// An event type's major version in the contract registry.
+    Contract {
+        /// `task:archived@1`.
+        contract: crate::contract::ContractRef,
     },
 }
 
@@ -114,6 +122,7 @@ impl fmt::Display for Target {
                 f,
                 "dead letter at sequence {sequence} of consumer {consumer} in project {project}"
             ),
+            Target::Contract { contract } => write!(f, "contract {contract}"),
         }
     }
 }
@@ -155,6 +164,12 @@ pub enum AdminError {
 impl From<IdError> for AdminError {
     fn from(e: IdError) -> Self {
         AdminError::Invalid(InputError::Id(e))
+    }
+}
+
+impl From<crate::contract::ContractFileError> for AdminError {
+    fn from(e: crate::contract::ContractFileError) -> Self {
+        AdminError::Invalid(InputError::Contract(e))
     }
 }
 

@@ -46,6 +46,7 @@
 pub mod audit;
 pub mod consumer_admin;
 pub mod consumers;
+pub mod contracts;
 pub mod dead_letters;
 pub mod error;
 pub mod projects;
@@ -66,6 +67,7 @@ pub use crate::states::{AuditKind, ConsumerState, DeliveryState, Health};
 pub use audit::{AuditEntry, AuditFilter};
 pub use consumer_admin::{Deletion, Reactivation};
 pub use consumers::{ConsumerInfo, Retirement, RetryingEvent};
+pub use contracts::{RegisteredContract, Registration};
 pub use dead_letters::{
     DeadLetter, DeadLetterDetail, DeadLetterFilter, EventFields, ReplayRequest, ReplayTarget,
     Resolution,
@@ -115,6 +117,8 @@ pub struct Admin {
     consumer_admin: consumer_admin::Statements,
     /// Dead-letter statements.
     dead_letters: dead_letters::Statements,
+    /// Contract registry statements.
+    contracts: contracts::Statements,
     /// The audit trail's reader.
     audit_trail: String,
     /// The audit trail's writer.
@@ -148,6 +152,7 @@ impl Admin {
             consumers: consumers::Statements::new(schema),
             consumer_admin: consumer_admin::Statements::new(schema),
             dead_letters: dead_letters::Statements::new(schema),
+            contracts: contracts::Statements::new(schema),
             audit_trail: schema.render(audit::AUDIT_TRAIL),
             audit: AuditLog::new(schema),
             schema: schema.clone(),
