@@ -185,7 +185,8 @@ fn audit_table(mut table: Table, rows: &[AuditEntry]) -> Table {
             entry.kind.short_name().to_owned(),
             opt(entry.project_id.as_deref()),
             opt(entry.consumer_id.as_deref()),
-            opt(entry.event_id.as_deref()),
+            // A contract row names its contract where an event row names its event.
+            opt(entry.event_id.as_deref().or(entry.contract.as_deref())),
             opt(entry.actor.as_deref()),
             opt(entry.count),
             opt(entry.reason.as_deref()),

@@ -91,6 +91,20 @@ where
     crate::base::within_grace(ctx.shutdown, ctx.grace, observe(handling)).await
 }
 
+/// Runs a handler call inside a span that carries the writer's trace context, when it passed
+/// one, so the handler's own spans continue the writer's trace (an OpenTelemetry layer links
+/// them by the `traceparent` field).
+pub(crate) async fn traced<F: Future>(event: &ObservedEvent, handling: F) -> F::Output {
+    match &event.traceparent {
+        Some(traceparent) => {
+            let span = tracing::info_span!("observed_event", traceparent = %traceparent,
+                event_id = %event.event_id, event_type = %event.event_type);
+            tracing::Instrument::instrument(handling, span).await
+        }
+        None => handling.await,
+    }
+}
+
 /// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an
 /// abandonment (not the event's fault, not counted), `Ok(Some(class))` a failure of the event.
 fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
@@ -123,7 +137,7 @@ impl<H: Handler> DispatchMode for Plain<H> {
                 if ctx.skips(event) {
                     skipped += 1;
                 } else {
-                    self.0.handle(event).await?;
+                    traced(event, self.0.handle(event)).await?;
                 }
                 handled += 1;
             }
@@ -168,7 +182,7 @@ impl<H: Handler> DispatchMode for Plain<H> {
         ctx: &DispatchContext<'_>,
         event: &ObservedEvent,
     ) -> Result<Option<Result<(), HandlerFailure>>, ConsumerError> {
-        let Some(mut result) = guarded(ctx, self.0.handle(event)).await else {
+        let Some(mut result) = guarded(ctx, traced(event, self.0.handle(event))).await else {
             return Ok(None);
         };
         if result.is_ok() {
@@ -226,6 +240,7 @@ impl<H: Handler> Plain<H> {
 async fn ack_skipped(
     ctx: &DispatchContext<'_>,
     client: &mut deadpool_postgres::Client,
+    left_at: i64,
     through: Option<i64>,
 ) -> Result<(), ConsumerError> {
     let Some(sequence) = through else {
@@ -233,7 +248,15 @@ async fn ack_skipped(
     };
     let tx = client.transaction().await?;
     store::lock_fence(&tx, ctx.statements, ctx.lease).await?;
-    store::ack_in(&tx, ctx.statements, ctx.lease, ctx.held_sequence, sequence).await?;
+    store::ack_in(
+        &tx,
+        ctx.statements,
+        ctx.lease,
+        ctx.held_sequence,
+        left_at,
+        sequence,
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -248,9 +271,11 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
         // Skipped events are acknowledged by the next handled event's transaction, or on
         // their own when none follows.
         let mut skipped_through = None;
+        // Where the cursor stands in the database: each acknowledgement moves it from here.
+        let mut acked_through = events.first().map_or(0, |e| e.sequence - 1);
         for (index, event) in events.iter().enumerate() {
             if !ctx.lease.is_valid() || ctx.shutdown.is_cancelled() {
-                ack_skipped(ctx, &mut client, skipped_through).await?;
+                ack_skipped(ctx, &mut client, acked_through, skipped_through).await?;
                 return Ok(BatchOutcome {
                     handled: index,
                     acked: true,
@@ -264,22 +289,24 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
             }
             let tx = client.transaction().await?;
             store::lock_fence(&tx, ctx.statements, ctx.lease).await?;
-            match guarded(ctx, self.0.handle(&tx, event)).await {
+            match guarded(ctx, traced(event, self.0.handle(&tx, event))).await {
                 Some(Ok(())) => {
                     store::ack_in(
                         &tx,
                         ctx.statements,
                         ctx.lease,
                         ctx.held_sequence,
+                        acked_through,
                         event.sequence,
                     )
                     .await?;
                     tx.commit().await?;
+                    acked_through = event.sequence;
                     skipped_through = None;
                 }
                 Some(Err(f)) => {
                     tx.rollback().await?;
-                    ack_skipped(ctx, &mut client, skipped_through).await?;
+                    ack_skipped(ctx, &mut client, acked_through, skipped_through).await?;
                     return Ok(BatchOutcome {
                         handled: index,
                         acked: true,
@@ -288,7 +315,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                 }
                 None => {
                     tx.rollback().await?;
-                    ack_skipped(ctx, &mut client, skipped_through).await?;
+                    ack_skipped(ctx, &mut client, acked_through, skipped_through).await?;
                     return Ok(BatchOutcome {
                         handled: index,
                         acked: true,
@@ -297,7 +324,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
                 }
             }
         }
-        ack_skipped(ctx, &mut client, skipped_through).await?;
+        ack_skipped(ctx, &mut client, acked_through, skipped_through).await?;
         Ok(BatchOutcome {
             handled: events.len(),
             acked: true,
@@ -313,7 +340,7 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
         let mut client = ctx.pool.get().await?;
         let tx = client.transaction().await?;
         store::lock_fence(&tx, ctx.statements, ctx.lease).await?;
-        let Some(result) = guarded(ctx, self.0.handle(&tx, event)).await else {
+        let Some(result) = guarded(ctx, traced(event, self.0.handle(&tx, event))).await else {
             tx.rollback().await?;
             return Ok(None);
         };

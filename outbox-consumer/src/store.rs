@@ -192,17 +192,18 @@ pub(crate) async fn query_hot(
     }
 }
 
-/// Acknowledges event `sequence` inside a fenced transaction, conditional on the cursor
-/// standing right before it (events are dispatched contiguously after the cursor).
+/// Acknowledges through event `sequence` inside a fenced transaction, conditional on the
+/// cursor standing at `left_at`: right before it, or before the events of undeclared types
+/// that passed since (events are dispatched contiguously after the cursor).
 pub(crate) async fn ack_in(
     tx: &Transaction<'_>,
     statements: &Statements,
     lease: &Lease,
     held: Option<i64>,
+    left_at: i64,
     sequence: i64,
 ) -> Result<(), ConsumerError> {
     let [p, c, o, g] = lease.fence.params();
-    let left_at = sequence - 1;
     if tx
         .execute_unnamed(&statements.ack, &[p, c, o, g, &sequence, &left_at])
         .await?

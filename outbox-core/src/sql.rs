@@ -91,13 +91,16 @@ RETURNING id";
 /// Records an event of any registered type through the SQL writer (migration 0016), which
 /// checks the payload against the type's contract and inserts once: `$1` project, `$2` type,
 /// `$3` major, `$4` subject, `$5` payload, `$6` writer process, `$7` traceparent (or NULL).
-/// `inserted` says whether this call recorded it (false: the occurrence was recorded before).
 pub const WRITE_EVENT: &str = "
-SELECT event_id,
-       EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox o
-               WHERE o.project_id = $1 AND o.event_id = w.event_id
-                 AND o.xid = pg_current_xact_id()) AS inserted
-FROM {{schema}}.write_event($1, $2, $3, $4, $5, $6, $7) AS w(event_id)";
+SELECT {{schema}}.write_event($1, $2, $3, $4, $5, $6, $7) AS event_id";
+
+/// Whether event `$2` of project `$1` was recorded by the caller's transaction (rather than
+/// before it): the generic writer's function returns only the ID, and a statement cannot see
+/// the rows a function it calls inserts.
+pub const RECORDED_HERE: &str = "
+SELECT coalesce(xid = pg_current_xact_id_if_assigned(), false) AS inserted
+FROM {{schema}}.lifecycle_outbox
+WHERE project_id = $1 AND event_id = $2";
 
 /// One sequencer tick (migration 0014): the idle probe, the sequencer lock and the numbering
 /// of up to `$2` committed events, in one statement and so one transaction of its own; `$1`
