@@ -14,6 +14,8 @@ use crate::store;
 /// Reads retained events and live snapshots without writing anything.
 #[derive(Debug, Clone)]
 pub struct History {
+    /// The types a read returns.
+    event_types: outbox_core::EventTypes,
     /// [`sql::READ_RANGE`], rendered.
     read_range: String,
     /// [`sql::PROJECT_BOUNDS`], rendered.
@@ -40,7 +42,14 @@ pub struct ResumePoint {
 impl History {
     /// Statements for `schema`.
     pub fn new(schema: &Schema) -> Self {
+        Self::for_types(schema, outbox_core::EventTypes::default())
+    }
+
+    /// History statements whose reads return only events of `event_types` (the types the
+    /// consumer being served declared: it passed the others without a call).
+    pub fn for_types(schema: &Schema, event_types: outbox_core::EventTypes) -> Self {
         Self {
+            event_types,
             read_range: schema.render(sql::READ_RANGE),
             bounds: schema.render(sql::PROJECT_BOUNDS),
             cursor: schema.render(sql::CURSOR),
@@ -100,7 +109,8 @@ impl History {
 
     /// Up to `limit` retained events with `after < sequence <= through`, in order, as
     /// `consumer` observed them. Events `consumer` parked as dead letters are left out, and
-    /// so is an event whose payload cannot be decoded (the consumer parks such an event).
+    /// so is an event whose payload cannot be decoded (the consumer parks such an event), and
+    /// one of a type or major the consumer did not declare (passed, or parked).
     pub async fn read(
         &self,
         client: &impl GenericClient,
@@ -125,8 +135,13 @@ impl History {
         let mut events = Vec::with_capacity(rows.len());
         for row in &rows {
             match store::decode(row, project, consumer, false, 1)? {
-                (event, None) => events.push(event),
-                (_, Some(_undecodable)) => {}
+                (event, None)
+                    if self.event_types.accept(&event.event_type, event.type_major)
+                        == outbox_core::Acceptance::Deliver =>
+                {
+                    events.push(event)
+                }
+                _ => {}
             }
         }
         Ok(events)

@@ -211,6 +211,7 @@ impl<C: Handler + Reconciler> Server<C> {
         // `/metrics` always shows the consumers' lag and dead letters.
         duties.gauge_interval.get_or_insert(template.poll_interval);
         let live_query = template.live_query.sql().to_owned();
+        let event_types = template.event_types.clone();
         let schema = duties.schema.clone();
         let factory = move |project: &ProjectId, _: &ConsumerId| {
             let sink = sinks
@@ -235,7 +236,7 @@ impl<C: Handler + Reconciler> Server<C> {
             fan_outs,
             projects: self.projects,
             probes: set.probes(),
-            history: History::new(&schema),
+            history: History::for_types(&schema, event_types),
             schema,
             consumer_id: settings.consumer_id,
             read_pool: self.read_pool,

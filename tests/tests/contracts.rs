@@ -902,6 +902,45 @@ async fn the_type_version_payload_and_trace_context_reach_lines_children_and_sse
         ]
     );
     assert_eq!(events[1].json()["traceparent"], TRACEPARENT);
+
+    // A server of the default declaration sends deletes only, live or from history.
+    let deletes_only = ServeProcess::start(
+        &db.url,
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "sse-deletes",
+            "--sequence-interval",
+            "10ms",
+            "--start-from",
+            "earliest",
+        ],
+    )
+    .await;
+    eventually(
+        PROCESS_WAIT,
+        "the second server's consumer to pass every event",
+        || async { cursor(&db, "p", "sse-deletes").await == Some(4) },
+    )
+    .await;
+    let from_history =
+        SseClient::open(deletes_only.addr, "/v1/projects/p/events?after=0", &[]).await;
+    eventually(WAIT, "two SSE events", || async {
+        from_history.events().len() >= 2
+    })
+    .await;
+    write_event(&db, "p", "t5").await;
+    eventually(WAIT, "the live delete", || async {
+        from_history.events().len() >= 3
+    })
+    .await;
+    let sequences: Vec<i64> = from_history
+        .events()
+        .iter()
+        .filter_map(|m| m.sequence())
+        .collect();
+    assert_eq!(sequences, [1, 3, 5]);
 }
 
 #[tokio::test]
@@ -1000,4 +1039,114 @@ async fn published_json_schemas_accept_the_golden_payloads_and_refuse_broken_one
         .await
         .unwrap();
     assert_eq!(listed.len(), 3);
+}
+
+/// The registry's one-predicate fast check never accepts what the field-by-field check
+/// refuses: random payloads for `task:archived@1` and `task:restored@1`, each field valid,
+/// broken, null or missing, sometimes with a stranger key, judged by both.
+#[tokio::test]
+async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
+    use rand::Rng;
+    use rand::seq::IndexedRandom;
+    let db = fresh_db().await;
+    register(&db, "task-archived.json").await;
+    register(&db, "task-restored.json").await;
+    let client = db.connect().await;
+    let timestamps = [
+        "2026-01-02T03:04:05Z",
+        "2026-02-30T00:00:00Z",
+        "2000-01-01T00:30:00+01:00",
+        "2026-01-31T23:59:59.123456-05:00",
+        "1999-12-31T23:59:59Z",
+        "2026-13-01T00:00:00Z",
+        "yesterday",
+        "2026-01-02 03:04:05Z",
+    ];
+    let identifiers = ["todo", "in progress", "", "x:y@z.1-2", "é"];
+    let long = "a".repeat(65);
+    let mut rng = rand::rng();
+    let mut accepted_fast = 0;
+    for round in 0..400 {
+        let mut value = |valid: serde_json::Value| -> Option<serde_json::Value> {
+            match rng.random_range(0..6) {
+                0 => None,
+                1 => Some(serde_json::Value::Null),
+                2 => Some(serde_json::json!(*identifiers.choose(&mut rng).unwrap())),
+                3 => Some(serde_json::json!(*timestamps.choose(&mut rng).unwrap())),
+                4 => {
+                    let odd = [
+                        serde_json::json!(1),
+                        serde_json::json!({"a": 2}),
+                        serde_json::json!(3.5),
+                        serde_json::json!(true),
+                        serde_json::json!(long.clone()),
+                    ];
+                    Some(odd[rng.random_range(0..odd.len())].clone())
+                }
+                _ => Some(valid),
+            }
+        };
+        let (contract, mut payload) = if round % 2 == 0 {
+            let mut prior = serde_json::Map::new();
+            for key in ["column", "status"] {
+                if let Some(v) = value(serde_json::json!("todo")) {
+                    prior.insert(key.into(), v);
+                }
+            }
+            let mut payload = serde_json::Map::new();
+            if let Some(v) = value(serde_json::json!("2026-01-02T03:04:05Z")) {
+                payload.insert("archived_at".into(), v);
+            }
+            if let Some(v) = value(serde_json::Value::Object(prior)) {
+                payload.insert("prior".into(), v);
+            }
+            ("task:archived", payload)
+        } else {
+            let mut payload = serde_json::Map::new();
+            for (key, valid) in [
+                (
+                    "restored_at",
+                    serde_json::json!("2026-01-03T00:00:00+02:00"),
+                ),
+                ("column", serde_json::json!("doing")),
+                ("status", serde_json::json!("open")),
+            ] {
+                if let Some(v) = value(valid) {
+                    payload.insert(key.into(), v);
+                }
+            }
+            ("task:restored", payload)
+        };
+        if rng.random_range(0..8) == 0 {
+            payload.insert("note".into(), serde_json::json!("free text"));
+        }
+        let payload = serde_json::Value::Object(payload);
+        let fast: Option<bool> = client
+            .query_one(
+                "SELECT jsonb_path_match($1, fast_check) FROM outbox.lifecycle_event_contracts \
+                 WHERE event_type = $2 AND major = 1",
+                &[&payload, &contract],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let full = client
+            .execute(
+                "SELECT outbox.check_fields($2 || '@1', '', fields, $1) \
+                 FROM outbox.lifecycle_event_contracts WHERE event_type = $2 AND major = 1",
+                &[&payload, &contract],
+            )
+            .await;
+        if fast == Some(true) {
+            accepted_fast += 1;
+            assert!(
+                full.is_ok(),
+                "the fast check accepted {payload}, the full check: {full:?}"
+            );
+        }
+    }
+    assert!(
+        accepted_fast > 5,
+        "too few valid payloads drawn ({accepted_fast}) to mean anything"
+    );
 }

@@ -531,6 +531,29 @@ async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() 
             vec![("p".into(), 6), ("q".into(), 2), ("r".into(), 1)],
             "from {from}"
         );
+        // The upgraded schema knows task:deleted@1, and the generic writer writes it as the
+        // original writer does, numbered after everything written before the upgrade.
+        let generic: String = client
+            .query_one(
+                "SELECT outbox.write_event('p', 'task:deleted', 1, 'a7',                  jsonb_build_object('deleted_at', now()), 'w')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            generic.starts_with("task-deleted:a7:"),
+            "from {from}: {generic}"
+        );
+        Sequencer::new(&Schema::default())
+            .drain(&mut client)
+            .await
+            .unwrap();
+        assert_eq!(
+            numbered(&client, "p").await,
+            expected(&["a1", "a2", "a3", "a4", "a5", "a6", "a7"]),
+            "from {from}"
+        );
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod compat;
 mod event;
+mod fast_check;
 mod file;
 mod reference;
 mod schema_doc;
