@@ -23,7 +23,10 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         project: project.clone(),
         consumer_id: consumer.clone(),
     };
-    let config = build_config(global, &consumer, options)?;
+    let mut config = build_config(global, &consumer, options)?;
+    args.lanes
+        .apply(&mut config.delivery)
+        .map_err(Failure::usage)?;
     if args.child.child.is_none() {
         crate::sink::refuse_closed_stdout()?;
     }
@@ -75,7 +78,8 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         ));
     }
     let targets = &args.targets;
-    let template = delivery_settings(options)?;
+    let mut template = delivery_settings(options)?;
+    args.lanes.apply(&mut template).map_err(Failure::usage)?;
     let duties = duties(global, options)?;
     crate::sink::refuse_closed_stdout()?;
     let projects = match targets.all_projects {

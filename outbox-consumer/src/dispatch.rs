@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
-use crate::handler::{Handler, TransactionalHandler};
+use crate::handler::{Handler, PartialAck, TransactionalHandler};
 use crate::lease::Lease;
 use crate::store::{self, Statements};
 
@@ -55,6 +55,25 @@ pub trait DispatchMode: private::Sealed + Send + Sync + 'static {
         ctx: &DispatchContext<'_>,
         event: &ObservedEvent,
     ) -> impl Future<Output = Result<Option<Result<(), HandlerFailure>>, ConsumerError>> + Send;
+
+    /// Why this mode cannot run with more than one lane, if it cannot.
+    #[doc(hidden)]
+    fn refuses_lanes(&self) -> Option<&'static str>;
+
+    /// Handles one event of a lane (the lanes acknowledge on their own).
+    #[doc(hidden)]
+    fn handle_in_lane(
+        &self,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+
+    /// Before the lanes acknowledge: `handled` are the events the handler accepted since the
+    /// last acknowledgement, in sequence order (see [`Handler::before_ack_prefix`]).
+    #[doc(hidden)]
+    fn before_lanes_ack(
+        &self,
+        handled: &[ObservedEvent],
+    ) -> impl Future<Output = Result<(), PartialAck>> + Send;
 }
 
 mod private {
@@ -81,7 +100,7 @@ where
 
 /// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an
 /// abandonment (not the event's fault, not counted), `Ok(Some(class))` a failure of the event.
-fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
+pub(crate) fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
     if let Some(reason) = failure.stop_reason() {
         return Err(ConsumerError::SinkFailed {
             reason: reason.to_owned(),
@@ -172,6 +191,26 @@ impl<H: Handler> DispatchMode for Plain<H> {
         tx.commit().await?;
         Ok(Some(result))
     }
+
+    fn refuses_lanes(&self) -> Option<&'static str> {
+        self.0.needs_total_order().then_some(
+            "the handler declares that it needs the stream's total order (needs_total_order)",
+        )
+    }
+
+    fn handle_in_lane(
+        &self,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        self.0.handle(event)
+    }
+
+    fn before_lanes_ack(
+        &self,
+        handled: &[ObservedEvent],
+    ) -> impl Future<Output = Result<(), PartialAck>> + Send {
+        self.0.before_ack_prefix(handled)
+    }
 }
 
 impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
@@ -257,5 +296,23 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
             tx.commit().await?;
         }
         Ok(Some(result))
+    }
+
+    fn refuses_lanes(&self) -> Option<&'static str> {
+        Some(
+            "a transactional handler runs one event at a time in the transaction that moves \
+             the cursor; use one lane",
+        )
+    }
+
+    async fn handle_in_lane(&self, _event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        // Never reached: a run with lanes refuses this mode before it claims anything.
+        Err(HandlerFailure::stop(
+            "a transactional handler cannot run in lanes",
+        ))
+    }
+
+    async fn before_lanes_ack(&self, _handled: &[ObservedEvent]) -> Result<(), PartialAck> {
+        Ok(())
     }
 }

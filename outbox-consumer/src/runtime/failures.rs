@@ -90,6 +90,7 @@ impl<D, R> Consumer<D, R> {
             attempts,
             &class,
             delay,
+            true,
         )
         .await?;
         progress.meters.failure(&class).increment(1);

@@ -1,0 +1,364 @@
+//! Lanes: many events of one project handled at once, each task's events one at a time and in
+//! sequence order, the cursor never ahead of an event not handled, a failing event holding
+//! its task and the cursor but not the other tasks.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_consumer::{
+    ConsumerError, FailureClass, Handler, HandlerFailure, ObservedEvent, PartialAck, RetrySchedule,
+};
+use outbox_core::Sequencer;
+use outbox_tests::consumer_kit::{Recorder, WAIT, cursor, eventually, fast_config, start_with};
+use outbox_tests::{TestDb, fresh_db};
+use tokio::sync::Notify;
+
+/// Inserts `events` events of project `p`, event `g` for task `t-(g % tasks)`, and numbers them.
+async fn seed(db: &TestDb, events: i64, tasks: i64) {
+    let client = db.connect().await;
+    client
+        .execute(
+            "INSERT INTO outbox.lifecycle_outbox (project_id, event_type, event_id, task_id, \
+             deleted_at, writer_process_id, payload_version, payload) \
+             SELECT 'p', 'task:deleted', 'e-' || g, 't-' || (g % $2::bigint), now(), 'w', 1, \
+             '{}'::jsonb FROM generate_series(1, $1::bigint) AS g",
+            &[&events, &tasks],
+        )
+        .await
+        .unwrap();
+    let mut client = db.connect().await;
+    Sequencer::new(&outbox_core::Schema::default())
+        .drain(&mut client)
+        .await
+        .unwrap();
+}
+
+/// What a lanes handler saw: per task, the sequences it started and whether one runs; every
+/// handled sequence; how many ran at once at most; anything that broke the rules.
+#[derive(Default)]
+struct Seen {
+    /// Per task: the last sequence started, and whether its handler runs.
+    tasks: BTreeMap<String, (i64, bool)>,
+    /// Every sequence handled (the handler returned `Ok`), with how many times.
+    handled: BTreeMap<i64, u32>,
+    /// Broken rules, described.
+    violations: Vec<String>,
+    /// The most handlers running at once.
+    most_at_once: usize,
+    /// Acknowledgements checked.
+    acks: usize,
+}
+
+/// Records start and end of every event, sleeping a random 0-20 ms between, and checks at
+/// every acknowledgement (`before_ack_prefix`) that nothing at or before it is unhandled.
+#[derive(Clone, Default)]
+struct LaneRecorder {
+    seen: Arc<Mutex<Seen>>,
+    running: Arc<AtomicUsize>,
+    /// Milliseconds of the longest random sleep (0: none).
+    max_sleep_ms: u64,
+}
+
+impl Handler for LaneRecorder {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        {
+            let mut seen = self.seen.lock().unwrap();
+            let (last, busy) = seen
+                .tasks
+                .get(&event.task_id)
+                .copied()
+                .unwrap_or((0, false));
+            if busy {
+                seen.violations.push(format!(
+                    "{} started while an event of {} runs",
+                    event.sequence, event.task_id
+                ));
+            }
+            if event.sequence <= last {
+                seen.violations.push(format!(
+                    "{} of {} started after {last}",
+                    event.sequence, event.task_id
+                ));
+            }
+            seen.tasks
+                .insert(event.task_id.clone(), (event.sequence, true));
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            seen.most_at_once = seen.most_at_once.max(now);
+        }
+        if self.max_sleep_ms > 0 {
+            let ms = rand::random::<u64>() % (self.max_sleep_ms + 1);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let mut seen = self.seen.lock().unwrap();
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        seen.tasks
+            .insert(event.task_id.clone(), (event.sequence, false));
+        *seen.handled.entry(event.sequence).or_default() += 1;
+        Ok(())
+    }
+
+    async fn before_ack_prefix(&self, handled: &[ObservedEvent]) -> Result<(), PartialAck> {
+        let mut seen = self.seen.lock().unwrap();
+        seen.acks += 1;
+        if !handled.is_sorted_by_key(|e| e.sequence) {
+            seen.violations
+                .push("an acknowledged prefix out of sequence order".into());
+        }
+        if let Some(last) = handled.last() {
+            let missing: Vec<i64> = (1..=last.sequence)
+                .filter(|s| !seen.handled.contains_key(s))
+                .take(5)
+                .collect();
+            if !missing.is_empty() {
+                seen.violations.push(format!(
+                    "acknowledging through {} with {missing:?} not handled",
+                    last.sequence
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_lanes_keep_each_task_in_order_and_the_cursor_behind_every_unhandled_event() {
+    let db = fresh_db().await;
+    let events: i64 = 2_000;
+    seed(&db, events, 97).await;
+    let handler = LaneRecorder {
+        max_sleep_ms: 20,
+        ..LaneRecorder::default()
+    };
+    let mut config = fast_config("p", "c");
+    config.delivery.lanes = 16;
+    config.delivery.batch_size = 100;
+    config.delivery.max_batch_size = 400;
+    config.delivery.max_ahead = 400;
+    let (stop, run) = start_with(&db, config, handler.clone(), Recorder::default());
+    // The committed cursor, read over and over while the lanes run: never ahead of an event
+    // not handled (the handler records an event before it returns, so before its ack).
+    let mut cursors = 0;
+    let mut highest = 0;
+    loop {
+        let at = cursor(&db, "p", "c").await.unwrap_or(0);
+        {
+            let seen = handler.seen.lock().unwrap();
+            let missing: Vec<i64> = (1..=at)
+                .filter(|s| !seen.handled.contains_key(s))
+                .take(5)
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "cursor {at} with {missing:?} not handled"
+            );
+        }
+        assert!(at >= highest, "the cursor went back from {highest} to {at}");
+        highest = at;
+        cursors += 1;
+        if at == events {
+            break;
+        }
+        assert!(!run.is_finished(), "the consumer stopped: {:?}", run.await);
+    }
+    stop.cancel();
+    let summary = run.await.unwrap().unwrap();
+    let seen = handler.seen.lock().unwrap();
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
+    assert_eq!(seen.handled.len() as i64, events, "every event handled");
+    assert!(
+        seen.handled.values().all(|&n| n == 1),
+        "no event handled twice in one run"
+    );
+    assert_eq!(summary.delivered, events as u64);
+    assert!(
+        (2..=16).contains(&seen.most_at_once),
+        "up to 16 at once, and more than one: {}",
+        seen.most_at_once
+    );
+    assert!(
+        seen.acks > 1 && cursors > 1,
+        "acks {}, cursors read {cursors}",
+        seen.acks
+    );
+}
+
+/// Fails every attempt of one event; its second attempt waits at a gate first.
+#[derive(Clone)]
+struct Poison {
+    inner: LaneRecorder,
+    poison: i64,
+    /// Opened by the test: the poison's second attempt then fails.
+    gate: Arc<Notify>,
+    /// Attempts of the poison event started.
+    attempts: Arc<Mutex<Vec<u32>>>,
+    /// Sequences handled, in the order their handlers ended.
+    order: Arc<Mutex<Vec<i64>>>,
+}
+
+impl Handler for Poison {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        if event.sequence == self.poison {
+            self.attempts.lock().unwrap().push(event.attempt);
+            if event.attempt == 2 {
+                self.gate.notified().await;
+            }
+            self.order.lock().unwrap().push(-event.sequence);
+            return Err(FailureClass::new("poison").unwrap().into());
+        }
+        self.inner.handle(event).await?;
+        self.order.lock().unwrap().push(event.sequence);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_event_holds_its_task_and_the_cursor_until_it_is_parked() {
+    let db = fresh_db().await;
+    // 26 tasks, 10 events each: event g is task t-(g % 26).
+    let (events, tasks) = (260_i64, 26_i64);
+    seed(&db, events, tasks).await;
+    // The third event of task t-3: sequences 3, 29, 55, ...
+    let poison = 55;
+    let task_a = |s: i64| s % tasks == poison % tasks;
+    let handler = Poison {
+        inner: LaneRecorder::default(),
+        poison,
+        gate: Arc::default(),
+        attempts: Arc::default(),
+        order: Arc::default(),
+    };
+    let mut config = fast_config("p", "c");
+    config.delivery.lanes = 8;
+    config.delivery.batch_size = 20;
+    config.delivery.max_batch_size = 20;
+    config.delivery.max_ahead = 500;
+    config.delivery.retry = RetrySchedule::new(vec![Duration::from_millis(20)], 3).unwrap();
+    let (stop, run) = start_with(&db, config, handler.clone(), Recorder::default());
+
+    // While the poison event's second attempt runs: every other task is done, the poison's
+    // task waits, and the cursor stands right before it.
+    eventually(
+        WAIT,
+        "the other tasks handled and the cursor before the poison",
+        || async {
+            let others_done = {
+                let seen = handler.inner.seen.lock().unwrap();
+                (1..=events)
+                    .filter(|&s| !task_a(s))
+                    .all(|s| seen.handled.contains_key(&s))
+            };
+            others_done && cursor(&db, "p", "c").await == Some(poison - 1)
+        },
+    )
+    .await;
+    assert_eq!(*handler.attempts.lock().unwrap(), [1, 2]);
+    {
+        let seen = handler.inner.seen.lock().unwrap();
+        let later: Vec<i64> = (poison + 1..=events)
+            .filter(|&s| task_a(s) && seen.handled.contains_key(&s))
+            .collect();
+        assert!(later.is_empty(), "the poison's task went on: {later:?}");
+    }
+    let client = db.connect().await;
+    let retrying: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_deliveries WHERE sequence = $1 AND state = 'retrying'",
+            &[&poison],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(retrying, 1, "its first failure is saved for the retry");
+
+    // Let it fail: after its third attempt it is parked, and the stream moves on.
+    handler.gate.notify_one();
+    eventually(WAIT, "the cursor at the end", || async {
+        cursor(&db, "p", "c").await == Some(events)
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(*handler.attempts.lock().unwrap(), [1, 2, 3]);
+    let state: String = client
+        .query_one(
+            "SELECT state FROM outbox.lifecycle_deliveries WHERE sequence = $1",
+            &[&poison],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "dead");
+    let poisoned: i64 = client
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_audit WHERE kind = 'lifecycle-observation:consumer-poisoned'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(poisoned, 1, "parking audited once");
+    let order = handler.order.lock().unwrap();
+    let parked_at = order
+        .iter()
+        .rposition(|&s| s == -poison)
+        .expect("the poison's last attempt");
+    let task_a_after: Vec<i64> = order[parked_at + 1..]
+        .iter()
+        .copied()
+        .filter(|&s| task_a(s))
+        .collect();
+    let expected: Vec<i64> = (poison + 1..=events).filter(|&s| task_a(s)).collect();
+    assert_eq!(
+        task_a_after, expected,
+        "the task's later events after, in order"
+    );
+    let seen = handler.inner.seen.lock().unwrap();
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
+    assert_eq!(
+        seen.handled.len() as i64,
+        events - 1,
+        "all but the poison handled"
+    );
+}
+
+/// A handler that needs the stream's total order refuses lanes, as a transactional one does.
+struct TotalOrder;
+
+impl Handler for TotalOrder {
+    fn needs_total_order(&self) -> bool {
+        true
+    }
+
+    async fn handle(&self, _: &ObservedEvent) -> Result<(), HandlerFailure> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_are_refused_for_a_handler_that_needs_total_order() {
+    let db = fresh_db().await;
+    let mut config = fast_config("p", "c");
+    config.delivery.lanes = 4;
+    let (_stop, run) = start_with(&db, config.clone(), TotalOrder, Recorder::default());
+    let error = run.await.unwrap().unwrap_err();
+    assert!(matches!(error, ConsumerError::Config(_)), "{error:?}");
+    assert!(
+        error.to_string().contains("lanes 4 refused")
+            && error.to_string().contains("needs_total_order"),
+        "{error}"
+    );
+    // One lane is the stream's order: it runs.
+    config.delivery.lanes = 1;
+    config.delivery.exit_when_caught_up = true;
+    let (_stop, run) = start_with(&db, config, TotalOrder, Recorder::default());
+    run.await.unwrap().unwrap();
+    let client = db.connect().await;
+    let registered: i64 = client
+        .query_one("SELECT count(*) FROM outbox.lifecycle_consumers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 1, "the refused run registered nothing");
+}
