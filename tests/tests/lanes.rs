@@ -362,3 +362,98 @@ async fn lanes_are_refused_for_a_handler_that_needs_total_order() {
         .get(0);
     assert_eq!(registered, 1, "the refused run registered nothing");
 }
+
+/// `outbox consume --lanes 16` killed -9 at random moments of a catch-up, then run to the end:
+/// every event printed, each task's events in order within every run, and what a run prints
+/// again is at most `--max-ahead` events per kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_lanes_loses_nothing_and_repeats_at_most_max_ahead_per_kill() {
+    use outbox_tests::consumer_kit::PROCESS_WAIT;
+    use outbox_tests::process_kit::ConsumeProcess;
+    use rand::Rng;
+
+    let db = fresh_db().await;
+    let events: i64 = 40_000;
+    seed(&db, events, 500).await;
+    let max_ahead: usize = 600;
+    let max_ahead_arg = max_ahead.to_string();
+    let args = [
+        "--project",
+        "p",
+        "--consumer-id",
+        "c",
+        "--start-from",
+        "earliest",
+        "--lanes",
+        "16",
+        "--max-ahead",
+        &max_ahead_arg,
+        "--batch-size",
+        "200",
+        "--lease-ttl",
+        "3s",
+        "--heartbeat-interval",
+        "300ms",
+        "--poll-interval",
+        "100ms",
+    ];
+    let mut runs: Vec<Vec<(i64, String)>> = Vec::new();
+    let kills = 5;
+    for _ in 0..kills {
+        let printed = cursor(&db, "p", "c").await.unwrap_or(0);
+        let run = ConsumeProcess::spawn(&db.url, &args);
+        // A random moment: after a random number of lines of this run.
+        let lines = rand::rng().random_range(1..2_000);
+        eventually(PROCESS_WAIT, "lines printed by this run", || async {
+            run.sequences().len() >= lines || printed + lines as i64 > events
+        })
+        .await;
+        run.signal("KILL");
+        let mut run = run;
+        run.wait().await;
+        runs.push(task_lines(&run));
+    }
+    let mut last_args = args.to_vec();
+    last_args.push("--exit-when-caught-up");
+    let mut last = ConsumeProcess::spawn(&db.url, &last_args);
+    assert_eq!(last.wait().await, 0, "{}", last.stderr());
+    runs.push(task_lines(&last));
+    assert_eq!(cursor(&db, "p", "c").await, Some(events));
+
+    let mut times: BTreeMap<i64, usize> = BTreeMap::new();
+    for (index, run) in runs.iter().enumerate() {
+        let mut last_of_task: BTreeMap<&str, i64> = BTreeMap::new();
+        for (sequence, task) in run {
+            *times.entry(*sequence).or_default() += 1;
+            let before = last_of_task.insert(task, *sequence).unwrap_or(0);
+            assert!(
+                before < *sequence,
+                "run {index}: {sequence} of {task} after {before}"
+            );
+        }
+    }
+    let missing: Vec<i64> = (1..=events)
+        .filter(|s| !times.contains_key(s))
+        .take(10)
+        .collect();
+    assert!(missing.is_empty(), "never printed: {missing:?}");
+    let repeated: usize = times.values().map(|n| n - 1).sum();
+    assert!(
+        repeated <= kills * max_ahead,
+        "{repeated} events printed again after {kills} kills with --max-ahead {max_ahead}"
+    );
+}
+
+/// The (sequence, task) of every event line of a run, in order.
+fn task_lines(run: &outbox_tests::process_kit::ConsumeProcess) -> Vec<(i64, String)> {
+    run.lines()
+        .iter()
+        .filter(|l| l.value["type"] == "event")
+        .map(|l| {
+            (
+                l.value["sequence"].as_i64().expect("sequence"),
+                l.value["task_id"].as_str().expect("task_id").to_owned(),
+            )
+        })
+        .collect()
+}

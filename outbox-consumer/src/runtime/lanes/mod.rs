@@ -179,7 +179,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     reading = None;
                     let batch = batch?;
                     crate::outage::availability().reached();
-                    match self.take_read(progress, window, batch, read_size) {
+                    match self.take_read(progress, window, batch) {
                         Taken::Events { full } => {
                             more_to_read = full;
                             if full {
@@ -231,20 +231,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 
     /// Adds a read to the window: its events if they follow it without a hole.
-    fn take_read(
-        &self,
-        progress: &mut Progress,
-        window: &mut Window,
-        batch: Batch,
-        limit: i64,
-    ) -> Taken {
+    fn take_read(&self, progress: &mut Progress, window: &mut Window, batch: Batch) -> Taken {
         if batch.connected_at > progress.checked_at {
             // A connection opened since the position was checked may reach another server:
             // the round ends, and the check runs first.
             progress.bounds_checked = false;
             return Taken::Unchecked;
         }
-        let read = batch.events.len() as i64;
+        let full = batch.full;
         let now = chrono::Utc::now();
         for (event, undecodable) in batch.events {
             if event.sequence != window.read_through() + 1 {
@@ -264,9 +258,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
             window.push(event, undecodable);
         }
-        Taken::Events {
-            full: read == limit,
-        }
+        Taken::Events { full }
     }
 
     /// Records what became of an event that ran: a failure is saved for its retry or parked.
