@@ -416,8 +416,9 @@ pub struct ChildOptions {
     /// Drive this command (run with sh -c, in its own process group): one event line on its
     /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
     /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
-    /// stderr). A timeout, restart or shutdown ends the child's whole process group: SIGTERM,
-    /// then SIGKILL after --child-stop-grace.
+    /// stderr). With --lanes above 1, up to that many events (each of another task) are out
+    /// with it at once, answered in any order. A timeout, restart or shutdown ends the
+    /// child's whole process group: SIGTERM, then SIGKILL after --child-stop-grace.
     #[arg(long, value_name = "COMMAND")]
     pub child: Option<String>,
     /// How long the child may take to answer one line.

@@ -46,6 +46,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
                 args.child.child_timeout,
                 args.child.child_stop_grace,
                 token.clone(),
+                args.lanes.lanes > 1,
             );
             let force = sink.clone();
             started.shutdown.on_force(move || force.kill_now());

@@ -457,3 +457,76 @@ fn task_lines(run: &outbox_tests::process_kit::ConsumeProcess) -> Vec<(i64, Stri
         })
         .collect()
 }
+
+/// A child of `consume --lanes` that answers odd sequences at once and even ones 50 ms later
+/// from a background shell: answers in any order. It logs what it receives and acknowledges.
+const ANY_ORDER_CHILD: &str = r#"
+while IFS= read -r line; do
+  seq=$(printf '%s' "$line" | sed -n 's/.*"sequence":\([0-9]*\).*/\1/p')
+  task=$(printf '%s' "$line" | sed -n 's/.*"task_id":"\([^"]*\)".*/\1/p')
+  printf '%s %s\n' "$seq" "$task" >> "$LANES_DIR/received"
+  if [ $((seq % 2)) -eq 0 ]; then
+    ( sleep 0.05; printf '%s\n' "$seq" >> "$LANES_DIR/acked"; printf '{"ack": %s}\n' "$seq" ) &
+  else
+    printf '%s\n' "$seq" >> "$LANES_DIR/acked"
+    printf '{"ack": %s}\n' "$seq"
+  fi
+done
+wait
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_with_lanes_has_several_events_at_once_and_answers_in_any_order() {
+    use outbox_tests::process_kit::ConsumeProcess;
+
+    let db = fresh_db().await;
+    let events: i64 = 120;
+    seed(&db, events, 12).await;
+    let dir = std::env::temp_dir().join(format!("outbox-lanes-child-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let mut consumer = ConsumeProcess::spawn_with_env(
+        &db.url,
+        "consume",
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--start-from",
+            "earliest",
+            "--lanes",
+            "8",
+            "--batch-size",
+            "50",
+            "--child",
+            ANY_ORDER_CHILD,
+            "--exit-when-caught-up",
+        ],
+        &[("LANES_DIR", &dir_arg)],
+    );
+    assert_eq!(consumer.wait().await, 0, "{}", consumer.stderr());
+    assert_eq!(cursor(&db, "p", "c").await, Some(events));
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let received = read("received");
+    let acked: Vec<i64> = read("acked").lines().map(|l| l.parse().unwrap()).collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut last_of_task: BTreeMap<&str, i64> = BTreeMap::new();
+    let mut count = 0;
+    for line in received.lines() {
+        let (sequence, task) = line.split_once(' ').unwrap();
+        let sequence: i64 = sequence.parse().unwrap();
+        let before = last_of_task.insert(task, sequence).unwrap_or(0);
+        assert!(
+            before < sequence,
+            "{sequence} of {task} sent after {before}"
+        );
+        count += 1;
+    }
+    assert_eq!(count, events, "each event sent once");
+    assert_eq!(acked.len() as i64, events);
+    assert!(
+        !acked.is_sorted(),
+        "answers in sequence order only: the events went one at a time"
+    );
+}

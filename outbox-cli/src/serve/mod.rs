@@ -277,6 +277,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
                         args.child.child_timeout,
                         args.child.child_stop_grace,
                         shutdown.clone(),
+                        args.lanes.lanes > 1,
                     );
                     let force = child.clone();
                     started.shutdown.on_force(move || force.kill_now());
