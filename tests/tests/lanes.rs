@@ -530,3 +530,106 @@ async fn a_child_with_lanes_has_several_events_at_once_and_answers_in_any_order(
         "answers in sequence order only: the events went one at a time"
     );
 }
+
+#[tokio::test]
+async fn bad_lanes_are_refused_with_the_option_named() {
+    use outbox_tests::process_kit::outbox_on;
+
+    let db = fresh_db().await;
+    let consume = ["consume", "--project", "p", "--consumer-id", "c"];
+    let cases: [(&[&str], &str); 5] = [
+        (&["--lanes", "0"], "--lanes"),
+        (&["--lanes", "257"], "1..=256"),
+        (&["--lanes", "-3"], "--lanes"),
+        (
+            &["--lanes", "4", "--max-ahead", "100"],
+            "--max-ahead 100 is smaller than --batch-size 500",
+        ),
+        (
+            &["--lanes", "4", "--max-ahead", "100001"],
+            "--max-ahead 100001 is above the ceiling of 100000",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = consume.to_vec();
+        args.extend_from_slice(extra);
+        let (code, _, err) = outbox_on(&db, &args).await;
+        assert_eq!(code, 2, "{extra:?}: {err}");
+        assert!(err.contains(expected), "{extra:?}: {err}");
+    }
+    // The same for serve; relay nats keeps one lane and has no such option.
+    let (code, _, err) = outbox_on(
+        &db,
+        &[
+            "serve",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--lanes",
+            "0",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = outbox_on(
+        &db,
+        &[
+            "relay",
+            "nats",
+            "--project",
+            "p",
+            "--consumer-id",
+            "c",
+            "--lanes",
+            "4",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--lanes"), "{err}");
+    let client = db.connect().await;
+    let registered: i64 = client
+        .query_one("SELECT count(*) FROM outbox.lifecycle_consumers", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0, "nothing registered");
+}
+
+/// Handles nothing: a transactional handler, which lanes refuse.
+struct InTx;
+
+impl outbox_consumer::TransactionalHandler for InTx {
+    async fn handle(
+        &self,
+        _: &tokio_postgres::Transaction<'_>,
+        _: &ObservedEvent,
+    ) -> Result<(), HandlerFailure> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn lanes_are_refused_for_a_transactional_handler() {
+    let db = fresh_db().await;
+    let mut config = fast_config("p", "c");
+    config.delivery.lanes = 2;
+    let consumer = outbox_consumer::Consumer::transactional(
+        db.pool(4),
+        None,
+        config,
+        InTx,
+        Recorder::default(),
+    );
+    let error = consumer
+        .run(tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("lanes 2 refused: a transactional handler"),
+        "{error}"
+    );
+}
