@@ -633,3 +633,64 @@ async fn lanes_are_refused_for_a_transactional_handler() {
         "{error}"
     );
 }
+
+/// A consumer set runs every pair with the lanes of its template: two projects, each caught up
+/// in full, each task in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_set_runs_its_pairs_in_lanes() {
+    use outbox_tests::process_kit::ConsumeProcess;
+
+    let db = fresh_db().await;
+    seed(&db, 3_000, 40).await;
+    {
+        let client = db.connect().await;
+        client
+            .execute(
+                "INSERT INTO outbox.lifecycle_outbox (project_id, event_type, event_id, task_id, \
+                 deleted_at, writer_process_id, payload_version, payload) \
+                 SELECT 'q', 'task:deleted', 'e-' || g, 't-' || (g % 7), now(), 'w', 1, \
+                 '{}'::jsonb FROM generate_series(1, 2000) AS g",
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut client = db.connect().await;
+        Sequencer::new(&outbox_core::Schema::default())
+            .drain(&mut client)
+            .await
+            .unwrap();
+    }
+    let mut set = ConsumeProcess::spawn(
+        &db.url,
+        &[
+            "--project",
+            "p",
+            "--project",
+            "q",
+            "--consumer-id",
+            "c",
+            "--start-from",
+            "earliest",
+            "--lanes",
+            "8",
+            "--exit-when-caught-up",
+        ],
+    );
+    assert_eq!(set.wait().await, 0, "{}", set.stderr());
+    assert_eq!(cursor(&db, "p", "c").await, Some(3_000));
+    assert_eq!(cursor(&db, "q", "c").await, Some(2_000));
+    let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut count = 0;
+    for line in set.lines() {
+        if line.value["type"] != "event" {
+            continue;
+        }
+        let project = line.value["project_id"].as_str().unwrap().to_owned();
+        let task = line.value["task_id"].as_str().unwrap().to_owned();
+        let sequence = line.value["sequence"].as_i64().unwrap();
+        let before = last.insert((project, task), sequence).unwrap_or(0);
+        assert!(before < sequence, "{sequence} after {before}");
+        count += 1;
+    }
+    assert_eq!(count, 5_000, "each event printed once");
+}
