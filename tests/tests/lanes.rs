@@ -694,3 +694,56 @@ async fn a_consumer_set_runs_its_pairs_in_lanes() {
     }
     assert_eq!(count, 5_000, "each event printed once");
 }
+
+/// `outbox serve --lanes` with a child answering in any order: clients still receive the
+/// project's events in sequence order, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_lanes_streams_events_in_sequence_order() {
+    use outbox_tests::serve_kit::{ServeProcess, SseClient, get};
+
+    let db = fresh_db().await;
+    let dir = std::env::temp_dir().join(format!("outbox-lanes-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let server = ServeProcess::start_with_env(
+        &db.url,
+        &[
+            "--project",
+            "p",
+            "--consumer-id",
+            "feed",
+            "--start-from",
+            "earliest",
+            "--lanes",
+            "8",
+            "--child",
+            ANY_ORDER_CHILD,
+        ],
+        &[("LANES_DIR", &dir_arg)],
+    )
+    .await;
+    let addr = server.addr;
+    eventually(WAIT, "/readyz answers 200", || async move {
+        matches!(get(addr, "/readyz", &[]).await, Ok((200, _, _)))
+    })
+    .await;
+    let live = SseClient::open(server.addr, "/v1/projects/p/events", &[]).await;
+    let events: i64 = 300;
+    seed(&db, events, 30).await;
+    eventually(WAIT, "every event on the live client", || {
+        let n = live.sequences().len() as i64;
+        async move { n >= events }
+    })
+    .await;
+    assert_eq!(live.sequences(), (1..=events).collect::<Vec<_>>());
+    let acked: Vec<i64> = std::fs::read_to_string(dir.join("acked"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        !acked.is_sorted(),
+        "the child answered in sequence order only"
+    );
+}
