@@ -736,6 +736,17 @@ async fn serve_with_lanes_streams_events_in_sequence_order() {
     })
     .await;
     assert_eq!(live.sequences(), (1..=events).collect::<Vec<_>>());
+    // The lanes' gauges: nothing running and nothing ahead of the cursor once it is all done.
+    let labels = [("project", "p"), ("consumer", "feed")];
+    eventually(WAIT, "the lanes' gauges at rest", || {
+        let server = &server;
+        async move {
+            let metrics = server.metrics().await;
+            metrics.get("outbox_lanes_busy", &labels) == Some(0.0)
+                && metrics.get("outbox_events_ahead_of_cursor", &labels) == Some(0.0)
+        }
+    })
+    .await;
     let acked: Vec<i64> = std::fs::read_to_string(dir.join("acked"))
         .unwrap()
         .lines()

@@ -113,11 +113,11 @@ pub(super) struct Meters {
     pub divergences: metrics::Counter,
     /// `outbox_commit_to_dispatch_seconds`: writer's transaction start to first dispatch.
     pub commit_to_dispatch: metrics::Histogram,
-    /// `outbox_lanes_busy`: lanes whose handler runs.
-    pub lanes_busy: metrics::Gauge,
+    /// `outbox_lanes_busy`: lanes whose handler runs (only with more than one lane).
+    lanes_busy: Option<metrics::Gauge>,
     /// `outbox_events_ahead_of_cursor`: events handled or parked beyond the cursor, not yet
-    /// acknowledged.
-    pub ahead_of_cursor: metrics::Gauge,
+    /// acknowledged (only with more than one lane).
+    ahead_of_cursor: Option<metrics::Gauge>,
 }
 
 impl Meters {
@@ -132,9 +132,25 @@ impl Meters {
             dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
             divergences: metrics::counter!("outbox_history_divergences_total", &labels),
             commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
-            lanes_busy: metrics::gauge!("outbox_lanes_busy", &labels),
-            ahead_of_cursor: metrics::gauge!("outbox_events_ahead_of_cursor", &labels),
+            lanes_busy: (config.delivery.lanes > 1)
+                .then(|| metrics::gauge!("outbox_lanes_busy", &labels)),
+            ahead_of_cursor: (config.delivery.lanes > 1)
+                .then(|| metrics::gauge!("outbox_events_ahead_of_cursor", &labels)),
             labels,
+        }
+    }
+
+    /// Sets `outbox_lanes_busy`.
+    pub fn lanes_busy(&self, running: usize) {
+        if let Some(gauge) = &self.lanes_busy {
+            gauge.set(running as f64);
+        }
+    }
+
+    /// Sets `outbox_events_ahead_of_cursor`.
+    pub fn ahead_of_cursor(&self, settled: usize) {
+        if let Some(gauge) = &self.ahead_of_cursor {
+            gauge.set(settled as f64);
         }
     }
 

@@ -80,8 +80,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let outcome = self
             .drive(lease, statements, shutdown, progress, &mut window)
             .await?;
-        progress.meters.lanes_busy.set(0.0);
-        progress.meters.ahead_of_cursor.set(window.settled() as f64);
+        progress.meters.lanes_busy(0);
+        progress.meters.ahead_of_cursor(window.settled());
         match outcome {
             Ended::Gap => {
                 drop(window);
@@ -140,7 +140,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     };
                     running.push(self.run_one(event, undecodable));
                 }
-                progress.meters.lanes_busy.set(running.len() as f64);
+                progress.meters.lanes_busy(running.len());
                 let room = window.room(max_ahead);
                 if reading.is_none() && more_to_read && room > 0 && read_budget > 0 {
                     let limit = read_size.min(room);
@@ -173,7 +173,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             tokio::select! {
                 Some((event, result)) = running.next(), if !running.is_empty() => {
                     self.settle(lease, statements, progress, window, event, result).await?;
-                    progress.meters.ahead_of_cursor.set(window.settled() as f64);
+                    progress.meters.ahead_of_cursor(window.settled());
                 }
                 batch = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
                     reading = None;
@@ -380,7 +380,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             count: handled.len() as u64,
         });
         self.ack_handled(lease, statements, progress).await?;
-        progress.meters.ahead_of_cursor.set(window.settled() as f64);
+        progress.meters.ahead_of_cursor(window.settled());
         Ok(true)
     }
 
