@@ -234,7 +234,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         if self.config.delivery.lanes > 1 {
             return self
-                .lanes_round(lease, statements, shutdown, progress, cursor)
+                .lanes_round(
+                    lease,
+                    statements,
+                    &joined.signals,
+                    shutdown,
+                    progress,
+                    cursor,
+                )
                 .await;
         }
         if let Some(held) = progress.position.held() {

@@ -18,8 +18,8 @@ mod window;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt as _, StreamExt as _};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +28,7 @@ use super::batch::Step;
 use super::fetch;
 use super::position::Handled;
 use super::progress::Progress;
+use crate::base::Signals;
 use crate::dispatch::{DispatchMode, triage};
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
@@ -45,9 +46,10 @@ const ROUND_READS: i64 = 4;
 /// it is tried again, uncounted.
 const AGAIN_AFTER: Duration = Duration::from_millis(100);
 
-/// A running handler: the event comes back with what became of it.
-type Running<'a> =
-    Pin<Box<dyn Future<Output = (ObservedEvent, Result<(), HandlerFailure>)> + Send + 'a>>;
+/// At most this often the lanes acknowledge a prefix shorter than a batch while some lanes
+/// have nothing to do, so that events handled long ago do not wait behind a slow one, nor
+/// does every event pay for a write of its own when events trickle in.
+const ACK_PAUSE: Duration = Duration::from_millis(20);
 
 /// A read ahead of the window.
 type Reading = Pin<Box<dyn Future<Output = Result<Batch, ConsumerError>> + Send>>;
@@ -58,6 +60,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
+        signals: &Signals,
         shutdown: &CancellationToken,
         progress: &mut Progress,
         cursor: i64,
@@ -78,7 +81,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // On an error the window is dropped with whatever ran: the next round starts over
         // from the cursor (a plain handler is at least once).
         let outcome = self
-            .drive(lease, statements, shutdown, progress, &mut window)
+            .drive(lease, statements, signals, shutdown, progress, &mut window)
             .await?;
         progress.meters.lanes_busy(0);
         progress.meters.ahead_of_cursor(window.settled());
@@ -108,6 +111,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         &self,
         lease: &Lease,
         statements: &Statements,
+        signals: &Signals,
         shutdown: &CancellationToken,
         progress: &mut Progress,
         window: &mut Window,
@@ -117,7 +121,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let ack_every = (settings.batch_size as usize)
             .min(max_ahead as usize / 2)
             .max(1);
-        let mut running: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
+        let mut running = FuturesUnordered::new();
         let mut reading: Option<Reading> = None;
         let mut read_size = settings.batch_size;
         let mut more_to_read = true;
@@ -125,6 +129,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut gap = false;
         let mut unchecked = false;
         let mut grace_ends: Option<Instant> = None;
+        let mut last_ack = Instant::now();
         loop {
             let stopping = shutdown.is_cancelled() || !lease.is_valid();
             if stopping {
@@ -138,7 +143,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     let Some((event, undecodable)) = window.start() else {
                         break;
                     };
-                    running.push(self.run_one(event, undecodable));
+                    let mut handling = Box::pin(self.run_one(event, undecodable));
+                    // A handler that finishes at once (a fast one) is settled here, without
+                    // a trip through the set of running ones.
+                    match (&mut handling).now_or_never() {
+                        Some((event, result)) => {
+                            self.settle(lease, statements, progress, window, event, result)
+                                .await?;
+                        }
+                        None => running.push(handling),
+                    }
                 }
                 progress.meters.lanes_busy(running.len());
                 let room = window.room(max_ahead);
@@ -154,15 +168,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         limit,
                     )));
                 }
-                // Acknowledged every `ack_every` events, and at once when nothing more can
-                // start: a window that is full, or lanes with nothing to do (a slow or
-                // failing event ahead of the rest would otherwise hold the cursor back).
-                let starved = running.len() < lanes && reading.is_none();
+                // Acknowledged every `ack_every` events, and, at most every `ACK_PAUSE`, when
+                // lanes have nothing to do (a slow or failing event ahead of the rest would
+                // otherwise hold the cursor back over events long handled).
                 let prefix = window.prefix();
-                if prefix >= ack_every || (prefix > 0 && (room == 0 || starved)) {
+                if prefix >= ack_every
+                    || (prefix > 0 && running.len() < lanes && last_ack.elapsed() >= ACK_PAUSE)
+                {
                     if !self.ack_prefix(lease, statements, progress, window).await? {
                         return Ok(Ended::StartOver);
                     }
+                    last_ack = Instant::now();
                     continue;
                 }
             }
@@ -170,9 +186,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 break;
             }
             let retry_due = window.next_ready_at().filter(|_| !stopping);
+            let ack_due = (!stopping && window.prefix() > 0 && running.len() < lanes)
+                .then_some(last_ack + ACK_PAUSE);
+            // Caught up while handlers run: news of more events starts another read.
+            let listening = !stopping && !more_to_read && reading.is_none() && read_budget > 0;
             tokio::select! {
                 Some((event, result)) = running.next(), if !running.is_empty() => {
                     self.settle(lease, statements, progress, window, event, result).await?;
+                    // And every other one that has ended meanwhile.
+                    while let Some(Some((event, result))) = running.next().now_or_never() {
+                        self.settle(lease, statements, progress, window, event, result).await?;
+                    }
                     progress.meters.ahead_of_cursor(window.settled());
                 }
                 batch = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
@@ -199,6 +223,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     }
                 }
                 () = sleep_until_some(retry_due) => {}
+                () = sleep_until_some(ack_due) => {}
+                () = signals.wake.notified(), if listening => more_to_read = true,
                 () = sleep_until_some(grace_ends) => {
                     tracing::warn!(running = running.len(), "handlers abandoned at shutdown");
                     return Ok(Ended::StartOver);
@@ -220,14 +246,18 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 
     /// The handler's run of one event, with the event handed back.
-    fn run_one(&self, event: ObservedEvent, undecodable: Option<FailureClass>) -> Running<'_> {
-        Box::pin(async move {
+    fn run_one(
+        &self,
+        event: ObservedEvent,
+        undecodable: Option<FailureClass>,
+    ) -> impl Future<Output = (ObservedEvent, Result<(), HandlerFailure>)> + Send + '_ {
+        async move {
             if let Some(class) = undecodable {
                 return (event, Err(HandlerFailure::new(class)));
             }
             let result = outbox_core::observe(self.dispatch.handle_in_lane(&event)).await;
             (event, result)
-        })
+        }
     }
 
     /// Adds a read to the window: its events if they follow it without a hole.

@@ -46,10 +46,12 @@ struct Slot {
     undecodable: Option<FailureClass>,
 }
 
-/// A key's queue: its events in sequence order, the first of them running or next.
-#[derive(Debug, Default)]
+/// A key's queue: its events in sequence order, the first of them running or next. The first
+/// is kept apart, so a key with one event (the common case) allocates nothing.
+#[derive(Debug)]
 struct Key {
-    queue: VecDeque<i64>,
+    first: i64,
+    rest: VecDeque<i64>,
     /// Whether its first event runs.
     busy: bool,
 }
@@ -203,10 +205,11 @@ impl Window {
         }
         self.slots.push_back(slot);
         match self.keys.entry(key) {
-            Entry::Occupied(mut queued) => queued.get_mut().queue.push_back(sequence),
+            Entry::Occupied(mut queued) => queued.get_mut().rest.push_back(sequence),
             Entry::Vacant(vacant) => {
                 vacant.insert(Key {
-                    queue: VecDeque::from([sequence]),
+                    first: sequence,
+                    rest: VecDeque::new(),
                     busy: false,
                 });
                 self.ready_or_waiting(key);
@@ -217,7 +220,7 @@ impl Window {
     /// Puts an idle key with events in the runnable queue, or the waiting list while its
     /// first event waits for a retry.
     fn ready_or_waiting(&mut self, key: u64) {
-        let Some(&first) = self.keys.get(&key).and_then(|k| k.queue.front()) else {
+        let Some(&first) = self.keys.get(&key).map(|k| &k.first) else {
             return;
         };
         match self.slot(first).ready_at {
@@ -231,7 +234,7 @@ impl Window {
         let mut index = 0;
         while index < self.waiting.len() {
             let key = self.waiting[index];
-            let first = self.keys.get(&key).and_then(|k| k.queue.front()).copied();
+            let first = self.keys.get(&key).map(|k| &k.first).copied();
             let due =
                 first.is_none_or(|first| self.slot(first).ready_at.is_none_or(|at| at <= now));
             if due {
@@ -250,7 +253,7 @@ impl Window {
     pub fn next_ready_at(&self) -> Option<Instant> {
         self.waiting
             .iter()
-            .filter_map(|key| self.keys.get(key)?.queue.front())
+            .filter_map(|key| self.keys.get(key).map(|k| &k.first))
             .filter_map(|&first| self.slot(first).ready_at)
             .min()
     }
@@ -259,7 +262,7 @@ impl Window {
     /// may start one. An undecodable event comes with its failure class.
     pub fn start(&mut self) -> Option<(ObservedEvent, Option<FailureClass>)> {
         let key = self.runnable.pop_front()?;
-        let first = *self.keys.get(&key)?.queue.front()?;
+        let first = self.keys.get(&key)?.first;
         if let Some(k) = self.keys.get_mut(&key) {
             k.busy = true;
         }
@@ -286,10 +289,13 @@ impl Window {
                 slot.ready_at = None;
                 self.settled += 1;
                 if let Entry::Occupied(mut k) = self.keys.entry(key) {
-                    k.get_mut().queue.pop_front();
-                    k.get_mut().busy = false;
-                    if k.get().queue.is_empty() {
-                        k.remove();
+                    let key = k.get_mut();
+                    key.busy = false;
+                    match key.rest.pop_front() {
+                        Some(next) => key.first = next,
+                        None => {
+                            k.remove();
+                        }
                     }
                 }
                 self.ready_or_waiting(key);
