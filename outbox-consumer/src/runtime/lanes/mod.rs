@@ -246,18 +246,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 
     /// The handler's run of one event, with the event handed back.
-    fn run_one(
+    async fn run_one(
         &self,
         event: ObservedEvent,
         undecodable: Option<FailureClass>,
-    ) -> impl Future<Output = (ObservedEvent, Result<(), HandlerFailure>)> + Send + '_ {
-        async move {
-            if let Some(class) = undecodable {
-                return (event, Err(HandlerFailure::new(class)));
-            }
-            let result = outbox_core::observe(self.dispatch.handle_in_lane(&event)).await;
-            (event, result)
+    ) -> (ObservedEvent, Result<(), HandlerFailure>) {
+        if let Some(class) = undecodable {
+            return (event, Err(HandlerFailure::new(class)));
         }
+        let result = outbox_core::observe(self.dispatch.handle_in_lane(&event)).await;
+        (event, result)
     }
 
     /// Adds a read to the window: its events if they follow it without a hole.
