@@ -51,6 +51,9 @@ const AGAIN_AFTER: Duration = Duration::from_millis(100);
 /// does every event pay for a write of its own when events trickle in.
 const ACK_PAUSE: Duration = Duration::from_millis(20);
 
+/// An acknowledgement being written.
+type Writing<'a> = Pin<Box<dyn Future<Output = Result<(), ConsumerError>> + Send + 'a>>;
+
 /// A read ahead of the window.
 type Reading = Pin<Box<dyn Future<Output = Result<Batch, ConsumerError>> + Send>>;
 
@@ -130,6 +133,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut unchecked = false;
         let mut grace_ends: Option<Instant> = None;
         let mut last_ack = Instant::now();
+        // The acknowledgement being written while the lanes go on, and the events it covers.
+        let mut acking: Option<Writing<'_>> = None;
+        let mut acking_count: usize = 0;
         loop {
             let stopping = shutdown.is_cancelled() || !lease.is_valid();
             if stopping {
@@ -155,7 +161,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     }
                 }
                 progress.meters.lanes_busy(running.len());
-                let room = window.room(max_ahead);
+                let room = window.room(max_ahead - acking_count as i64);
                 if reading.is_none() && more_to_read && room > 0 && read_budget > 0 {
                     let limit = read_size.min(room);
                     read_budget -= limit;
@@ -172,22 +178,35 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 // lanes have nothing to do (a slow or failing event ahead of the rest would
                 // otherwise hold the cursor back over events long handled).
                 let prefix = window.prefix();
-                if prefix >= ack_every
-                    || (prefix > 0 && running.len() < lanes && last_ack.elapsed() >= ACK_PAUSE)
+                if acking.is_none()
+                    && (prefix >= ack_every
+                        || (prefix > 0 && running.len() < lanes && last_ack.elapsed() >= ACK_PAUSE))
                 {
-                    if !self.ack_prefix(lease, statements, progress, window).await? {
+                    let Some(ack) = self.begin_ack(lease, statements, progress, window).await?
+                    else {
                         return Ok(Ended::StartOver);
+                    };
+                    if let Some(ack) = ack {
+                        acking_count = ack.count;
+                        acking = Some(Box::pin(self.write_ack(
+                            lease,
+                            statements,
+                            ack.left_at,
+                            ack.last,
+                            ack.held,
+                        )));
                     }
                     last_ack = Instant::now();
                     continue;
                 }
             }
-            if running.is_empty() && reading.is_none() {
+            if running.is_empty() && reading.is_none() && acking.is_none() {
                 break;
             }
             let retry_due = window.next_ready_at().filter(|_| !stopping);
-            let ack_due = (!stopping && window.prefix() > 0 && running.len() < lanes)
-                .then_some(last_ack + ACK_PAUSE);
+            let ack_due =
+                (!stopping && acking.is_none() && window.prefix() > 0 && running.len() < lanes)
+                    .then_some(last_ack + ACK_PAUSE);
             // Caught up while handlers run: news of more events starts another read.
             let listening = !stopping && !more_to_read && reading.is_none() && read_budget > 0;
             tokio::select! {
@@ -221,6 +240,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                             unchecked = true;
                         }
                     }
+                }
+                written = async { acking.as_mut().expect("guarded").await }, if acking.is_some() => {
+                    acking = None;
+                    acking_count = 0;
+                    written?;
+                    finish_ack(progress, window);
                 }
                 () = sleep_until_some(retry_due) => {}
                 () = sleep_until_some(ack_due) => {}
@@ -377,20 +402,42 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         progress: &mut Progress,
         window: &mut Window,
     ) -> Result<bool, ConsumerError> {
+        let Some(ack) = self.begin_ack(lease, statements, progress, window).await? else {
+            return Ok(false);
+        };
+        if let Some(ack) = ack {
+            self.write_ack(lease, statements, ack.left_at, ack.last, ack.held)
+                .await?;
+            finish_ack(progress, window);
+        }
+        Ok(true)
+    }
+
+    /// The first half of an acknowledgement: the prefix taken from the window, the handler's
+    /// `before_ack_prefix`, the prefix recorded as handled in the position. `None` when
+    /// `before_ack_prefix` failed (the window must start over); `Some(None)` with no prefix.
+    async fn begin_ack(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        window: &mut Window,
+    ) -> Result<Option<Option<Ack>>, ConsumerError> {
+        let count = window.prefix();
         let Some(Prefix {
             handled,
             last,
             identity,
             failed_before,
-        }) = window.take_prefix(usize::MAX)
+        }) = window.take_prefix(count)
         else {
-            return Ok(true);
+            return Ok(Some(None));
         };
         if !handled.is_empty() {
             if let Err(partial) = self.dispatch.before_lanes_ack(&handled).await {
                 self.partial_ack(lease, statements, progress, &handled, partial)
                     .await?;
-                return Ok(false);
+                return Ok(None);
             }
         }
         if let Some(sequence) = failed_before {
@@ -407,9 +454,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             identity,
             count: handled.len() as u64,
         });
-        self.ack_handled(lease, statements, progress).await?;
-        progress.meters.ahead_of_cursor(window.settled());
-        Ok(true)
+        Ok(Some(Some(Ack {
+            left_at: progress.position.cursor().unwrap_or(window.cursor()),
+            last,
+            held: progress.position.held_sequence(),
+            count,
+        })))
     }
 
     /// The handler's `before_ack_prefix` made only the first `durable` handled events
@@ -450,6 +500,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         Ok(())
     }
+}
+
+/// An acknowledgement begun: its write's arguments, and how many events it covers (they still
+/// count against `max_ahead` until it is written).
+struct Ack {
+    left_at: i64,
+    last: i64,
+    held: Option<i64>,
+    count: usize,
+}
+
+/// The second half of an acknowledgement, once written: the position and the metrics.
+fn finish_ack(progress: &mut Progress, window: &Window) {
+    if let Some(handled) = progress.position.take_handled() {
+        progress.advance(handled);
+    }
+    progress.meters.ahead_of_cursor(window.settled());
 }
 
 /// How a round's run of the window ended.
