@@ -18,7 +18,7 @@ mod window;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::stream::FuturesUnordered;
+use futures_util::stream::{FuturesOrdered, FuturesUnordered};
 use futures_util::{FutureExt as _, StreamExt as _};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -54,8 +54,11 @@ const ACK_PAUSE: Duration = Duration::from_millis(20);
 /// An acknowledgement being written.
 type Writing<'a> = Pin<Box<dyn Future<Output = Result<(), ConsumerError>> + Send + 'a>>;
 
-/// A read ahead of the window.
-type Reading = Pin<Box<dyn Future<Output = Result<Batch, ConsumerError>> + Send>>;
+/// A read ahead of the window, and its size.
+type Reading = Pin<Box<dyn Future<Output = Result<(Batch, i64), ConsumerError>> + Send>>;
+
+/// Reads in flight at once: the next is on its way while one is decoded and dispatched.
+const READS_AHEAD: usize = 2;
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// One round of the lanes after `cursor` (see the module docs).
@@ -125,7 +128,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .min(max_ahead as usize / 2)
             .max(1);
         let mut running = FuturesUnordered::new();
-        let mut reading: Option<Reading> = None;
+        // Reads in flight, in order, each with its size: up to `READS_AHEAD`, so the next one
+        // is on its way while one is decoded.
+        let mut reading: FuturesOrdered<Reading> = FuturesOrdered::new();
+        let mut requested: i64 = 0;
         let mut read_size = settings.batch_size;
         let mut more_to_read = true;
         let mut read_budget = ROUND_READS * max_ahead;
@@ -139,7 +145,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         loop {
             let stopping = shutdown.is_cancelled() || !lease.is_valid();
             if stopping {
-                reading = None;
+                reading.clear();
+                requested = 0;
                 if shutdown.is_cancelled() && grace_ends.is_none() {
                     grace_ends = Some(Instant::now() + settings.shutdown_grace);
                 }
@@ -161,18 +168,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     }
                 }
                 progress.meters.lanes_busy(running.len());
-                let room = window.room(max_ahead - acking_count as i64);
-                if reading.is_none() && more_to_read && room > 0 && read_budget > 0 {
+                let room = window.room(max_ahead - acking_count as i64) - requested;
+                if reading.len() < READS_AHEAD && more_to_read && room > 0 && read_budget > 0 {
                     let limit = read_size.min(room);
                     read_budget -= limit;
-                    reading = Some(Box::pin(fetch::after(
+                    let after = window.read_through() + requested;
+                    requested += limit;
+                    let read = fetch::after(
                         &self.pool,
                         statements,
                         &self.config.project_id,
                         &self.config.consumer_id,
-                        window.read_through(),
+                        after,
                         limit,
-                    )));
+                    );
+                    reading.push_back(Box::pin(
+                        async move { read.await.map(|batch| (batch, limit)) },
+                    ));
                 }
                 // Acknowledged every `ack_every` events, and, at most every `ACK_PAUSE`, when
                 // lanes have nothing to do (a slow or failing event ahead of the rest would
@@ -200,7 +212,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     continue;
                 }
             }
-            if running.is_empty() && reading.is_none() && acking.is_none() {
+            if running.is_empty() && reading.is_empty() && acking.is_none() {
                 break;
             }
             let retry_due = window.next_ready_at().filter(|_| !stopping);
@@ -208,7 +220,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 (!stopping && acking.is_none() && window.prefix() > 0 && running.len() < lanes)
                     .then_some(last_ack + ACK_PAUSE);
             // Caught up while handlers run: news of more events starts another read.
-            let listening = !stopping && !more_to_read && reading.is_none() && read_budget > 0;
+            let listening = !stopping && !more_to_read && reading.is_empty() && read_budget > 0;
             tokio::select! {
                 Some((event, result)) = running.next(), if !running.is_empty() => {
                     self.settle(lease, statements, progress, window, event, result).await?;
@@ -218,11 +230,17 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     }
                     progress.meters.ahead_of_cursor(window.settled());
                 }
-                batch = async { reading.as_mut().expect("guarded").await }, if reading.is_some() => {
-                    reading = None;
-                    let batch = batch?;
+                Some(read) = reading.next(), if !reading.is_empty() => {
+                    let (batch, limit) = read?;
+                    requested -= limit;
                     crate::outage::availability().reached();
-                    match self.take_read(progress, window, batch) {
+                    let taken = self.take_read(progress, window, batch);
+                    if !matches!(taken, Taken::Events { full: true }) {
+                        // The reads after this one start past where it ended: not used.
+                        reading.clear();
+                        requested = 0;
+                    }
+                    match taken {
                         Taken::Events { full } => {
                             more_to_read = full;
                             if full {
