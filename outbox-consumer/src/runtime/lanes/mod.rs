@@ -51,6 +51,9 @@ const AGAIN_AFTER: Duration = Duration::from_millis(100);
 /// does every event pay for a write of its own when events trickle in.
 const ACK_PAUSE: Duration = Duration::from_millis(20);
 
+/// How soon a lane loop whose lease is not known to be valid looks at it again.
+const LEASE_RECHECK: Duration = Duration::from_millis(100);
+
 /// An acknowledgement being written.
 type Writing<'a> = Pin<Box<dyn Future<Output = Result<(), ConsumerError>> + Send + 'a>>;
 
@@ -216,6 +219,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 break;
             }
             let retry_due = window.next_ready_at().filter(|_| !stopping);
+            // A lease not known to be valid (its renewal is late) starts nothing; it is looked
+            // at again soon, as the idle loop does, so that a slow handler still running does
+            // not hold the other lanes once the renewal succeeds.
+            let lease_check =
+                (stopping && !shutdown.is_cancelled()).then(|| Instant::now() + LEASE_RECHECK);
             let ack_due =
                 (!stopping && acking.is_none() && window.prefix() > 0 && running.len() < lanes)
                     .then_some(last_ack + ACK_PAUSE);
@@ -266,6 +274,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     finish_ack(progress, window);
                 }
                 () = sleep_until_some(retry_due) => {}
+                () = sleep_until_some(lease_check) => {}
                 () = sleep_until_some(ack_due) => {}
                 () = signals.wake.notified(), if listening => more_to_read = true,
                 () = sleep_until_some(grace_ends) => {
