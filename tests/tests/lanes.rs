@@ -239,20 +239,28 @@ async fn a_poison_event_holds_its_task_and_the_cursor_until_it_is_parked() {
 
     // While the poison event's second attempt runs: every other task is done, the poison's
     // task waits, and the cursor stands right before it.
-    eventually(
-        WAIT,
-        "the other tasks handled and the cursor before the poison",
-        || async {
-            let others_done = {
-                let seen = handler.inner.seen.lock().unwrap();
-                (1..=events)
-                    .filter(|&s| !task_a(s))
-                    .all(|s| seen.handled.contains_key(&s))
-            };
-            others_done && cursor(&db, "p", "c").await == Some(poison - 1)
-        },
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let others_left: Vec<i64> = {
+            let seen = handler.inner.seen.lock().unwrap();
+            (1..=events)
+                .filter(|&s| !task_a(s) && !seen.handled.contains_key(&s))
+                .collect()
+        };
+        let at = cursor(&db, "p", "c").await;
+        if others_left.is_empty() && at == Some(poison - 1) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline && !run.is_finished(),
+            "waiting for the other tasks handled and the cursor before the poison: cursor \
+             {at:?}, other events left {others_left:?}, the poison's attempts {:?}, run \
+             finished: {}",
+            handler.attempts.lock().unwrap(),
+            run.is_finished()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(*handler.attempts.lock().unwrap(), [1, 2]);
     {
         let seen = handler.inner.seen.lock().unwrap();

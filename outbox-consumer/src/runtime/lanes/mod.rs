@@ -154,6 +154,24 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     grace_ends = Some(Instant::now() + settings.shutdown_grace);
                 }
             } else {
+                if unchecked && acking.is_none() {
+                    // A read came over a connection opened since the position was checked:
+                    // the check runs now, not once the handlers running have ended (a slow
+                    // one would hold every other task meanwhile).
+                    let cursor = progress.position.cursor().unwrap_or(window.cursor());
+                    if let Some(reason) = self
+                        .check_position(lease, statements, progress, cursor)
+                        .await?
+                    {
+                        progress.must_reconcile = Some(reason);
+                        return Ok(Ended::StartOver);
+                    }
+                    if progress.position.cursor() != Some(window.cursor()) {
+                        return Ok(Ended::StartOver);
+                    }
+                    unchecked = false;
+                    more_to_read = true;
+                }
                 window.release_due(Instant::now());
                 while running.len() < lanes {
                     let Some((event, undecodable)) = window.start() else {
