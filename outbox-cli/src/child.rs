@@ -6,6 +6,9 @@
 //! - It answers each line with one line on stdout: `{"ack": SEQ}` or
 //!   `{"fail": SEQ, "class": "code"}`, where the class matches `[a-z0-9_]{1,64}`. Stdout
 //!   carries answers only; logs go to stderr.
+//! - With `--lanes` above 1, several events are out with it at once (each of a different
+//!   task): it may answer them in any order, each answer naming its sequence
+//!   ([`mux`]). With one lane it has one event at a time.
 //! - It runs in its own process group. A timeout, a restart or shutdown ends the whole group:
 //!   SIGTERM, then SIGKILL after the stop grace period. No process of the child outlives
 //!   `outbox`.
@@ -26,6 +29,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use outbox_service::lines::{event_line, reconcile_line};
+
+mod mux;
 
 /// The rule a child's failure class must follow, as shown in messages.
 const CLASS_RULE: &str = "[a-z0-9_]{1,64}";
@@ -49,7 +54,8 @@ struct Running {
     /// The process group (the leader's PID).
     group: Pid,
     stdin: BufWriter<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// Its answers: taken by the reader of a child answering in any order ([`mux`]).
+    stdout: Option<BufReader<ChildStdout>>,
     /// Whether this child has given at least one answer in protocol. A child that never did
     /// and exits with 126 or 127 could not be run; one whose first line breaks the protocol
     /// (a banner on stdout, say) cannot speak it. Either is a broken sink, not a failed event.
@@ -93,6 +99,10 @@ struct Inner {
     /// The running child's process group (0 when none), readable without the lock so a second
     /// signal can kill it at once.
     group: AtomicI32,
+    /// Whether events go out several at once, answered in any order (`--lanes` above 1).
+    any_order: bool,
+    /// The child of [`Inner::any_order`], with the events out with it.
+    multiplexed: Mutex<Option<mux::Multiplexed>>,
 }
 
 impl ChildSink {
@@ -103,9 +113,12 @@ impl ChildSink {
         answer_timeout: Duration,
         stop_grace: Duration,
         shutdown: CancellationToken,
+        any_order: bool,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                any_order,
+                multiplexed: Mutex::new(None),
                 command,
                 running: Mutex::new(None),
                 restarts: Mutex::new(0),
@@ -124,6 +137,10 @@ impl ChildSink {
         let running = self.inner.running.lock().await.take();
         if let Some(running) = running {
             self.inner.end(running).await;
+        }
+        let multiplexed = self.inner.multiplexed.lock().await.take();
+        if let Some(multiplexed) = multiplexed {
+            self.inner.end(multiplexed.running).await;
         }
     }
 
@@ -176,7 +193,7 @@ impl Inner {
             child,
             group,
             stdin: BufWriter::new(stdin),
-            stdout: BufReader::new(stdout),
+            stdout: Some(BufReader::new(stdout)),
             answered: false,
             ended: false,
         })
@@ -207,6 +224,9 @@ impl Inner {
 
     /// Sends `line` and waits for the answer about `sequence`.
     async fn exchange(&self, line: String, sequence: i64) -> Result<(), HandlerFailure> {
+        if self.any_order {
+            return self.exchange_any_order(line, sequence).await;
+        }
         let mut slot = self.running.lock().await;
         if slot.is_none() {
             if self.shutdown.is_cancelled() {
@@ -222,12 +242,13 @@ impl Inner {
             running.stdin.write_all(b"\n").await?;
             running.stdin.flush().await?;
             let mut answer = String::new();
-            let read =
-                tokio::time::timeout(self.answer_timeout, running.stdout.read_line(&mut answer))
-                    .await
-                    .map_err(|_| {
-                        std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer")
-                    })??;
+            let stdout = running
+                .stdout
+                .as_mut()
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "no stdout"))?;
+            let read = tokio::time::timeout(self.answer_timeout, stdout.read_line(&mut answer))
+                .await
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))??;
             Ok::<_, std::io::Error>((read, answer))
         }
         .await;

@@ -351,6 +351,9 @@ pub struct ConsumeArgs {
     /// The child-process handler (`--child`).
     #[command(flatten)]
     pub child: ChildOptions,
+    /// Key-level parallelism (`--lanes`, `--max-ahead`).
+    #[command(flatten)]
+    pub lanes: LaneOptions,
     /// How they run.
     #[command(flatten)]
     pub options: ConsumerOptions,
@@ -413,8 +416,9 @@ pub struct ChildOptions {
     /// Drive this command (run with sh -c, in its own process group): one event line on its
     /// stdin, one answer line on its stdout per event: {"ack": SEQ} or {"fail": SEQ, "class":
     /// "code"} with class matching [a-z0-9_]{1,64}. Stdout carries answers only (log to
-    /// stderr). A timeout, restart or shutdown ends the child's whole process group: SIGTERM,
-    /// then SIGKILL after --child-stop-grace.
+    /// stderr). With --lanes above 1, up to that many events (each of another task) are out
+    /// with it at once, answered in any order. A timeout, restart or shutdown ends the
+    /// child's whole process group: SIGTERM, then SIGKILL after --child-stop-grace.
     #[arg(long, value_name = "COMMAND")]
     pub child: Option<String>,
     /// How long the child may take to answer one line.
@@ -423,6 +427,48 @@ pub struct ChildOptions {
     /// How long the child's process group has between SIGTERM and SIGKILL.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub child_stop_grace: Duration,
+}
+
+/// Key-level parallelism of `outbox consume` and `outbox serve` (`outbox relay nats` keeps
+/// one lane: a NATS subject is a project, and its order is the stream's).
+#[derive(Debug, Args)]
+pub struct LaneOptions {
+    /// Events of one project handled at once, each of a different task (the event's subject):
+    /// a task's events are never handled concurrently nor out of order. 1 (the default)
+    /// handles the stream one event at a time. 1 to 256.
+    #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(1..=outbox_consumer::MAX_LANES as i64))]
+    pub lanes: u16,
+    /// With --lanes above 1: how far beyond the cursor lanes may run, in events. The cursor
+    /// moves only over events all handled (or parked); a crash repeats at most this many.
+    /// At least --batch-size, at most 100000.
+    #[arg(long, default_value_t = outbox_consumer::DEFAULT_MAX_AHEAD, value_name = "EVENTS", allow_negative_numbers = true)]
+    pub max_ahead: i64,
+}
+
+impl LaneOptions {
+    /// Sets the lanes of `delivery`, checked against its batch size.
+    pub fn apply(&self, delivery: &mut outbox_consumer::DeliverySettings) -> Result<(), String> {
+        if self.lanes > 1 {
+            if self.max_ahead < delivery.batch_size {
+                return Err(format!(
+                    "--max-ahead {} is smaller than --batch-size {}: lanes read a batch at a \
+                     time ahead of the cursor",
+                    self.max_ahead, delivery.batch_size
+                ));
+            }
+            if self.max_ahead > outbox_consumer::MAX_AHEAD_CEILING {
+                return Err(format!(
+                    "--max-ahead {} is above the ceiling of {}: the events ahead are held in \
+                     memory",
+                    self.max_ahead,
+                    outbox_consumer::MAX_AHEAD_CEILING
+                ));
+            }
+        }
+        delivery.lanes = usize::from(self.lanes);
+        delivery.max_ahead = self.max_ahead;
+        delivery.validate().map_err(|e| e.to_string())
+    }
 }
 
 /// Every option of a running consumer beside which one it is and its child handler

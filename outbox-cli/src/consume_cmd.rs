@@ -23,7 +23,10 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         project: project.clone(),
         consumer_id: consumer.clone(),
     };
-    let config = build_config(global, &consumer, options)?;
+    let mut config = build_config(global, &consumer, options)?;
+    args.lanes
+        .apply(&mut config.delivery)
+        .map_err(Failure::usage)?;
     if args.child.child.is_none() {
         crate::sink::refuse_closed_stdout()?;
     }
@@ -43,6 +46,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
                 args.child.child_timeout,
                 args.child.child_stop_grace,
                 token.clone(),
+                args.lanes.lanes > 1,
             );
             let force = sink.clone();
             started.shutdown.on_force(move || force.kill_now());
@@ -75,7 +79,8 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         ));
     }
     let targets = &args.targets;
-    let template = delivery_settings(options)?;
+    let mut template = delivery_settings(options)?;
+    args.lanes.apply(&mut template).map_err(Failure::usage)?;
     let duties = duties(global, options)?;
     crate::sink::refuse_closed_stdout()?;
     let projects = match targets.all_projects {

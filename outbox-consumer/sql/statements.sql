@@ -226,6 +226,12 @@ SELECT sequence, event_id, attempts,
 FROM "outbox".lifecycle_deliveries
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence = $3;
 
+-- LANE_RETRIES
+SELECT sequence, attempts, state = 'retrying' AS retrying,
+       GREATEST(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait
+FROM "outbox".lifecycle_deliveries
+WHERE project_id = $1 AND consumer_id = $2 AND sequence > $3 AND sequence <= $4;
+
 -- RECORD_RETRY
 INSERT INTO "outbox".lifecycle_deliveries AS d
     (project_id, consumer_id, event_id, sequence, attempts, next_attempt_at,

@@ -63,6 +63,16 @@ pub const DEFAULT_MAX_BATCH_SIZE: i64 = 4_000;
 /// benchmark's payload: about 49 MiB peak).
 pub const MAX_BATCH_SIZE_CEILING: i64 = 10_000;
 
+/// The ceiling of [`DeliverySettings::lanes`]: past it the handlers' concurrency, not the
+/// consumer, is the limit, and every lane holds a connection's worth of work in flight.
+pub const MAX_LANES: usize = 256;
+
+/// Default [`DeliverySettings::max_ahead`]: how far beyond the cursor lanes may run.
+pub const DEFAULT_MAX_AHEAD: i64 = 1_000;
+
+/// The ceiling of [`DeliverySettings::max_ahead`]: the events ahead are held in memory.
+pub const MAX_AHEAD_CEILING: i64 = 100_000;
+
 /// How one pair (project and consumer) delivers: batching, its lease, polling, retries, where
 /// it starts and when it stops. A [`ConsumerSet`](crate::ConsumerSet) runs every pair with one
 /// template of these. Built with [`DeliverySettings::default`], then adjusted field by field.
@@ -112,6 +122,18 @@ pub struct DeliverySettings {
     /// at once as a `contract_mismatch` dead letter, replayable once the declaration names
     /// it. Each must be registered: the consumer refuses to start otherwise.
     pub event_types: outbox_core::EventTypes,
+    /// How many events of the project are handled at once, each of a different key (the
+    /// event's subject, its task ID): a key's events are never handled concurrently nor out
+    /// of sequence order. 1 (the default) handles the stream one event at a time, in order.
+    /// At most [`MAX_LANES`]. More than 1 is refused for a handler that declares it needs
+    /// the stream's total order ([`Handler::needs_total_order`](crate::Handler::needs_total_order))
+    /// and for a transactional handler.
+    pub lanes: usize,
+    /// With more than one lane: how far beyond the cursor lanes may run, in events. The
+    /// cursor moves only over events all handled (acknowledged or parked); a crash repeats at
+    /// most this many events, and at most this many are held in memory. At least
+    /// `batch_size`, at most [`MAX_AHEAD_CEILING`]; unused with one lane.
+    pub max_ahead: i64,
 }
 
 /// What the process shares and does beside delivering, once however many pairs it runs: the
@@ -188,6 +210,8 @@ impl Default for DeliverySettings {
             exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
             event_types: outbox_core::EventTypes::default(),
+            lanes: 1,
+            max_ahead: DEFAULT_MAX_AHEAD,
         }
     }
 }
@@ -226,6 +250,19 @@ impl DeliverySettings {
         }
         if self.poll_interval.is_zero() {
             return Err(ConfigError("poll interval must be positive".into()));
+        }
+        if !(1..=MAX_LANES).contains(&self.lanes) {
+            return Err(ConfigError(format!(
+                "lanes {} is outside 1..={MAX_LANES}",
+                self.lanes
+            )));
+        }
+        if self.lanes > 1 && !(self.batch_size..=MAX_AHEAD_CEILING).contains(&self.max_ahead) {
+            return Err(ConfigError(format!(
+                "max ahead {} is outside {}..={MAX_AHEAD_CEILING} (it must be at least the \
+                 batch size, {})",
+                self.max_ahead, self.batch_size, self.batch_size
+            )));
         }
         if !self.live_query.sql().contains("$1") {
             return Err(ConfigError(
@@ -341,6 +378,27 @@ mod tests {
         let mut c = config();
         c.delivery.live_query = LiveQuery::Custom("SELECT id FROM tasks".into());
         assert!(c.validate().is_err());
+        let mut c = config();
+        c.delivery.lanes = 0;
+        assert!(c.validate().unwrap_err().0.contains("lanes 0 is outside"));
+        c.delivery.lanes = MAX_LANES + 1;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .0
+                .contains("lanes 257 is outside 1..=256")
+        );
+        c.delivery.lanes = 16;
+        c.validate().unwrap();
+        c.delivery.max_ahead = c.delivery.batch_size - 1;
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .0
+                .contains("max ahead 499 is outside 500..")
+        );
+        c.delivery.lanes = 1;
+        c.validate().unwrap();
         let mut c = config();
         c.duties.prune_interval = Some(Duration::ZERO);
         assert!(c.validate().unwrap_err().0.contains("prune interval"));

@@ -67,6 +67,25 @@ pub trait DispatchMode: private::Sealed + Send + Sync + 'static {
         ctx: &DispatchContext<'_>,
         event: &ObservedEvent,
     ) -> impl Future<Output = Result<Option<Result<(), HandlerFailure>>, ConsumerError>> + Send;
+
+    /// Why this mode cannot run with more than one lane, if it cannot.
+    #[doc(hidden)]
+    fn refuses_lanes(&self) -> Option<&'static str>;
+
+    /// Handles one event of a lane (the lanes acknowledge on their own).
+    #[doc(hidden)]
+    fn handle_in_lane(
+        &self,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+
+    /// Before the lanes acknowledge: `handled` are the events the handler accepted since the
+    /// last acknowledgement, in sequence order (see [`Handler::before_ack_prefix`]).
+    #[doc(hidden)]
+    fn before_lanes_ack(
+        &self,
+        handled: &[ObservedEvent],
+    ) -> impl Future<Output = Result<(), PartialAck>> + Send;
 }
 
 mod private {
@@ -107,7 +126,7 @@ pub(crate) async fn traced<F: Future>(event: &ObservedEvent, handling: F) -> F::
 
 /// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an
 /// abandonment (not the event's fault, not counted), `Ok(Some(class))` a failure of the event.
-fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
+pub(crate) fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
     if let Some(reason) = failure.stop_reason() {
         return Err(ConsumerError::SinkFailed {
             reason: reason.to_owned(),
@@ -203,6 +222,26 @@ impl<H: Handler> DispatchMode for Plain<H> {
         store::record_replay(&tx, ctx.statements, ctx.lease, event, &result).await?;
         tx.commit().await?;
         Ok(Some(result))
+    }
+
+    fn refuses_lanes(&self) -> Option<&'static str> {
+        self.0.needs_total_order().then_some(
+            "the handler declares that it needs the stream's total order (needs_total_order)",
+        )
+    }
+
+    fn handle_in_lane(
+        &self,
+        event: &ObservedEvent,
+    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
+        self.0.handle(event)
+    }
+
+    fn before_lanes_ack(
+        &self,
+        handled: &[ObservedEvent],
+    ) -> impl Future<Output = Result<(), PartialAck>> + Send {
+        self.0.before_ack_prefix(handled)
     }
 }
 
@@ -361,5 +400,23 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
             tx.commit().await?;
         }
         Ok(Some(result))
+    }
+
+    fn refuses_lanes(&self) -> Option<&'static str> {
+        Some(
+            "a transactional handler runs one event at a time in the transaction that moves \
+             the cursor; use one lane",
+        )
+    }
+
+    async fn handle_in_lane(&self, _event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        // Never reached: a run with lanes refuses this mode before it claims anything.
+        Err(HandlerFailure::stop(
+            "a transactional handler cannot run in lanes",
+        ))
+    }
+
+    async fn before_lanes_ack(&self, _handled: &[ObservedEvent]) -> Result<(), PartialAck> {
+        Ok(())
     }
 }

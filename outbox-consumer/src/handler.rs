@@ -18,6 +18,15 @@ pub trait Handler: Send + Sync + 'static {
         event: &ObservedEvent,
     ) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
 
+    /// Whether this handler needs the project's total order: every event after the one
+    /// before it, across keys. Such a handler refuses [`DeliverySettings::lanes`] above 1
+    /// (the consumer does not start). The default is per-key order only.
+    ///
+    /// [`DeliverySettings::lanes`]: crate::DeliverySettings::lanes
+    fn needs_total_order(&self) -> bool {
+        false
+    }
+
     /// Called before the cursor advances past events already handled (flush buffers here).
     /// An `Err` acknowledges nothing; the unacknowledged events are delivered again.
     fn before_ack(&self) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
@@ -137,6 +146,10 @@ impl<T: Handler + ?Sized> Handler for std::sync::Arc<T> {
         event: &ObservedEvent,
     ) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
         T::handle(self, event)
+    }
+
+    fn needs_total_order(&self) -> bool {
+        T::needs_total_order(self)
     }
 
     fn before_ack(&self) -> impl Future<Output = Result<(), HandlerFailure>> + Send {

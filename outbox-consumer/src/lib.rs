@@ -79,8 +79,9 @@ mod store;
 
 pub use base::{ShownCursor, backoff};
 pub use config::{
-    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DEFAULT_MAX_BATCH_SIZE, DeliverySettings,
-    Duties, LiveQuery, MAX_BATCH_SIZE_CEILING, StartFrom,
+    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DEFAULT_MAX_AHEAD, DEFAULT_MAX_BATCH_SIZE,
+    DeliverySettings, Duties, LiveQuery, MAX_AHEAD_CEILING, MAX_BATCH_SIZE_CEILING, MAX_LANES,
+    StartFrom,
 };
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;

@@ -37,6 +37,14 @@ pub fn describe_metrics() {
         "outbox_consumer_cursor",
         "The last sequence the consumer acknowledged."
     );
+    describe_gauge!(
+        "outbox_lanes_busy",
+        "Lanes whose handler is running (consumers with more than one lane)."
+    );
+    describe_gauge!(
+        "outbox_events_ahead_of_cursor",
+        "Events handled or parked beyond the cursor and not yet acknowledged (lanes)."
+    );
     describe_histogram!(
         "outbox_commit_to_dispatch_seconds",
         "Seconds from the writer's transaction start to an event's first dispatch."

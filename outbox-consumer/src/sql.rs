@@ -448,6 +448,16 @@ SELECT sequence, event_id, attempts,
 FROM {{schema}}.lifecycle_deliveries
 WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence = $3";
 
+/// The deliveries a run with lanes finds ahead of its cursor when it starts over from the
+/// cursor: a retrying one waits for its next attempt (measured on the database clock) and
+/// holds its key; any other was parked by lanes before the cursor reached it, and is not
+/// delivered again. `$3` the cursor, `$4` the end of the window.
+pub const LANE_RETRIES: &str = "
+SELECT sequence, attempts, state = 'retrying' AS retrying,
+       GREATEST(extract(epoch FROM next_attempt_at - now()), 0)::float8 AS wait
+FROM {{schema}}.lifecycle_deliveries
+WHERE project_id = $1 AND consumer_id = $2 AND sequence > $3 AND sequence <= $4";
+
 /// Counts a failed attempt. An existing row of an earlier pass over the same event (parked,
 /// resolved or replayed before a reactivated consumer went through history again) starts a
 /// new delivery history; the audit trail keeps the old one. `$3` event, `$4` sequence, `$5` attempts so far, `$6` seconds
@@ -818,6 +828,7 @@ pub(crate) fn all() -> Vec<(&'static str, &'static str)> {
         CONTRACTS,
         READ_BATCH,
         HELD_DELIVERY,
+        LANE_RETRIES,
         RECORD_RETRY,
         PARK,
         CLEAR_PASSED_RETRIES,

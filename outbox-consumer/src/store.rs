@@ -37,6 +37,7 @@ pub(crate) struct Statements {
     pub held: String,
     /// Every registered contract's type and major.
     pub contracts: String,
+    pub lane_retries: String,
     pub record_retry: String,
     pub park: String,
     pub clear_passed_retries: String,
@@ -69,6 +70,7 @@ impl Statements {
             read_batch: schema.render(sql::READ_BATCH),
             held: schema.render(sql::HELD_DELIVERY),
             contracts: schema.render(sql::CONTRACTS),
+            lane_retries: schema.render(sql::LANE_RETRIES),
             record_retry: schema.render(sql::RECORD_RETRY),
             park: schema.render(sql::PARK),
             clear_passed_retries: schema.render(sql::CLEAR_PASSED_RETRIES),
@@ -308,6 +310,41 @@ pub(crate) async fn check_declared(
     Ok(())
 }
 
+/// Loads the deliveries in `(cursor, through]`: each with its failed attempts so far and when
+/// the next is due, and whether it is retrying (`false`: parked ahead of the cursor).
+pub(crate) async fn load_retries(
+    client: &(impl GenericClient + Sync),
+    statements: &Statements,
+    lease: &Lease,
+    cursor: i64,
+    through: i64,
+) -> Result<Vec<(Held, bool)>, ConsumerError> {
+    let rows = client
+        .query_unnamed(
+            &statements.lane_retries,
+            &[
+                &lease.fence.project,
+                &lease.fence.consumer,
+                &cursor,
+                &through,
+            ],
+        )
+        .await?;
+    let now = tokio::time::Instant::now();
+    rows.iter()
+        .map(|row| {
+            let attempts: i32 = row.try_get("attempts")?;
+            let wait: f64 = row.try_get("wait")?;
+            let held = Held {
+                sequence: row.try_get("sequence")?,
+                attempts: attempts.max(0) as u32,
+                ready_at: now + Duration::from_secs_f64(wait.max(0.0)),
+            };
+            Ok((held, row.try_get("retrying")?))
+        })
+        .collect()
+}
+
 /// Decodes an event row: one that starts with `sql::event_columns!()`, read by position in
 /// that order (`REPLAY_REQUESTED` adds `attempts` after them). The payload is parsed from its
 /// text straight into [`Prior`]. The event comes back whole even when its payload cannot be
@@ -373,7 +410,10 @@ pub(crate) fn decode(
 }
 
 /// Saves a failed attempt: a retry at `now + delay`, or, with no delay left, parks the event
-/// as a dead letter, audits it and moves the cursor past it, all in one transaction.
+/// as a dead letter, audits it and (with `moves_cursor`: the event right after the cursor)
+/// moves the cursor past it, all in one transaction. Lanes park events ahead of the cursor,
+/// which then moves past them with the acknowledgement of everything before them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn record_failure(
     client: &mut deadpool_postgres::Client,
     statements: &Statements,
@@ -382,6 +422,7 @@ pub(crate) async fn record_failure(
     attempts: u32,
     class: &FailureClass,
     delay: Option<Duration>,
+    moves_cursor: bool,
 ) -> Result<(), ConsumerError> {
     let tx = client.transaction().await?;
     lock_fence(&tx, statements, lease).await?;
@@ -426,10 +467,11 @@ pub(crate) async fn record_failure(
                 None,
             )
             .await?;
-            if tx
-                .execute_unnamed(&statements.move_cursor, &[p, c, o, g, &event.sequence])
-                .await?
-                != 1
+            if moves_cursor
+                && tx
+                    .execute_unnamed(&statements.move_cursor, &[p, c, o, g, &event.sequence])
+                    .await?
+                    != 1
             {
                 return Err(lease.lose_after_rejection(&*tx).await);
             }

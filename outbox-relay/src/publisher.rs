@@ -499,6 +499,11 @@ impl Publisher {
 }
 
 impl Handler for Publisher {
+    /// A NATS subject is a project: its order is the stream's, so the relay keeps one lane.
+    fn needs_total_order(&self) -> bool {
+        true
+    }
+
     async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
         let mut state = self.state.lock().await;
         if let Some((_, failure)) = &state.failed {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
+use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, PartialAck, Reconciler};
 use outbox_core::ProjectId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -340,7 +340,31 @@ impl<C: Handler> Handler for FanOutSink<C> {
         Ok(())
     }
 
+    fn needs_total_order(&self) -> bool {
+        self.first.as_ref().is_some_and(Handler::needs_total_order)
+    }
+
     async fn before_ack(&self) -> Result<(), HandlerFailure> {
+        self.publish_through(i64::MAX).await
+    }
+
+    /// Publishes the frames of the handled prefix only, in sequence order: with lanes, events
+    /// beyond it may be handled already, and are published when the cursor reaches them.
+    async fn before_ack_prefix(&self, handled: &[ObservedEvent]) -> Result<(), PartialAck> {
+        let through = handled.last().map_or(i64::MAX, |e| e.sequence);
+        self.publish_through(through)
+            .await
+            .map_err(|failure| PartialAck {
+                durable: 0,
+                failure,
+            })
+    }
+}
+
+impl<C: Handler> FanOutSink<C> {
+    /// The first handler's `before_ack`, then the pending frames through `through`, in
+    /// sequence order.
+    async fn publish_through(&self, through: i64) -> Result<(), HandlerFailure> {
         if let Some(first) = &self.first {
             if let Err(failure) = first.before_ack().await {
                 self.fan_out
@@ -351,13 +375,26 @@ impl<C: Handler> Handler for FanOutSink<C> {
                 return Err(failure);
             }
         }
-        let frames = std::mem::take(
-            &mut *self
+        let mut frames = {
+            let mut pending = self
                 .fan_out
                 .pending
                 .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
+                .unwrap_or_else(|e| e.into_inner());
+            match pending.iter().all(|f| f.id.sequence <= through) {
+                true => std::mem::take(&mut *pending),
+                false => {
+                    let (now, later) = std::mem::take(&mut *pending)
+                        .into_iter()
+                        .partition(|f| f.id.sequence <= through);
+                    *pending = later;
+                    now
+                }
+            }
+        };
+        if !frames.is_sorted_by_key(|f| f.id.sequence) {
+            frames.sort_by_key(|f| f.id.sequence);
+        }
         if !frames.is_empty() {
             self.fan_out.publish(Batch::new(frames, false));
         }

@@ -1150,3 +1150,44 @@ async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
         "too few valid payloads drawn ({accepted_fast}) to mean anything"
     );
 }
+
+/// With lanes, as with one: an undeclared type passes without a call, an undeclared major
+/// is parked at once.
+#[tokio::test]
+async fn lanes_pass_undeclared_types_and_park_undeclared_majors() {
+    let db = fresh_db().await;
+    mixed_stream(&db).await;
+    let recorder = Recorder::default();
+    let mut config = fast_config("p", "laned");
+    config.delivery.lanes = 4;
+    config.delivery.event_types = "task:deleted@1,task:restored@2".parse().unwrap();
+    let dir = temp_dir("lanes");
+    let v2 = std::fs::read_to_string(contracts_dir().join("task-restored.json"))
+        .unwrap()
+        .replace("\"major\": 1", "\"major\": 2");
+    let file = contract_file(&dir, "restored-v2.json", &v2);
+    let (code, out, err) = outbox_on(&db, &["contracts", "add", &file, "--by", "ops"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let (shutdown, run) = start(&db, config, &recorder);
+    eventually(WAIT, "the cursor to pass every event", || async {
+        cursor(&db, "p", "laned").await == Some(4)
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let mut seen = recorder.sequences();
+    seen.sort();
+    assert_eq!(seen, [1, 3], "only the deletes reach the handler");
+    let parked: (i64, String, i32) = db
+        .connect()
+        .await
+        .query_one(
+            "SELECT sequence, last_failure_class, attempts FROM outbox.lifecycle_deliveries \
+             WHERE consumer_id = 'laned' AND state = 'dead'",
+            &[],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .unwrap();
+    assert_eq!(parked, (4, "contract_mismatch".into(), 1));
+}

@@ -74,15 +74,15 @@ pub struct Outcome {
 
 /// A moment on both clocks.
 #[derive(Debug, Clone, Copy)]
-struct Stamp {
+pub(crate) struct Stamp {
     /// Monotonic: the latency itself.
-    mono: Instant,
+    pub(crate) mono: Instant,
     /// Wall clock, comparable with `sequenced_at`: the split.
     wall: DateTime<Utc>,
 }
 
 impl Stamp {
-    fn now() -> Self {
+    pub(crate) fn now() -> Self {
         Self {
             mono: Instant::now(),
             wall: Utc::now(),
@@ -270,7 +270,11 @@ fn p50_p99(values: &mut [f64]) -> (f64, f64) {
 
 /// Waits until the consumer has claimed its lease and recorded its earliest-start cursor,
 /// then a little longer so the listener connection is up too.
-async fn wait_until_started(url: &str, project: &str, consumer_id: &str) -> BoxResult<()> {
+pub(crate) async fn wait_until_started(
+    url: &str,
+    project: &str,
+    consumer_id: &str,
+) -> BoxResult<()> {
     let client = db::connect(&db::parse(url)?).await?;
     let query = Schema::default().render(
         "SELECT last_acked_sequence IS NOT NULL FROM {{schema}}.lifecycle_consumer_cursors
@@ -294,14 +298,14 @@ async fn wait_until_started(url: &str, project: &str, consumer_id: &str) -> BoxR
 }
 
 /// One writer's commits and how far it fell behind its schedule.
-struct Share {
-    commits: Vec<(String, Stamp)>,
-    max_lag: Duration,
+pub(crate) struct Share {
+    pub(crate) commits: Vec<(String, Stamp)>,
+    pub(crate) max_lag: Duration,
 }
 
 /// Writes events `w, w + WRITERS, ...` below `total`, each in its own transaction at its due
 /// time, recording when `COMMIT` returned.
-async fn write_share(
+pub(crate) async fn write_share(
     mut client: tokio_postgres::Client,
     writer: Writer,
     project: ProjectId,

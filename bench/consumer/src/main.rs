@@ -19,6 +19,7 @@
 
 mod adaptive;
 mod catchup;
+mod lanes;
 mod latency;
 mod pgq;
 mod pooler;
@@ -63,6 +64,9 @@ enum Internal {
     /// Catch-up through a transaction-mode pooler beside a direct connection (bench/pooler.sh);
     /// the markdown report goes to stdout.
     PoolerCompare(pooler::PoolerArgs),
+    /// Lanes: a sleeping handler with 1, 8 and 64 lanes, a no-op catch-up with 16 and 1, and
+    /// commit-to-handler latency with 8 (bench/lanes.sh); the markdown report goes to stdout.
+    Lanes(lanes::LanesArgs),
     /// Timestamp `outbox consume` event lines read from stdin (bench/old-snapshot.sh).
     #[command(hide = true)]
     StampLines(stamp::StampArgs),
@@ -132,6 +136,9 @@ fn main() -> std::process::ExitCode {
             Some(Internal::ScaleLatency(args)) => scaling::latency(args).await,
             Some(Internal::StampLines(args)) => stamp::stamp(args),
             Some(Internal::PoolerCompare(args)) => pooler::compare(args).await.map(|report| {
+                println!("{report}");
+            }),
+            Some(Internal::Lanes(args)) => lanes::run(args).await.map(|report| {
                 println!("{report}");
             }),
             None => run(cli.bench).await,

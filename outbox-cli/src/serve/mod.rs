@@ -32,6 +32,9 @@ pub struct ServeArgs {
     /// The child-process handler (`--child`).
     #[command(flatten)]
     pub child: crate::cli::ChildOptions,
+    /// Key-level parallelism (`--lanes`, `--max-ahead`).
+    #[command(flatten)]
+    pub lanes: crate::cli::LaneOptions,
     /// Every other `outbox consume` option.
     #[command(flatten)]
     pub consume: ConsumerOptions,
@@ -218,7 +221,8 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     }
     let listen = listen_addr(&args.listen).await?;
     let admin = admin_auth(&args, listen)?;
-    let template = delivery_settings(consume)?;
+    let mut template = delivery_settings(consume)?;
+    args.lanes.apply(&mut template).map_err(Failure::usage)?;
     let duties = duties(global, consume)?;
     if (args.client_queue as i64) < consume.batch_size {
         return Err(Failure::usage(format!(
@@ -273,6 +277,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
                         args.child.child_timeout,
                         args.child.child_stop_grace,
                         shutdown.clone(),
+                        args.lanes.lanes > 1,
                     );
                     let force = child.clone();
                     started.shutdown.on_force(move || force.kill_now());

@@ -24,6 +24,24 @@ impl<D, R> Consumer<D, R> {
             return Ok(());
         };
         let held = progress.position.held_sequence();
+        self.write_ack(lease, statements, left_at, last, held)
+            .await?;
+        if let Some(handled) = progress.position.take_handled() {
+            progress.advance(handled);
+        }
+        Ok(())
+    }
+
+    /// The acknowledgement's write: the cursor from `left_at` to `last`, clearing saved retry
+    /// state when the `held` event is among them.
+    pub(super) async fn write_ack(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        left_at: i64,
+        last: i64,
+        held: Option<i64>,
+    ) -> Result<(), ConsumerError> {
         // An acknowledgement that also clears saved retry state takes the run's own statement.
         let clears_retry = held.is_some_and(|held| held <= last);
         let grouped = match clears_retry {
@@ -40,9 +58,6 @@ impl<D, R> Consumer<D, R> {
                 let mut client = self.pool.get().await?;
                 store::ack(&mut client, statements, lease, held, left_at, last).await?;
             }
-        }
-        if let Some(handled) = progress.position.take_handled() {
-            progress.advance(handled);
         }
         Ok(())
     }

@@ -137,7 +137,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             // acknowledged; the position check that follows finds the divergence.
             tracing::warn!(error = %e, "acknowledgement refused; checking the position");
             progress.bounds_checked = false;
-            progress.position.forget_after_cursor();
+            progress.forget_after_cursor();
             progress.prefetched = None;
             return AfterFailure::Wait(Duration::ZERO);
         }
@@ -146,6 +146,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
         progress.bounds_checked = false;
         progress.position.drop_pending();
+        progress.lanes = None;
         if outage::is_outage(&e) {
             // Said once for the whole process (`outage`), not once per round.
             if let Err(gave_up) = outage::availability().unreachable(&e) {
@@ -169,6 +170,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let mut deadline = Instant::now() + poll;
         if let Some(held) = progress.position.held() {
             deadline = deadline.min(held.ready_at);
+        }
+        if let Some(retry) = progress.lanes.as_ref().and_then(|w| w.next_ready_at()) {
+            deadline = deadline.min(retry);
         }
         if !lease.is_valid() {
             // Renewals are failing (database unreachable?): wait for one to succeed or for
@@ -228,6 +232,18 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if joined.signals.replay_due.swap(false, Ordering::Relaxed) {
             self.replay_requested(lease, statements, shutdown).await?;
         }
+        if self.config.delivery.lanes > 1 {
+            return self
+                .lanes_round(
+                    lease,
+                    statements,
+                    &joined.signals,
+                    shutdown,
+                    progress,
+                    cursor,
+                )
+                .await;
+        }
         if let Some(held) = progress.position.held() {
             let wait = held.ready_at.saturating_duration_since(Instant::now());
             if !wait.is_zero() {
@@ -277,7 +293,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         shutdown: &CancellationToken,
         progress: &mut Progress,
     ) -> Result<bool, ConsumerError> {
-        if !progress.position.is_settled() {
+        if !progress.is_settled() {
             return Ok(false);
         }
         {
@@ -305,7 +321,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             .step(lease, statements, joined, shutdown, progress)
             .await?
             == Step::Idle
-            && progress.position.is_settled())
+            && progress.is_settled())
     }
 }
 

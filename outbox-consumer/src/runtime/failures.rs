@@ -69,6 +69,16 @@ impl<D, R> Consumer<D, R> {
         Ok(())
     }
 
+    /// When a failed event is tried again: after the schedule's delay for its `attempts`, or
+    /// never (`None`: it is parked) once the schedule is spent, or at once for a contract
+    /// mismatch, which no retry can make understood.
+    pub(super) fn retry_delay(&self, class: &FailureClass, attempts: u32) -> Option<Duration> {
+        if *class == FailureClass::contract_mismatch() {
+            return None;
+        }
+        self.config.delivery.retry.delay_after(attempts)
+    }
+
     /// Saves a failed attempt of `event` (the one after the cursor): held for its retry, or
     /// parked when it had its last attempt.
     pub(super) async fn fail(
@@ -80,11 +90,7 @@ impl<D, R> Consumer<D, R> {
         class: FailureClass,
     ) -> Result<(), ConsumerError> {
         let attempts = event.attempt;
-        // A retry cannot make a contract mismatch understood: it is parked at once.
-        let delay = match class == FailureClass::contract_mismatch() {
-            true => None,
-            false => self.config.delivery.retry.delay_after(attempts),
-        };
+        let delay = self.retry_delay(&class, attempts);
         let mut client = self.pool.get().await?;
         store::record_failure(
             &mut client,
@@ -94,6 +100,7 @@ impl<D, R> Consumer<D, R> {
             attempts,
             &class,
             delay,
+            true,
         )
         .await?;
         progress.meters.failure(&class).increment(1);

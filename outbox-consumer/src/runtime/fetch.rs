@@ -231,7 +231,7 @@ pub(super) async fn alone(
 
 /// One batch after `cursor`, as a future that owns what it needs, so that it can also run
 /// ahead as a [`Prefetch`].
-fn after(
+pub(super) fn after(
     pool: &Pool,
     statements: &Statements,
     project: &ProjectId,

@@ -104,7 +104,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
                     "the database's cursor is ahead: an acknowledgement whose answer was lost \
                      took effect; continuing from it"
                 );
-                progress.position.forget_after_cursor();
+                progress.forget_after_cursor();
                 progress.prefetched = None;
                 progress.moved_to(ahead, database.cursor_identity.clone());
                 ahead
@@ -136,7 +136,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
         database: &DatabasePosition,
         divergence: Divergence,
     ) -> Result<(), ConsumerError> {
-        progress.position.forget_after_cursor();
+        progress.forget_after_cursor();
         progress.prefetched = None;
         let cursor = crate::base::ShownCursor(database.cursor);
         let shown_identity = identity.as_deref().unwrap_or("none");

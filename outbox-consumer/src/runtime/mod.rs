@@ -6,7 +6,8 @@
 //! next batch (a lone consumer [`fetch`]es it, and the one after ahead), [`batch`] dispatches it and decides what follows,
 //! [`ack`] acknowledges, [`failures`] records failed attempts, retry waits and parking,
 //! [`reconcile`] settles a missing or out-of-bounds cursor and [`replay`] serves replay
-//! requests. Where the run stands in the stream is its [`position`]; whether it runs alone or
+//! requests; with more than one lane, [`lanes`] runs several keys' events at once instead of
+//! batches. Where the run stands in the stream is its [`position`]; whether it runs alone or
 //! in a consumer set is its [`membership`]. Every phase reports a transient failure the same
 //! way, as a retryable [`ConsumerError`], and leaves the decision to the loop.
 
@@ -16,6 +17,7 @@ mod deliver;
 mod failures;
 mod fetch;
 mod identity;
+mod lanes;
 mod membership;
 mod position;
 mod progress;

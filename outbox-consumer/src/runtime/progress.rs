@@ -4,6 +4,7 @@
 use tokio::time::Instant;
 
 use super::fetch::Prefetch;
+use super::lanes::Window;
 use super::position::{Handled, Position};
 use crate::config::ConsumerConfig;
 use crate::event::FailureClass;
@@ -34,6 +35,9 @@ pub(super) struct Progress {
     /// the cursor reaches the point it was read after. Dropped (`None`) after an anomaly: the
     /// next read then starts again at the base size.
     pub prefetched: Option<Prefetch>,
+    /// With lanes: the events read ahead of the cursor and where each stands, kept between
+    /// rounds (`None`: the next round starts over from the cursor).
+    pub lanes: Option<Window>,
     /// The run's metrics.
     pub meters: Meters,
 }
@@ -59,6 +63,7 @@ impl Progress {
             delivered: 0,
             new_consumer,
             prefetched: None,
+            lanes: None,
             meters,
         }
     }
@@ -68,6 +73,19 @@ impl Progress {
     pub fn moved_to(&mut self, cursor: i64, identity: Option<String>) {
         self.position.moved_to(cursor, identity);
         self.meters.cursor.set(cursor as f64);
+    }
+
+    /// Forgets everything handled, held, kept or run ahead after the cursor (see
+    /// [`Position::forget_after_cursor`]).
+    pub fn forget_after_cursor(&mut self) {
+        self.position.forget_after_cursor();
+        self.lanes = None;
+    }
+
+    /// Whether nothing is held back: nothing failed waits, nothing handled is unacknowledged,
+    /// no lane has anything ahead of the cursor.
+    pub fn is_settled(&self) -> bool {
+        self.position.is_settled() && self.lanes.as_ref().is_none_or(Window::is_empty)
     }
 
     /// Records an acknowledged prefix in the position and the metrics.
@@ -97,6 +115,11 @@ pub(super) struct Meters {
     pub divergences: metrics::Counter,
     /// `outbox_commit_to_dispatch_seconds`: writer's transaction start to first dispatch.
     pub commit_to_dispatch: metrics::Histogram,
+    /// `outbox_lanes_busy`: lanes whose handler runs (only with more than one lane).
+    lanes_busy: Option<metrics::Gauge>,
+    /// `outbox_events_ahead_of_cursor`: events handled or parked beyond the cursor, not yet
+    /// acknowledged (only with more than one lane).
+    ahead_of_cursor: Option<metrics::Gauge>,
 }
 
 impl Meters {
@@ -112,7 +135,25 @@ impl Meters {
             skipped: metrics::counter!("outbox_events_skipped_total", &labels),
             divergences: metrics::counter!("outbox_history_divergences_total", &labels),
             commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
+            lanes_busy: (config.delivery.lanes > 1)
+                .then(|| metrics::gauge!("outbox_lanes_busy", &labels)),
+            ahead_of_cursor: (config.delivery.lanes > 1)
+                .then(|| metrics::gauge!("outbox_events_ahead_of_cursor", &labels)),
             labels,
+        }
+    }
+
+    /// Sets `outbox_lanes_busy`.
+    pub fn lanes_busy(&self, running: usize) {
+        if let Some(gauge) = &self.lanes_busy {
+            gauge.set(running as f64);
+        }
+    }
+
+    /// Sets `outbox_events_ahead_of_cursor`.
+    pub fn ahead_of_cursor(&self, settled: usize) {
+        if let Some(gauge) = &self.ahead_of_cursor {
+            gauge.set(settled as f64);
         }
     }
 

@@ -6,11 +6,25 @@ use super::fetch::{Fetched, ReadAfter};
 use super::position::Read;
 use super::progress::Progress;
 use crate::error::ConsumerError;
-use crate::event::FailureClass;
+use crate::event::{FailureClass, ObservedEvent};
 use crate::store::Statements;
 use outbox_core::Acceptance;
 
 impl<D, R> Consumer<D, R> {
+    /// `contract_mismatch` for an event of a declared type in a major the consumer did not
+    /// declare.
+    pub(super) fn mismatch(&self, event: &ObservedEvent) -> Option<FailureClass> {
+        let types = &self.config.delivery.event_types;
+        (types.accept(&event.event_type, event.type_major) == Acceptance::Mismatch)
+            .then(FailureClass::contract_mismatch)
+    }
+
+    /// Whether `event` is of a type the consumer did not declare: it passes without a call.
+    pub(super) fn skips(&self, event: &ObservedEvent) -> bool {
+        let types = &self.config.delivery.event_types;
+        types.accept(&event.event_type, event.type_major) == Acceptance::Skip
+    }
+
     /// Read and decode: the contiguous run of events after `cursor`, up to the first
     /// undecodable one; `more` when the loop should go round again at once (after a full
     /// batch, one cut short, or one read ahead, which may predate events numbered since).
@@ -43,10 +57,7 @@ impl<D, R> Consumer<D, R> {
         // An event of a declared type in an undeclared major fails on its own, like an
         // undecodable one, and is parked at once.
         for (event, class) in decoded.iter_mut().filter(|(_, class)| class.is_none()) {
-            let types = &self.config.delivery.event_types;
-            if types.accept(&event.event_type, event.type_major) == Acceptance::Mismatch {
-                *class = Some(FailureClass::contract_mismatch());
-            }
+            *class = self.mismatch(event);
         }
         let read = progress.position.contiguous(cursor, decoded);
         let Read::Events { events, cut_short } = &read else {

@@ -28,6 +28,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// the rest once for all members.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<RunSummary, ConsumerError> {
         self.config.validate()?;
+        if self.config.delivery.lanes > 1 {
+            if let Some(why) = self.dispatch.refuses_lanes() {
+                return Err(ConfigError(format!(
+                    "lanes {} refused: {why}",
+                    self.config.delivery.lanes
+                ))
+                .into());
+            }
+        }
         let pool_size = self.pool.status().max_size;
         if pool_size < MIN_POOL_SIZE {
             return Err(ConfigError(format!(

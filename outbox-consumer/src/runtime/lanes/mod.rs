@@ -1,0 +1,604 @@
+//! Lanes: several events of one project handled at once, each key's (task's) events one at a
+//! time and in sequence order ([`DeliverySettings::lanes`](crate::DeliverySettings::lanes)).
+//!
+//! One round reads ahead of the cursor, at most `max_ahead` events, into the [`Window`],
+//! starts the first event of up to `lanes` keys, and as each ends starts the next one its key
+//! or another key has. A failed event is saved for its retry on the fixed schedule and holds
+//! its key (its later events wait) and the cursor, not the other keys; after its last attempt
+//! it is parked where it stands. The cursor moves, in the one acknowledgement statement of
+//! the single lane, to the highest sequence with every event at or before it handled or
+//! parked. A round ends when nothing may start and nothing runs, so replay requests, the
+//! position check and reconciliation run between rounds as they do between batches, with no
+//! handler running.
+//!
+//! With one lane none of this runs: the loop dispatches batches as it always has.
+
+mod window;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesOrdered, FuturesUnordered};
+use futures_util::{FutureExt as _, StreamExt as _};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Consumer;
+use super::batch::Step;
+use super::fetch;
+use super::position::Handled;
+use super::progress::Progress;
+use crate::base::Signals;
+use crate::dispatch::{DispatchMode, triage};
+use crate::error::ConsumerError;
+use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
+use crate::handler::{ReconcileReason, Reconciler};
+use crate::lease::Lease;
+use crate::store::{self, Batch, Held, Statements};
+pub(super) use window::Window;
+use window::{Finished, Prefix};
+
+/// How many times `max_ahead` one round reads at most before it lets the loop go round (to
+/// look for replay requests and check the lease) once what runs has ended.
+const ROUND_READS: i64 = 4;
+
+/// How long an event whose handler gave up without failing (not at shutdown) waits before
+/// it is tried again, uncounted.
+const AGAIN_AFTER: Duration = Duration::from_millis(100);
+
+/// At most this often the lanes acknowledge a prefix shorter than a batch while some lanes
+/// have nothing to do, so that events handled long ago do not wait behind a slow one, nor
+/// does every event pay for a write of its own when events trickle in.
+const ACK_PAUSE: Duration = Duration::from_millis(20);
+
+/// How soon a lane loop whose lease is not known to be valid looks at it again.
+const LEASE_RECHECK: Duration = Duration::from_millis(100);
+
+/// An acknowledgement being written.
+type Writing<'a> = Pin<Box<dyn Future<Output = Result<(), ConsumerError>> + Send + 'a>>;
+
+/// A read ahead of the window, and its size.
+type Reading = Pin<Box<dyn Future<Output = Result<(Batch, i64), ConsumerError>> + Send>>;
+
+/// Reads in flight at once: the next is on its way while one is decoded and dispatched.
+const READS_AHEAD: usize = 2;
+
+impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
+    /// One round of the lanes after `cursor` (see the module docs).
+    pub(super) async fn lanes_round(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        signals: &Signals,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+        cursor: i64,
+    ) -> Result<Step, ConsumerError> {
+        let max_ahead = self.config.delivery.max_ahead;
+        let mut window = match progress.lanes.take() {
+            Some(window) if window.cursor() == cursor => window,
+            _ => {
+                // Starting over from the cursor: what failed or was parked ahead of it is
+                // in the database.
+                let client = self.pool.get().await?;
+                let known =
+                    store::load_retries(&**client, statements, lease, cursor, cursor + max_ahead)
+                        .await?;
+                Window::new(cursor, known)
+            }
+        };
+        // On an error the window is dropped with whatever ran: the next round starts over
+        // from the cursor (a plain handler is at least once).
+        let outcome = self
+            .drive(lease, statements, signals, shutdown, progress, &mut window)
+            .await?;
+        progress.meters.lanes_busy(0);
+        progress.meters.ahead_of_cursor(window.settled());
+        match outcome {
+            Ended::Gap => {
+                drop(window);
+                self.reconcile(
+                    lease,
+                    statements,
+                    progress,
+                    ReconcileReason::GapInHistory,
+                    shutdown,
+                )
+                .await?;
+                Ok(Step::More)
+            }
+            Ended::StartOver => Ok(Step::More),
+            Ended::Round(step) => {
+                progress.lanes = Some(window);
+                Ok(step)
+            }
+        }
+    }
+
+    /// Runs the window until nothing may start and nothing runs (or shutdown's grace ends).
+    async fn drive(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        signals: &Signals,
+        shutdown: &CancellationToken,
+        progress: &mut Progress,
+        window: &mut Window,
+    ) -> Result<Ended, ConsumerError> {
+        let settings = &self.config.delivery;
+        let (lanes, max_ahead) = (settings.lanes, settings.max_ahead);
+        let ack_every = (settings.batch_size as usize)
+            .min(max_ahead as usize / 2)
+            .max(1);
+        let mut running = FuturesUnordered::new();
+        // Reads in flight, in order, each with its size: up to `READS_AHEAD`, so the next one
+        // is on its way while one is decoded.
+        let mut reading: FuturesOrdered<Reading> = FuturesOrdered::new();
+        let mut requested: i64 = 0;
+        let mut read_size = settings.batch_size;
+        let mut more_to_read = true;
+        let mut read_budget = ROUND_READS * max_ahead;
+        let mut gap = false;
+        let mut unchecked = false;
+        let mut grace_ends: Option<Instant> = None;
+        let mut last_ack = Instant::now();
+        // The acknowledgement being written while the lanes go on, and the events it covers.
+        let mut acking: Option<Writing<'_>> = None;
+        let mut acking_count: usize = 0;
+        loop {
+            let stopping = shutdown.is_cancelled() || !lease.is_valid();
+            if stopping {
+                reading.clear();
+                requested = 0;
+                if shutdown.is_cancelled() && grace_ends.is_none() {
+                    grace_ends = Some(Instant::now() + settings.shutdown_grace);
+                }
+            } else {
+                if unchecked && acking.is_none() {
+                    // A read came over a connection opened since the position was checked:
+                    // the check runs now, not once the handlers running have ended (a slow
+                    // one would hold every other task meanwhile).
+                    let cursor = progress.position.cursor().unwrap_or(window.cursor());
+                    if let Some(reason) = self
+                        .check_position(lease, statements, progress, cursor)
+                        .await?
+                    {
+                        progress.must_reconcile = Some(reason);
+                        return Ok(Ended::StartOver);
+                    }
+                    if progress.position.cursor() != Some(window.cursor()) {
+                        return Ok(Ended::StartOver);
+                    }
+                    unchecked = false;
+                    more_to_read = true;
+                }
+                window.release_due(Instant::now());
+                while running.len() < lanes {
+                    let Some((event, undecodable)) = window.start() else {
+                        break;
+                    };
+                    let mut handling = Box::pin(self.run_one(event, undecodable));
+                    // A handler that finishes at once (a fast one) is settled here, without
+                    // a trip through the set of running ones.
+                    match (&mut handling).now_or_never() {
+                        Some((event, result)) => {
+                            self.settle(lease, statements, progress, window, event, result)
+                                .await?;
+                        }
+                        None => running.push(handling),
+                    }
+                }
+                progress.meters.lanes_busy(running.len());
+                let room = window.room(max_ahead - acking_count as i64) - requested;
+                if reading.len() < READS_AHEAD && more_to_read && room > 0 && read_budget > 0 {
+                    let limit = read_size.min(room);
+                    read_budget -= limit;
+                    let after = window.read_through() + requested;
+                    requested += limit;
+                    let read = fetch::after(
+                        &self.pool,
+                        statements,
+                        &self.config.project_id,
+                        &self.config.consumer_id,
+                        after,
+                        limit,
+                    );
+                    reading.push_back(Box::pin(
+                        async move { read.await.map(|batch| (batch, limit)) },
+                    ));
+                }
+                // Acknowledged every `ack_every` events, and, at most every `ACK_PAUSE`, when
+                // lanes have nothing to do (a slow or failing event ahead of the rest would
+                // otherwise hold the cursor back over events long handled).
+                let prefix = window.prefix();
+                if acking.is_none()
+                    && (prefix >= ack_every
+                        || (prefix > 0 && running.len() < lanes && last_ack.elapsed() >= ACK_PAUSE))
+                {
+                    let Some(ack) = self.begin_ack(lease, statements, progress, window).await?
+                    else {
+                        return Ok(Ended::StartOver);
+                    };
+                    if let Some(ack) = ack {
+                        acking_count = ack.count;
+                        acking = Some(Box::pin(self.write_ack(
+                            lease,
+                            statements,
+                            ack.left_at,
+                            ack.last,
+                            ack.held,
+                        )));
+                    }
+                    last_ack = Instant::now();
+                    continue;
+                }
+            }
+            if running.is_empty() && reading.is_empty() && acking.is_none() {
+                break;
+            }
+            let retry_due = window.next_ready_at().filter(|_| !stopping);
+            // A lease not known to be valid (its renewal is late) starts nothing; it is looked
+            // at again soon, as the idle loop does, so that a slow handler still running does
+            // not hold the other lanes once the renewal succeeds.
+            let lease_check =
+                (stopping && !shutdown.is_cancelled()).then(|| Instant::now() + LEASE_RECHECK);
+            let ack_due =
+                (!stopping && acking.is_none() && window.prefix() > 0 && running.len() < lanes)
+                    .then_some(last_ack + ACK_PAUSE);
+            // Caught up while handlers run: news of more events starts another read.
+            let listening = !stopping && !more_to_read && reading.is_empty() && read_budget > 0;
+            tokio::select! {
+                Some((event, result)) = running.next(), if !running.is_empty() => {
+                    self.settle(lease, statements, progress, window, event, result).await?;
+                    // And every other one that has ended meanwhile.
+                    while let Some(Some((event, result))) = running.next().now_or_never() {
+                        self.settle(lease, statements, progress, window, event, result).await?;
+                    }
+                    progress.meters.ahead_of_cursor(window.settled());
+                }
+                Some(read) = reading.next(), if !reading.is_empty() => {
+                    let (batch, limit) = read?;
+                    requested -= limit;
+                    crate::outage::availability().reached();
+                    let taken = self.take_read(progress, window, batch);
+                    if !matches!(taken, Taken::Events { full: true }) {
+                        // The reads after this one start past where it ended: not used.
+                        reading.clear();
+                        requested = 0;
+                    }
+                    match taken {
+                        Taken::Events { full } => {
+                            more_to_read = full;
+                            if full {
+                                read_size = read_size
+                                    .saturating_mul(2)
+                                    .min(settings.max_batch_size);
+                            }
+                        }
+                        Taken::Gap => {
+                            more_to_read = false;
+                            gap = window.is_empty();
+                        }
+                        Taken::Unchecked => {
+                            more_to_read = false;
+                            unchecked = true;
+                        }
+                    }
+                }
+                written = async { acking.as_mut().expect("guarded").await }, if acking.is_some() => {
+                    acking = None;
+                    acking_count = 0;
+                    written?;
+                    finish_ack(progress, window);
+                }
+                () = sleep_until_some(retry_due) => {}
+                () = sleep_until_some(lease_check) => {}
+                () = sleep_until_some(ack_due) => {}
+                () = signals.wake.notified(), if listening => more_to_read = true,
+                () = sleep_until_some(grace_ends) => {
+                    tracing::warn!(running = running.len(), "handlers abandoned at shutdown");
+                    return Ok(Ended::StartOver);
+                }
+                () = shutdown.cancelled(), if grace_ends.is_none() => {}
+            }
+        }
+        if window.prefix() > 0 && !self.ack_prefix(lease, statements, progress, window).await? {
+            return Ok(Ended::StartOver);
+        }
+        if gap {
+            return Ok(Ended::Gap);
+        }
+        let more = unchecked || (more_to_read && read_budget <= 0 && window.room(max_ahead) > 0);
+        Ok(Ended::Round(match more {
+            true => Step::More,
+            false => Step::Idle,
+        }))
+    }
+
+    /// The handler's run of one event, with the event handed back.
+    async fn run_one(
+        &self,
+        event: ObservedEvent,
+        undecodable: Option<FailureClass>,
+    ) -> (ObservedEvent, Result<(), HandlerFailure>) {
+        if let Some(class) = undecodable {
+            return (event, Err(HandlerFailure::new(class)));
+        }
+        if self.skips(&event) {
+            return (event, Ok(()));
+        }
+        let result = outbox_core::observe(self.dispatch.handle_in_lane(&event)).await;
+        (event, result)
+    }
+
+    /// Adds a read to the window: its events if they follow it without a hole.
+    fn take_read(&self, progress: &mut Progress, window: &mut Window, batch: Batch) -> Taken {
+        if batch.connected_at > progress.checked_at {
+            // A connection opened since the position was checked may reach another server:
+            // the round ends, and the check runs first.
+            progress.bounds_checked = false;
+            return Taken::Unchecked;
+        }
+        let full = batch.full;
+        let now = chrono::Utc::now();
+        for (event, undecodable) in batch.events {
+            if event.sequence != window.read_through() + 1 {
+                if window.is_empty() {
+                    tracing::error!(
+                        cursor = window.cursor(),
+                        next = event.sequence,
+                        "gap after the cursor in retained history"
+                    );
+                }
+                return Taken::Gap;
+            }
+            let waited = (now - event.occurred_at).num_microseconds();
+            progress
+                .meters
+                .commit_to_dispatch
+                .record(waited.unwrap_or(0).max(0) as f64 / 1e6);
+            // An undeclared major fails on its own and is parked at once; an undeclared type
+            // passes without a call (counted as it is taken).
+            let undecodable = undecodable.or_else(|| self.mismatch(&event));
+            if undecodable.is_none() && self.skips(&event) {
+                progress.meters.skipped.increment(1);
+            }
+            window.push(event, undecodable);
+        }
+        Taken::Events { full }
+    }
+
+    /// Records what became of an event that ran: a failure is saved for its retry or parked.
+    async fn settle(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        window: &mut Window,
+        event: ObservedEvent,
+        result: Result<(), HandlerFailure>,
+    ) -> Result<(), ConsumerError> {
+        let failure = match result {
+            Ok(()) => {
+                window.finish(event, Finished::Handled);
+                return Ok(());
+            }
+            Err(failure) => failure,
+        };
+        let Some(class) = triage(failure)? else {
+            let ready_at = Instant::now() + AGAIN_AFTER;
+            window.finish(event, Finished::Again { ready_at });
+            return Ok(());
+        };
+        let finished = self
+            .record_lane_failure(lease, statements, progress, &event, class)
+            .await?;
+        window.finish(event, finished);
+        Ok(())
+    }
+
+    /// Saves a failed attempt of `event`, ahead of the cursor or right after it: for its retry,
+    /// or parked (without moving the cursor, which the acknowledgement moves past it).
+    async fn record_lane_failure(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        event: &ObservedEvent,
+        class: FailureClass,
+    ) -> Result<Finished, ConsumerError> {
+        let attempts = event.attempt;
+        let delay = self.retry_delay(&class, attempts);
+        let failed_at = Instant::now();
+        let mut client = self.pool.get().await?;
+        store::record_failure(
+            &mut client,
+            statements,
+            lease,
+            event,
+            attempts,
+            &class,
+            delay,
+            false,
+        )
+        .await?;
+        progress.meters.failure(&class).increment(1);
+        Ok(match delay {
+            Some(delay) => {
+                tracing::warn!(
+                    sequence = event.sequence, event_id = %event.event_id, attempts,
+                    class = %class, retry_in = %outbox_core::Readable(delay),
+                    "event failed; will retry (its task's later events wait)"
+                );
+                Finished::Retry {
+                    attempts,
+                    ready_at: failed_at + delay,
+                }
+            }
+            None => {
+                tracing::error!(
+                    sequence = event.sequence, event_id = %event.event_id, attempts,
+                    class = %class, "event parked as a dead letter; the stream moves on"
+                );
+                progress.meters.dead_letters.increment(1);
+                Finished::Parked
+            }
+        })
+    }
+
+    /// Acknowledges the window's prefix: the handler's `before_ack_prefix` first, then the
+    /// cursor moves to the prefix's last event in the single lane's acknowledgement. `false`
+    /// when `before_ack_prefix` failed: the window must start over from the cursor.
+    async fn ack_prefix(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        window: &mut Window,
+    ) -> Result<bool, ConsumerError> {
+        let Some(ack) = self.begin_ack(lease, statements, progress, window).await? else {
+            return Ok(false);
+        };
+        if let Some(ack) = ack {
+            self.write_ack(lease, statements, ack.left_at, ack.last, ack.held)
+                .await?;
+            finish_ack(progress, window);
+        }
+        Ok(true)
+    }
+
+    /// The first half of an acknowledgement: the prefix taken from the window, the handler's
+    /// `before_ack_prefix`, the prefix recorded as handled in the position. `None` when
+    /// `before_ack_prefix` failed (the window must start over); `Some(None)` with no prefix.
+    async fn begin_ack(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        window: &mut Window,
+    ) -> Result<Option<Option<Ack>>, ConsumerError> {
+        let count = window.prefix();
+        let Some(Prefix {
+            handled,
+            last,
+            identity,
+            failed_before,
+        }) = window.take_prefix(count)
+        else {
+            return Ok(Some(None));
+        };
+        if !handled.is_empty() {
+            if let Err(partial) = self.dispatch.before_lanes_ack(&handled).await {
+                self.partial_ack(lease, statements, progress, &handled, partial)
+                    .await?;
+                return Ok(None);
+            }
+        }
+        if let Some(sequence) = failed_before {
+            // The acknowledgement clears the saved retry state it passes (as when the held
+            // event of the single lane is acknowledged).
+            progress.position.hold(Some(Held {
+                sequence,
+                attempts: 0,
+                ready_at: Instant::now(),
+            }));
+        }
+        progress.position.handled_through(Handled {
+            last,
+            identity,
+            count: handled.len() as u64,
+        });
+        Ok(Some(Some(Ack {
+            left_at: progress.position.cursor().unwrap_or(window.cursor()),
+            last,
+            held: progress.position.held_sequence(),
+            count,
+        })))
+    }
+
+    /// The handler's `before_ack_prefix` made only the first `durable` handled events
+    /// durable: the cursor moves up to the failed one when every event before it is handled
+    /// (else it stays), the failure is charged to it, and the lanes start over from the
+    /// cursor (the rest is delivered again: at least once).
+    async fn partial_ack(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        handled: &[ObservedEvent],
+        partial: crate::handler::PartialAck,
+    ) -> Result<(), ConsumerError> {
+        let failed = &handled[partial.durable.min(handled.len() - 1)];
+        let class = triage(partial.failure)?;
+        let cursor = progress.position.cursor().unwrap_or(0);
+        if failed.sequence - 1 > cursor {
+            // Everything before the failed event is handled, parked or durable.
+            let before = handled
+                .iter()
+                .rev()
+                .find(|e| e.sequence < failed.sequence)
+                .filter(|e| e.sequence == failed.sequence - 1);
+            let identity = before.map(|e| e.event_id.clone());
+            if let Some(identity) = identity {
+                progress.position.handled_through(Handled {
+                    last: failed.sequence - 1,
+                    identity,
+                    count: partial.durable as u64,
+                });
+                self.ack_handled(lease, statements, progress).await?;
+            }
+        }
+        if let Some(class) = class {
+            self.record_lane_failure(lease, statements, progress, failed, class)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// An acknowledgement begun: its write's arguments, and how many events it covers (they still
+/// count against `max_ahead` until it is written).
+struct Ack {
+    left_at: i64,
+    last: i64,
+    held: Option<i64>,
+    count: usize,
+}
+
+/// The second half of an acknowledgement, once written: the position and the metrics.
+fn finish_ack(progress: &mut Progress, window: &Window) {
+    if let Some(handled) = progress.position.take_handled() {
+        progress.advance(handled);
+    }
+    progress.meters.ahead_of_cursor(window.settled());
+}
+
+/// How a round's run of the window ended.
+enum Ended {
+    /// Nothing may start and nothing runs: go on as this says.
+    Round(Step),
+    /// The first event after the cursor is missing: history is gone.
+    Gap,
+    /// The window is not the database's view any more (shutdown's grace period cut handlers
+    /// off, a handler's `before_ack_prefix` failed): the next round starts over from the
+    /// cursor.
+    StartOver,
+}
+
+/// What a read added.
+enum Taken {
+    /// Its events (`full`: it came back full, more may follow).
+    Events { full: bool },
+    /// A hole: nothing after it is taken.
+    Gap,
+    /// Read over a connection opened since the position was checked: not used.
+    Unchecked,
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
