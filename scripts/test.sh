@@ -12,9 +12,14 @@ url=$(bash scripts/pg.sh reset)
 trap 'bash scripts/pg.sh down || true' EXIT
 export OUTBOX_TEST_DATABASE_URL=$url
 echo "test cluster: $url"
-# The relay's tests start their own nats-server (JetStream, temporary store, free port).
+# The relay's tests start their own nats-servers (JetStream, temporary store, free port), each
+# relay suite on two: Debian's (2.9.10) and a current release from PyPI (pinned, installed into
+# a virtual environment outside the checkout when missing; fails loudly when it cannot be).
 OUTBOX_NATS_SERVER=$(bash scripts/nats.sh ensure)
 export OUTBOX_NATS_SERVER
+OUTBOX_NATS_SERVER_CURRENT=$(bash scripts/nats.sh ensure-current)
+export OUTBOX_NATS_SERVER_CURRENT
+echo "nats-server: $OUTBOX_NATS_SERVER ($("$OUTBOX_NATS_SERVER" --version)), $OUTBOX_NATS_SERVER_CURRENT ($("$OUTBOX_NATS_SERVER_CURRENT" --version))"
 
 # The dashboard's browser test needs Chromium; installed here when missing (fails loudly when
 # it cannot be).

@@ -4,7 +4,7 @@ use async_nats::jetstream::stream::RetentionPolicy;
 use outbox_consumer::ConsumerConfig;
 use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
 use outbox_relay::parse_nats_urls;
-use outbox_relay::{Credentials, PublisherSettings, Relay, Security, StreamSpec, Tls};
+use outbox_relay::{Credentials, Fence, PublisherSettings, Relay, Security, StreamSpec, Tls};
 use outbox_service::Connections;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +30,7 @@ pub async fn relay(
         servers,
         security: Security { credentials, tls },
         stream: "LIFECYCLE".into(),
-        expect_sequence: true,
+        fence: Fence::Stream,
         prefix: "lifecycle".into(),
         project: "p1".into(),
         consumer: "relay".into(),

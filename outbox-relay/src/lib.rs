@@ -9,13 +9,18 @@
 //!
 //! Modules, base first: `settings` (URLs, names, subjects) and `security` (credentials and
 //! TLS) import nothing of the crate; `tail` (each subject's last stored message),
-//! `provenance` (whether that message is the relay's own), `diagnose`
+//! `provenance` (whether that message is the relay's own), `fence` (the order fences and the
+//! servers that enforce them), `diagnose`
 //! (failures named by cause, the start-up publish probe) and `stream` (creating or verifying
-//! the stream) use them; `publisher` (the handler) uses those; `relay` runs it all.
+//! the stream) use them; `publisher` (the handler) uses those, with `link` (its NATS
+//! client) and `fenced` (its stream-fenced window); `relay` runs it all.
 
 #![forbid(unsafe_code)]
 
 mod diagnose;
+mod fence;
+mod fenced;
+mod link;
 mod provenance;
 mod publisher;
 mod relay;
@@ -24,10 +29,12 @@ mod settings;
 mod stream;
 mod tail;
 
+pub use fence::{Fence, check_server};
 pub use publisher::{Publisher, PublisherSettings};
 pub use relay::{Relay, RelayError};
 pub use security::{Credentials, Security, Tls};
 pub use settings::{
-    NatsServer, NatsUrls, UserInfo, parse_nats_urls, validate_stream_name, validate_subject_prefix,
+    NatsServer, NatsUrls, UserInfo, parse_nats_urls, project_prefix, validate_stream_name,
+    validate_subject_prefix,
 };
 pub use stream::{Ensured, StreamError, StreamSpec, ensure};

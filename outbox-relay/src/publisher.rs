@@ -1,16 +1,20 @@
 //! The relay's handler: each observed event becomes one JetStream publish.
 //!
-//! **Order enforced by the stream.** Every publish carries `Nats-Expected-Last-Subject-Sequence`,
-//! naming the stream sequence of the subject's last message (see `tail.rs`), so JetStream
-//! stores it only right after the message the relay published before it. That needs the
-//! previous PubAck before the next publish, so a project's publishes go one at a time. With
-//! `--no-expected-sequence` the header is left out and publishes are pipelined instead (up to
-//! `window` outstanding), trading the stream's guarantee for throughput; the connection rule
-//! below is then what keeps the order, except when JetStream refuses one message and accepts
-//! the next (counted in `outbox_relay_out_of_order_total`).
+//! **Order enforced by the stream** (`--fence`, see `fence.rs`). With the stream fence (the
+//! default) every publish names the stream's last sequence before it and, inside a window, the
+//! ID of the relay's message before it, so a window of publishes is in flight and each is
+//! stored only right after its predecessor; a refusal or a duplicate stored elsewhere makes the
+//! relay read the stream's end again and send the rest again (see `fenced.rs`). With the
+//! subject fence every publish carries `Nats-Expected-Last-Subject-Sequence`, naming the
+//! stream sequence of the subject's last message (see `tail.rs`); that needs the previous
+//! PubAck before the next publish, so a project's publishes go one at a time. With
+//! `--fence none` no expectation is sent and publishes are pipelined, trading the stream's
+//! guarantee for throughput; the connection rule below is then what keeps the order, except
+//! when JetStream refuses one message and accepts the next (counted in
+//! `outbox_relay_out_of_order_total`).
 //!
 //! `handle` sends the publish and keeps its PubAck future; at most `window` are outstanding
-//! (one with the expectation), and when the window is full `handle` first waits for the
+//! (one with the subject fence), and when the window is full `handle` first waits for the
 //! oldest. `before_ack_prefix` waits
 //! for the rest, so the runtime acknowledges exactly the prefix JetStream confirmed, in
 //! sequence order; the first unconfirmed event is a failure of that event (held cursor,
@@ -32,8 +36,6 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::client::Client;
-use async_nats::connection::State;
 use async_nats::jetstream::Context;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
@@ -46,7 +48,9 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio::time::error::Elapsed;
 
-use crate::diagnose::{PermissionWatch, describe_connect_error};
+use crate::fence::Fence;
+use crate::fenced::Chain;
+use crate::link::Link;
 use crate::provenance::{self, Ledger, Provenance, SubjectKind};
 use crate::security::Security;
 use crate::settings::{NatsServer, event_subject, reconcile_subject};
@@ -65,9 +69,8 @@ pub struct PublisherSettings {
     pub prefix: String,
     /// The stream, read for the subjects' tails.
     pub stream: String,
-    /// Whether every publish carries `Nats-Expected-Last-Subject-Sequence` (one publish at a
-    /// time) or none does (pipelined up to `window`).
-    pub expect_sequence: bool,
+    /// How JetStream enforces the order (see `fence.rs`).
+    pub fence: Fence,
     /// The project relayed.
     pub project: String,
     /// The consumer ID, named in reconciliation notices.
@@ -83,62 +86,73 @@ pub struct PublisherSettings {
 }
 
 /// A PubAck not yet received.
-type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+pub(crate) type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
 
-/// A publish awaiting its PubAck.
-struct InFlight {
-    /// The event's sequence.
-    sequence: i64,
+/// One message, kept until its PubAck so that it can be sent again.
+pub(crate) struct Outgoing {
+    /// The event's sequence (a reconciliation notice's: the head it names).
+    pub(crate) sequence: i64,
     /// The subject published to.
-    subject: String,
-    /// The PubAck.
-    ack: AckFuture,
-    /// When the relay stops waiting (sent + publish timeout).
-    deadline: Instant,
+    pub(crate) subject: String,
+    /// `Nats-Msg-Id`.
+    pub(crate) msg_id: String,
+    /// The headers `Publisher::headers` built.
+    pub(crate) headers: HeaderMap,
+    /// The body.
+    pub(crate) body: Bytes,
 }
 
-/// One client and its JetStream context; never reconnected (see the module docs).
-struct Link {
-    client: Client,
-    js: Context,
-    /// Permissions violations the server reported on this client.
-    permissions: PermissionWatch,
+/// A publish awaiting its PubAck.
+pub(crate) struct InFlight {
+    /// The message.
+    pub(crate) out: Outgoing,
+    /// With the stream fence: the stream's last sequence the message named.
+    pub(crate) expected: u64,
+    /// The PubAck; `None` when the stream already held the message and nothing was sent.
+    pub(crate) ack: Option<AckFuture>,
+    /// When the relay stops waiting (sent + publish timeout).
+    pub(crate) deadline: Instant,
 }
 
 /// Mutable state; the runtime calls the handler for one event at a time.
-struct Pipeline {
+pub(crate) struct Pipeline {
     /// The current client, if any.
-    link: Option<Link>,
+    pub(crate) link: Option<Link>,
     /// Publishes awaiting their PubAck, in sequence order.
-    in_flight: VecDeque<InFlight>,
+    pub(crate) in_flight: VecDeque<InFlight>,
+    /// With the stream fence: where the relay's next message goes; `None` until the stream's
+    /// end is read (at start, after a new client, a refusal or a publish of unknown outcome).
+    pub(crate) chain: Option<Chain>,
+    /// Consecutive reads of the stream's end without a confirmed publish in between.
+    pub(crate) resyncs: u32,
     /// Each subject's last message as far as the relay knows, for the expectation header;
     /// emptied with every new client and every publish of unknown outcome, so it is learned
     /// again from the stream.
-    tails: HashMap<String, Tail>,
+    pub(crate) tails: HashMap<String, Tail>,
     /// The first event whose publish failed since the last acknowledgement.
-    failed: Option<(i64, HandlerFailure)>,
+    pub(crate) failed: Option<(i64, HandlerFailure)>,
     /// Index of the next server to try.
-    next_server: usize,
+    pub(crate) next_server: usize,
     /// Consecutive failed connection attempts, for the backoff.
-    connect_failures: u32,
+    pub(crate) connect_failures: u32,
     /// No connection attempt before this.
-    retry_connect_at: Option<Instant>,
+    pub(crate) retry_connect_at: Option<Instant>,
 }
 
 /// The relay's handler and reconciler.
 pub struct Publisher {
-    settings: PublisherSettings,
+    pub(crate) settings: PublisherSettings,
     /// The stream as the relay checks it at start, checked (or created) again when
     /// JetStream says it is missing.
-    stream: StreamSpec,
+    pub(crate) stream: StreamSpec,
     subject: String,
     /// The database, to recognise the relay's own messages in the stream (see
     /// `provenance`); without it only their headers are checked.
     ledger: Option<Ledger>,
-    state: Mutex<Pipeline>,
+    pub(crate) state: Mutex<Pipeline>,
 }
 
-fn class(code: &str) -> HandlerFailure {
+pub(crate) fn class(code: &str) -> HandlerFailure {
     HandlerFailure::new(FailureClass::new(code).expect("built-in classes are valid"))
 }
 
@@ -166,6 +180,8 @@ impl Publisher {
             state: Mutex::new(Pipeline {
                 link: None,
                 in_flight: VecDeque::new(),
+                chain: None,
+                resyncs: 0,
                 tails: HashMap::new(),
                 failed: None,
                 next_server: 0,
@@ -180,125 +196,26 @@ impl Publisher {
         self.ledger = Some(ledger);
     }
 
-    /// Connects once, to any server, for the start-up checks; the error names each server.
-    pub async fn connect_now(&self) -> Result<(Context, PermissionWatch), String> {
-        let mut errors = Vec::new();
-        let mut state = self.state.lock().await;
-        for _ in 0..self.settings.servers.len() {
-            match self.open(&mut state).await {
-                Ok(()) => {
-                    let link = state.link.as_ref().expect("just opened");
-                    return Ok((link.js.clone(), link.permissions.clone()));
-                }
-                Err(e) => errors.push(e),
-            }
-        }
-        Err(errors.join("; "))
-    }
-
-    /// Opens a new client to the next server in turn.
-    async fn open(&self, state: &mut Pipeline) -> Result<(), String> {
-        let server = &self.settings.servers[state.next_server % self.settings.servers.len()];
-        state.next_server = state.next_server.wrapping_add(1);
-        let permissions = PermissionWatch::default();
-        let options = permissions
-            .watch(
-                self.settings
-                    .security
-                    .apply(async_nats::ConnectOptions::new()),
-            )
-            .name(format!(
-                "outbox-relay {}/{}",
-                self.settings.project, self.settings.consumer
-            ))
-            .max_reconnects(1)
-            .ignore_discovered_servers()
-            .connection_timeout(self.settings.connect_timeout)
-            .ping_interval(self.settings.ping_interval);
-        let client = options
-            .connect(server.address.as_str())
-            .await
-            .map_err(|e| describe_connect_error(&e, &server.address, &self.settings.security))?;
-        let js = async_nats::jetstream::ContextBuilder::new()
-            .timeout(self.settings.publish_timeout)
-            .max_ack_inflight(self.settings.window.max(1) + 1)
-            .backpressure_on_inflight(true)
-            .build(client.clone());
-        tracing::info!(server = %server.address, "connected to NATS");
-        state.link = Some(Link {
-            client,
-            js,
-            permissions,
-        });
-        state.tails.clear();
-        Ok(())
-    }
-
-    /// Whether the current client can still take publishes: connected, and on the
-    /// connection it started with.
-    fn link_usable(link: &Link) -> bool {
-        link.client.connection_state() == State::Connected
-            && link
-                .client
-                .statistics()
-                .connects
-                .load(std::sync::atomic::Ordering::Relaxed)
-                <= 1
-    }
-
-    /// A usable client, replacing a dead one (with backoff) once nothing of the old one is
-    /// still outstanding.
-    async fn ensure_link(&self, state: &mut Pipeline) -> Result<(), HandlerFailure> {
-        if state.link.as_ref().is_some_and(Self::link_usable) {
-            return Ok(());
-        }
-        if !state.in_flight.is_empty() {
-            // The old connection's publishes must be resolved first: they fail once it is
-            // gone, and a new connection must not overtake them.
-            return Err(class("nats_disconnected"));
-        }
-        if let Some(old) = state.link.take() {
-            tracing::warn!("NATS connection lost; opening a new one");
-            drop(old);
-        }
-        if let Some(at) = state.retry_connect_at {
-            tokio::time::sleep_until(at).await;
-        }
-        match self.open(state).await {
-            Ok(()) => {
-                state.connect_failures = 0;
-                state.retry_connect_at = None;
-                Ok(())
-            }
-            Err(e) => {
-                state.connect_failures = state.connect_failures.saturating_add(1);
-                // The consumers' one backoff: doubling, capped, with jitter so that restarted
-                // relays do not reconnect in lock-step.
-                let delay = outbox_consumer::backoff(state.connect_failures - 1, rand::random());
-                tracing::warn!(
-                    error = %e,
-                    retry_in = %outbox_core::Readable(delay),
-                    "NATS unavailable"
-                );
-                state.retry_connect_at = Some(Instant::now() + delay);
-                Err(class("nats_unavailable"))
-            }
-        }
-    }
-
     /// Waits for the oldest outstanding PubAck; a failure is remembered as the failure of
     /// that event (the first one only: later ones are retried after it anyway).
     ///
     /// Cancellation-safe: the publish leaves the window only once its outcome is known, so a
     /// handler abandoned at shutdown while waiting here leaves it for `before_ack_prefix`.
     async fn settle_oldest(&self, state: &mut Pipeline) {
+        if self.settings.fence == Fence::Stream {
+            return self.settle_fenced(state).await;
+        }
         let Some(oldest) = state.in_flight.front_mut() else {
             return;
         };
-        let (sequence, deadline) = (oldest.sequence, oldest.deadline);
-        let outcome = tokio::time::timeout_at(deadline, &mut oldest.ack).await;
+        let (sequence, deadline) = (oldest.out.sequence, oldest.deadline);
+        let Some(ack) = oldest.ack.as_mut() else {
+            state.in_flight.pop_front();
+            return;
+        };
+        let outcome = tokio::time::timeout_at(deadline, ack).await;
         let settled = state.in_flight.pop_front().expect("the oldest is there");
-        let result = Self::outcome(state, &settled.subject, sequence, outcome);
+        let result = Self::outcome(state, &settled.out.subject, sequence, outcome);
         match (result, &state.failed) {
             (Err(failure), None) => state.failed = Some((sequence, failure)),
             (Ok(ack), Some((failed_at, _))) if !ack.duplicate => {
@@ -320,7 +237,7 @@ impl Publisher {
     /// confirmed publish moves it; a refused expectation is a definite answer and leaves it (so
     /// a foreign message keeps being refused until it is gone or the relay reconnects); any
     /// other failure leaves the stream's state unknown, so the tails are learned again.
-    fn outcome(
+    pub(crate) fn outcome(
         state: &mut Pipeline,
         subject: &str,
         sequence: i64,
@@ -347,6 +264,7 @@ impl Publisher {
             }
             unknown => {
                 state.tails.clear();
+                state.chain = None;
                 // NATS drops a publish the user may not make and says so only asynchronously.
                 let violation = state.link.as_ref().and_then(|l| l.permissions.take());
                 if let Some(violation) = violation {
@@ -385,24 +303,49 @@ impl Publisher {
         if let Some(tail) = state.tails.get(subject) {
             return Ok(*tail);
         }
-        let js = state.link.as_ref().expect("ensured").js.clone();
+        let tail = self.learn_tail(state, subject).await?;
+        state.tails.insert(subject.to_owned(), tail);
+        Ok(tail)
+    }
+
+    /// The client's JetStream context (the link is ensured).
+    pub(crate) fn js(state: &Pipeline) -> Context {
+        state.link.as_ref().expect("ensured").js.clone()
+    }
+
+    /// Checks the stream again as at start (creating it when missing), after JetStream said
+    /// it is gone (an operator deleted it, or the cluster lost it).
+    pub(crate) async fn ensure_stream(&self, js: &Context) -> Result<(), HandlerFailure> {
+        match stream::ensure(js, &self.stream).await {
+            Ok(Ensured::Created) => {
+                tracing::warn!(stream = %self.stream.name, "created the stream again");
+                Ok(())
+            }
+            Ok(Ensured::Verified) => {
+                tracing::info!(stream = %self.stream.name, "stream matches");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the stream");
+                Err(class("nats_unavailable"))
+            }
+        }
+    }
+
+    /// The subject's last message read from the stream, adopted only when it is the relay's
+    /// own (see `provenance`).
+    pub(crate) async fn learn_tail(
+        &self,
+        state: &mut Pipeline,
+        subject: &str,
+    ) -> Result<Tail, HandlerFailure> {
+        let js = Self::js(state);
         let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
         if let Err(TailError::StreamMissing(detail)) = &learned {
             // The stream is gone (an operator deleted it, or the cluster lost it): the relay
             // checks it again as at start, which creates it when missing, and reads again.
             tracing::warn!(error = %detail, "the stream is missing; checking it again");
-            match stream::ensure(&js, &self.stream).await {
-                Ok(Ensured::Created) => {
-                    tracing::warn!(stream = %self.stream.name, "created the stream again")
-                }
-                Ok(Ensured::Verified) => {
-                    tracing::info!(stream = %self.stream.name, "stream matches")
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot check the stream");
-                    return Err(class("nats_unavailable"));
-                }
-            }
+            self.ensure_stream(&js).await?;
             learned = tail::learn(&js, &self.settings.stream, subject).await;
         }
         match learned {
@@ -439,7 +382,6 @@ impl Publisher {
                         .map_or_else(|| "none".to_owned(), |s| s.to_string()),
                     "read the subject's last message in the stream"
                 );
-                state.tails.insert(subject.to_owned(), tail);
                 Ok(tail)
             }
             Err(e) => {
@@ -449,49 +391,85 @@ impl Publisher {
         }
     }
 
-    /// The most publishes outstanding at once: one when each names the one before it.
+    /// The most publishes outstanding at once: one when each names its subject's last.
     fn window(&self) -> usize {
-        if self.settings.expect_sequence {
-            1
-        } else {
-            self.settings.window.max(1)
+        match self.settings.fence {
+            Fence::Subject => 1,
+            Fence::Stream | Fence::None => self.settings.window.max(1),
         }
     }
 
-    /// Sends one message and returns its PubAck future.
-    async fn send(
-        &self,
-        state: &mut Pipeline,
-        subject: String,
-        msg_id: &str,
-        sequence: i64,
-        body: String,
-    ) -> Result<AckFuture, HandlerFailure> {
-        self.ensure_link(state).await?;
-        let expected = if self.settings.expect_sequence {
-            Some(self.tail(state, &subject).await?.stream_sequence)
-        } else {
-            None
-        };
-        let link = state.link.as_ref().expect("ensured");
-        let max_payload = link.client.server_info().max_payload;
-        if max_payload > 0 && body.len() + 256 > max_payload {
-            return Err(class("nats_payload_too_large"));
-        }
+    /// The headers of a message besides those JetStream reads (`Nats-Msg-Id` and the
+    /// expectations, which `send` adds): the one place a message's own headers are built.
+    fn headers(&self, sequence: i64) -> HeaderMap {
         let mut headers = HeaderMap::new();
         headers.insert("Outbox-Sequence", sequence.to_string().as_str());
         headers.insert("Outbox-Project", self.settings.project.as_str());
-        let mut message = PublishMessage::build()
-            .payload(Bytes::from(body))
-            .headers(headers)
-            .message_id(msg_id);
-        if let Some(expected) = expected {
-            message = message.expected_last_subject_sequence(expected);
+        headers
+    }
+
+    /// Sends one message with the fence's expectations and returns it awaiting its PubAck
+    /// (or, with the stream fence, already settled when the stream holds it).
+    pub(crate) async fn send(
+        &self,
+        state: &mut Pipeline,
+        out: Outgoing,
+    ) -> Result<InFlight, HandlerFailure> {
+        self.ensure_link(state).await?;
+        let link = state.link.as_ref().expect("ensured");
+        let max_payload = link.client.server_info().max_payload;
+        if max_payload > 0 && out.body.len() + 256 > max_payload {
+            return Err(class("nats_payload_too_large"));
         }
-        match link.js.send_publish(subject, message).await {
-            Ok(ack) => Ok(Box::pin(ack.into_future())),
+        let mut message = PublishMessage::build()
+            .payload(out.body.clone())
+            .headers(out.headers.clone())
+            .message_id(&out.msg_id);
+        let mut expected = 0;
+        match self.settings.fence {
+            Fence::Subject => {
+                let tail = self.tail(state, &out.subject).await?;
+                message = message.expected_last_subject_sequence(tail.stream_sequence);
+            }
+            Fence::Stream => {
+                if state
+                    .chain
+                    .as_ref()
+                    .is_none_or(|c| c.subject != out.subject)
+                {
+                    self.resync(state, &out.subject).await?;
+                }
+                let chain = state.chain.as_mut().expect("just read");
+                if chain.holds(out.sequence) {
+                    // Stored already (by an earlier attempt, or by another holder of the
+                    // lease): sending it again would be dropped as a duplicate at best.
+                    return Ok(InFlight {
+                        out,
+                        expected: 0,
+                        ack: None,
+                        deadline: Instant::now(),
+                    });
+                }
+                expected = chain.last;
+                message = message.expected_last_sequence(expected);
+                if let Some(previous) = &chain.last_msg_id {
+                    message = message.expected_last_message_id(previous);
+                }
+                chain.advance(&out.msg_id);
+            }
+            Fence::None => {}
+        }
+        let link = state.link.as_ref().expect("ensured");
+        match link.js.send_publish(out.subject.clone(), message).await {
+            Ok(ack) => Ok(InFlight {
+                out,
+                expected,
+                ack: Some(Box::pin(ack.into_future())),
+                deadline: Instant::now() + self.settings.publish_timeout,
+            }),
             Err(e) => {
-                tracing::warn!(sequence, error = %e, "could not send a publish to NATS");
+                tracing::warn!(sequence = out.sequence, error = %e, "could not send a publish to NATS");
+                state.chain = None;
                 Err(publish_failure(&e))
             }
         }
@@ -516,21 +494,15 @@ impl Handler for Publisher {
                 return Err(failure.clone());
             }
         }
-        let ack = self
-            .send(
-                &mut state,
-                self.subject.clone(),
-                &event.event_id,
-                event.sequence,
-                event_line(event),
-            )
-            .await?;
-        state.in_flight.push_back(InFlight {
+        let out = Outgoing {
             sequence: event.sequence,
             subject: self.subject.clone(),
-            ack,
-            deadline: Instant::now() + self.settings.publish_timeout,
-        });
+            msg_id: event.event_id.clone(),
+            headers: self.headers(event.sequence),
+            body: Bytes::from(event_line(event)),
+        };
+        let sent = self.send(&mut state, out).await?;
+        state.in_flight.push_back(sent);
         Ok(())
     }
 
@@ -565,16 +537,21 @@ impl Reconciler for Publisher {
             "reconcile:{}:{}:{}",
             self.settings.project, self.settings.consumer, live.head_sequence
         );
-        let ack = self
-            .send(
-                &mut state,
-                subject.clone(),
-                &msg_id,
-                live.head_sequence,
-                reconcile_line(live, &self.settings.consumer),
-            )
-            .await?;
-        let outcome = tokio::time::timeout(self.settings.publish_timeout, ack).await;
-        Self::outcome(&mut state, &subject, live.head_sequence, outcome).map(drop)
+        let out = Outgoing {
+            sequence: live.head_sequence,
+            subject,
+            msg_id,
+            headers: self.headers(live.head_sequence),
+            body: Bytes::from(reconcile_line(live, &self.settings.consumer)),
+        };
+        let sent = self.send(&mut state, out).await?;
+        state.in_flight.push_back(sent);
+        while !state.in_flight.is_empty() {
+            self.settle_oldest(&mut state).await;
+        }
+        match state.failed.take() {
+            Some((_, failure)) => Err(failure),
+            None => Ok(()),
+        }
     }
 }

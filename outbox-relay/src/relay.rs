@@ -6,9 +6,12 @@ use outbox_service::Connections;
 use tokio_util::sync::CancellationToken;
 
 use crate::diagnose::probe_publish;
+use crate::fence::{Fence, check_server};
 use crate::provenance::Ledger;
 use crate::publisher::{Publisher, PublisherSettings};
+use crate::settings::project_prefix;
 use crate::stream::{Ensured, StreamError, StreamSpec, ensure};
+use crate::tail::stream_end;
 
 /// Why the relay cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +22,9 @@ pub enum RelayError {
     /// NATS refused the relay's publish to its subject (an authorization violation).
     #[error("{0}")]
     Refused(String),
+    /// The server cannot enforce the order fence asked for (`--fence`).
+    #[error("{0}")]
+    Unsupported(String),
     /// The stream could not be created, or does not match what the relay needs.
     #[error(transparent)]
     Stream(#[from] StreamError),
@@ -43,10 +49,12 @@ impl Relay {
         stream: &StreamSpec,
     ) -> Result<Self, RelayError> {
         let publish_timeout = publisher.publish_timeout;
+        let (fence, window) = (publisher.fence, publisher.window);
+        let own = project_prefix(&publisher.prefix, &publisher.project);
         let publisher = Publisher::new(publisher, stream.clone());
         let mut unanswered = 0;
         loop {
-            let (js, permissions) = match publisher.connect_now().await {
+            let (js, permissions, version) = match publisher.connect_now().await {
                 Ok(link) => link,
                 // Reached before, so its credentials and TLS were fine: a node is down.
                 Err(e) if unanswered > 0 => {
@@ -55,6 +63,19 @@ impl Relay {
                 }
                 Err(e) => return Err(RelayError::Unreachable(e)),
             };
+            // The fence is checked against the server answering now; a cluster is upgraded
+            // node by node, so each start checks again.
+            match check_server(fence, &version, stream.replicas) {
+                Ok(None) => {}
+                Ok(Some(warning)) => tracing::warn!(%fence, "{warning}"),
+                Err(refusal) => return Err(RelayError::Unsupported(refusal)),
+            }
+            tracing::info!(
+                %fence,
+                window = if fence == Fence::Subject { 1 } else { window.max(1) },
+                server_version = %version,
+                "order fence"
+            );
             match ensure(&js, stream).await {
                 Ok(Ensured::Created) => tracing::info!(stream = %stream.name, "created the stream"),
                 Ok(Ensured::Verified) => tracing::info!(stream = %stream.name, "stream matches"),
@@ -63,6 +84,25 @@ impl Relay {
                     continue;
                 }
                 Err(e) => return Err(e.into()),
+            }
+            if fence == Fence::Stream {
+                match stream_end(&js, &stream.name, &own).await {
+                    Ok(end) if !end.foreign_subjects.is_empty() => {
+                        return Err(RelayError::Unsupported(format!(
+                            "--fence stream needs stream {} to itself, and it holds messages of \
+                             other subjects ({}): give each project its own stream (--stream), \
+                             or use --fence subject",
+                            stream.name,
+                            end.foreign_subjects.join(", ")
+                        )));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        unanswered =
+                            Self::wait_before_asking_again(unanswered, &e.to_string()).await;
+                        continue;
+                    }
+                }
             }
             probe_publish(&js, publisher.subject(), &permissions, publish_timeout)
                 .await

@@ -275,6 +275,13 @@ pub fn project_token(project: &str) -> String {
     project.replace('.', "%2E")
 }
 
+/// The subjects of one project: `<prefix>.<token>`, under which its events and reconciliation
+/// notices go; what a stream of the stream fence covers (`<prefix>.<token>.>`), so each project
+/// has a stream to itself.
+pub fn project_prefix(prefix: &str, project: &str) -> String {
+    format!("{prefix}.{}", project_token(project))
+}
+
 /// The subject of a project's deletions.
 pub fn event_subject(prefix: &str, project: &str) -> String {
     format!("{prefix}.{}.task_deleted", project_token(project))

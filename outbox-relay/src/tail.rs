@@ -62,6 +62,56 @@ pub enum TailError {
     Unavailable(String),
 }
 
+/// Where the stream ends, and whose subjects it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamEnd {
+    /// The stream's last sequence: what the next message of the stream fence names (it stays
+    /// after the last message is removed; sequences are never reused).
+    pub last_sequence: u64,
+    /// Subjects holding messages that are not under the relay's own prefix (at most a few).
+    pub foreign_subjects: Vec<String>,
+}
+
+/// Reads the stream's last sequence and the subjects it holds messages on, in one request (and
+/// more pages only for a stream with very many subjects), naming those not under `own`
+/// (`<prefix>.<project>`): the stream fence needs the stream to itself.
+pub async fn stream_end(js: &Context, stream: &str, own: &str) -> Result<StreamEnd, TailError> {
+    use futures_util::StreamExt;
+
+    let handle = js
+        .get_stream_no_info(stream)
+        .await
+        .map_err(|e| TailError::Unavailable(format!("cannot look up stream {stream}: {e}")))?;
+    let failed = |e: async_nats::jetstream::context::RequestError| {
+        let detail = format!("cannot read the state of stream {stream}: {e}");
+        let missing = std::error::Error::source(&e)
+            .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+            .is_some_and(|js_err| js_err.error_code() == ErrorCode::STREAM_NOT_FOUND);
+        if missing {
+            TailError::StreamMissing(detail)
+        } else {
+            TailError::Unavailable(detail)
+        }
+    };
+    let mut info = handle.info_with_subjects(">").await.map_err(failed)?;
+    let last_sequence = info.info.state.last_sequence;
+    let mut foreign_subjects = Vec::new();
+    let own_tokens = format!("{own}.");
+    while let Some(entry) = info.next().await {
+        let (subject, _) = entry.map_err(failed)?;
+        if !subject.starts_with(&own_tokens) {
+            foreign_subjects.push(subject);
+            if foreign_subjects.len() >= 3 {
+                break;
+            }
+        }
+    }
+    Ok(StreamEnd {
+        last_sequence,
+        foreign_subjects,
+    })
+}
+
 /// Reads the last message of `subject` in `stream`.
 pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMessage, TailError> {
     let handle = js

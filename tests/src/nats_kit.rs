@@ -1,8 +1,11 @@
 //! Test kit for the JetStream relay: a real `nats-server` with JetStream on a free port and a
 //! temporary store directory, a relay process, and a reader that reads a stream back whole.
 //!
-//! The binary is `OUTBOX_NATS_SERVER`, or `nats-server` on the PATH (`make test` installs
-//! Debian's package through `scripts/nats.sh ensure` when it is missing).
+//! Two servers: `OUTBOX_NATS_SERVER` (or `nats-server` on the PATH; `make test` installs
+//! Debian's package, 2.9.10, through `scripts/nats.sh ensure` when it is missing) and
+//! `OUTBOX_NATS_SERVER_CURRENT`, a current release (`scripts/nats.sh ensure-current` installs
+//! it). A test written once runs on both through [`on_both_servers!`](crate::on_both_servers):
+//! the servers it starts use the binary of the [`Server`] it runs under (Debian's by default).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -18,8 +21,67 @@ use crate::process_kit::OutboxProcess;
 /// Distinguishes store directories of servers started by one test binary.
 static SERVERS: AtomicUsize = AtomicUsize::new(0);
 
-/// The nats-server binary, or a loud failure saying how to get one.
+/// Which nats-server a test's servers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// Debian's package (`OUTBOX_NATS_SERVER`), 2.9.10 on bookworm.
+    Debian,
+    /// A current release (`OUTBOX_NATS_SERVER_CURRENT`).
+    Current,
+}
+
+tokio::task_local! {
+    /// The server of the test running in this task.
+    static SERVER: Server;
+}
+
+/// Runs `test` with every nats-server it starts being `server`.
+pub async fn with_server<F: std::future::Future>(server: Server, test: F) -> F::Output {
+    SERVER.scope(server, test).await
+}
+
+/// The server the current test runs under.
+pub fn server() -> Server {
+    SERVER.try_with(|s| *s).unwrap_or(Server::Debian)
+}
+
+/// Generates, for each `async fn name()` named, a module `name` with two tests, `nats_2_9`
+/// and `nats_current`, running it on each server (filter with `name::` for both).
+#[macro_export]
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn nats_2_9() {
+                $crate::nats_kit::with_server($crate::nats_kit::Server::Debian, super::$name())
+                    .await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn nats_current() {
+                $crate::nats_kit::with_server($crate::nats_kit::Server::Current, super::$name())
+                    .await
+            }
+        }
+    )*};
+}
+
+/// The binary of the server the current test runs under.
 pub fn nats_server_binary() -> PathBuf {
+    match server() {
+        Server::Debian => debian_binary(),
+        Server::Current => match std::env::var_os("OUTBOX_NATS_SERVER_CURRENT") {
+            Some(path) => PathBuf::from(path),
+            None => panic!(
+                "OUTBOX_NATS_SERVER_CURRENT is not set: run `bash scripts/nats.sh \
+                 ensure-current` (make test does) and export its output"
+            ),
+        },
+    }
+}
+
+/// Debian's nats-server, or a loud failure saying how to get one.
+fn debian_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("OUTBOX_NATS_SERVER") {
         return PathBuf::from(path);
     }
@@ -65,6 +127,8 @@ pub struct NatsServer {
     store: PathBuf,
     /// Extra command-line arguments (a configuration file, cluster options).
     extra: Vec<String>,
+    /// The binary, chosen when the server is prepared (see [`Server`]).
+    binary: PathBuf,
 }
 
 impl NatsServer {
@@ -100,6 +164,7 @@ impl NatsServer {
             port: free_port(),
             store,
             extra,
+            binary: nats_server_binary(),
         }
     }
 
@@ -116,7 +181,7 @@ impl NatsServer {
     /// Starts the process and waits until it accepts connections.
     pub async fn launch(&mut self) {
         let log = std::fs::File::create(self.store.join("server.log")).expect("log file");
-        let child = std::process::Command::new(nats_server_binary())
+        let child = std::process::Command::new(&self.binary)
             .args([
                 "-js",
                 "-a",

@@ -13,7 +13,7 @@ use outbox_tests::cluster_kit::{PrivateCluster, try_write};
 use outbox_tests::consumer_kit::{cursor, eventually, write_event};
 use outbox_tests::nats_kit;
 use outbox_tests::nats_kit::{
-    NatsServer, assert_exactly_once_in_order, consume_durable, read_stream,
+    NatsServer, Server, assert_exactly_once_in_order, consume_durable, read_stream, with_server,
 };
 use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::{TestDb, fresh_db, sequenced};
@@ -94,8 +94,13 @@ fn start_writers(config: &Config, stop: &Arc<AtomicBool>) -> Vec<tokio::task::Jo
         .collect()
 }
 
+/// Each project's stream: the stream fence wants a stream per relay.
+fn stream_of(stream: &str, project: &str) -> String {
+    format!("{stream}_{project}")
+}
+
 /// Waits until every committed event is sequenced and acknowledged by its relay, then checks
-/// the stream against the database.
+/// each project's stream (see `stream_of`) against the database.
 async fn check_stream(config: &Config, nats: &NatsServer, stream: &str) {
     let client = outbox_tests::connect(config).await;
     eventually(
@@ -117,42 +122,39 @@ async fn check_stream(config: &Config, nats: &NatsServer, stream: &str) {
     )
     .await;
     let js = nats.jetstream().await;
-    let messages = read_stream(&js, stream).await;
-    let mut total = 0;
     for project in PROJECTS {
+        let stream = stream_of(stream, project);
+        let messages = read_stream(&js, &stream).await;
         let expected = sequenced(&client, project).await;
         assert!(
             expected.len() > 50,
             "{project}: only {} events written",
             expected.len()
         );
-        total += expected.len();
         assert_exactly_once_in_order(&messages, "lifecycle", project, &expected);
-    }
-    assert_eq!(messages.len(), total, "nothing else in the stream");
+        assert_eq!(messages.len(), expected.len(), "nothing else in {stream}");
 
-    // A downstream service's durable consumer sees the same: every project in order, once.
-    let delivered =
-        consume_durable(&js, stream, "downstream", "lifecycle.*.task_deleted", total).await;
-    for project in PROJECTS {
-        let subject = format!("lifecycle.{project}.task_deleted");
-        let got: Vec<i64> = delivered
-            .iter()
-            .filter(|(s, _, _)| *s == subject)
-            .map(|(_, _, seq)| *seq)
-            .collect();
+        // A downstream service's durable consumer sees the same: in order, once.
+        let delivered = consume_durable(
+            &js,
+            &stream,
+            "downstream",
+            &format!("lifecycle.{project}.task_deleted"),
+            expected.len(),
+        )
+        .await;
+        let got: Vec<i64> = delivered.iter().map(|(_, _, seq)| *seq).collect();
         let want: Vec<i64> = (1..=got.len() as i64).collect();
         assert_eq!(got, want, "{project} through a durable consumer");
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     let mut relays: Vec<OutboxProcess> = PROJECTS
         .iter()
-        .map(|p| spawn_relay(&db.url, &nats.url(), p, "KILLS"))
+        .map(|p| spawn_relay(&db.url, &nats.url(), p, &stream_of("KILLS", p)))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let writers = start_writers(&db.config, &stop);
@@ -163,7 +165,12 @@ async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
         let victim = kill % PROJECTS.len();
         relays[victim].signal("KILL");
         relays[victim].wait().await;
-        relays[victim] = spawn_relay(&db.url, &nats.url(), PROJECTS[victim], "KILLS");
+        relays[victim] = spawn_relay(
+            &db.url,
+            &nats.url(),
+            PROJECTS[victim],
+            &stream_of("KILLS", PROJECTS[victim]),
+        );
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
@@ -177,13 +184,12 @@ async fn kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_nats_server_restart_mid_stream_loses_and_repeats_nothing() {
     let db = fresh_db().await;
     let mut nats = NatsServer::start().await;
     let mut relays: Vec<OutboxProcess> = PROJECTS
         .iter()
-        .map(|p| spawn_relay(&db.url, &nats.url(), p, "RESTART"))
+        .map(|p| spawn_relay(&db.url, &nats.url(), p, &stream_of("RESTART", p)))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let writers = start_writers(&db.config, &stop);
@@ -209,8 +215,15 @@ async fn a_nats_server_restart_mid_stream_loses_and_repeats_nothing() {
     }
 }
 
+/// On each server in turn: the PostgreSQL cluster of its own is one per test binary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
+    for server in [Server::Debian, Server::Current] {
+        with_server(server, postgres_restart_mid_stream()).await;
+    }
+}
+
+async fn postgres_restart_mid_stream() {
     // A cluster of its own: restarting the shared one would break every other test.
     let cluster = PrivateCluster::start("relay-restart");
     let url = cluster.url.clone();
@@ -218,7 +231,7 @@ async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     let nats = NatsServer::start().await;
     let mut relays: Vec<OutboxProcess> = PROJECTS
         .iter()
-        .map(|p| spawn_relay(&url, &nats.url(), p, "PGRESTART"))
+        .map(|p| spawn_relay(&url, &nats.url(), p, &stream_of("PGRESTART", p)))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
     let writers = start_writers(&config, &stop);
@@ -284,7 +297,6 @@ async fn delivery(db: &TestDb, event_id: &str) -> Option<(String, i32, Option<St
         .map(|row| (row.get(0), row.get(1), row.get(2)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
@@ -383,7 +395,6 @@ async fn a_refused_publish_retries_then_parks_and_replay_publishes_it() {
     assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_deleted_under_the_relay_is_created_again() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
@@ -416,8 +427,8 @@ async fn a_stream_deleted_under_the_relay_is_created_again() {
     );
     assert_eq!(
         stream_config(&js, "GONE").await.subjects,
-        vec!["lifecycle.>".to_owned()],
-        "created as at start"
+        vec!["lifecycle.p1.>".to_owned()],
+        "created as at start: the project's subjects (the stream fence's stream is its own)"
     );
     assert!(
         relay.stderr().contains("created the stream again"),
@@ -599,7 +610,7 @@ async fn a_stream_that_does_not_match_exits_2_and_is_left_alone() {
     assert_eq!(code, 2, "{stderr}");
     for says in [
         "stream OTHER does not match",
-        "subjects [\"elsewhere.>\"] do not cover lifecycle.>",
+        "subjects [\"elsewhere.>\"] do not cover lifecycle.p1.>",
         "duplicate window is 1m, the relay asks for 10m",
         "never reconfigures",
     ] {
@@ -710,3 +721,10 @@ async fn relay_nats_offers_only_what_it_accepts() {
     let (_, help, _) = run_outbox(&["consume", "--help"]).await;
     assert!(help.contains("--all-projects"), "{help}");
 }
+
+outbox_tests::on_both_servers!(
+    kill_9_of_the_relay_under_live_writers_loses_and_repeats_nothing,
+    a_nats_server_restart_mid_stream_loses_and_repeats_nothing,
+    a_refused_publish_retries_then_parks_and_replay_publishes_it,
+    a_stream_deleted_under_the_relay_is_created_again,
+);

@@ -19,6 +19,11 @@ use outbox_tests::{TestDb, fresh_db, sequenced};
 const PROJECTS: [&str; 2] = ["p1", "p2"];
 const STREAM: &str = "CLUSTERED";
 
+/// Each project's stream: the stream fence wants a stream per relay.
+fn stream_of(project: &str) -> String {
+    format!("{STREAM}_{project}")
+}
+
 /// A relay of `project` into the cluster, logging its start-up checks at debug level so a
 /// failure shows what NATS answered each time.
 fn spawn_relay(db: &TestDb, urls: &str, project: &str) -> OutboxProcess {
@@ -35,7 +40,7 @@ fn spawn_relay(db: &TestDb, urls: &str, project: &str) -> OutboxProcess {
             "--nats-url",
             urls,
             "--stream",
-            STREAM,
+            &stream_of(project),
             "--stream-replicas",
             "3",
             "--start-from",
@@ -79,26 +84,46 @@ fn start_writers(db: &TestDb, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHa
         .collect()
 }
 
-/// Messages in the stream, through any node.
+/// Messages in the projects' streams, through any node.
 async fn stored(cluster: &NatsCluster) -> u64 {
     let js = cluster.jetstream().await;
-    match js.get_stream(STREAM).await {
-        Ok(mut handle) => match handle.info().await {
-            Ok(info) => info.state.messages,
-            Err(_) => 0,
-        },
-        Err(_) => 0,
+    let mut total = 0;
+    for project in PROJECTS {
+        if let Ok(mut handle) = js.get_stream(stream_of(project)).await {
+            if let Ok(info) = handle.info().await {
+                total += info.state.messages;
+            }
+        }
+    }
+    total
+}
+
+/// Waits until the stream holds at least `n` messages; when that does not happen, fails with
+/// what the relays logged last, which says why.
+async fn grows_past(cluster: &NatsCluster, n: u64, relays: &[OutboxProcess]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while stored(cluster).await < n {
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "the stream never held {n} messages; the relays' last lines:\n{}",
+                last_lines(relays)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// Waits until the stream holds at least `n` messages.
-async fn grows_past(cluster: &NatsCluster, n: u64) {
-    eventually(
-        Duration::from_secs(60),
-        &format!("{n} messages in the stream"),
-        || async { stored(cluster).await >= n },
-    )
-    .await
+/// The last lines each relay logged.
+fn last_lines(relays: &[OutboxProcess]) -> String {
+    relays
+        .iter()
+        .map(|relay| {
+            let stderr = relay.stderr();
+            let lines: Vec<&str> = stderr.lines().collect();
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        })
+        .collect::<Vec<_>>()
+        .join("\n-----\n")
 }
 
 /// Waits until every committed event is sequenced and acknowledged by both relays; when that
@@ -138,7 +163,6 @@ async fn settled(client: &tokio_postgres::Client, relays: &[OutboxProcess]) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_once_in_order() {
     let db = fresh_db().await;
     let mut cluster = NatsCluster::start().await;
@@ -150,12 +174,12 @@ async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_onc
     let stop = Arc::new(AtomicBool::new(false));
     let writers = start_writers(&db, &stop);
 
-    grows_past(&cluster, 100).await;
-    let leader = cluster.stream_leader(STREAM).await;
+    grows_past(&cluster, 100, &relays).await;
+    let leader = cluster.stream_leader(&stream_of("p1")).await;
     let info = cluster
         .jetstream()
         .await
-        .get_stream(STREAM)
+        .get_stream(stream_of("p1"))
         .await
         .unwrap()
         .info()
@@ -167,18 +191,20 @@ async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_onc
     // The leader dies in the middle of the stream; the others elect a new one.
     cluster.nodes[leader].kill_9();
     let before = stored(&cluster).await;
-    grows_past(&cluster, before + 100).await;
+    grows_past(&cluster, before + 100, &relays).await;
     cluster.nodes[leader].launch().await;
-    cluster.wait_replicas_current(STREAM).await;
+    for project in PROJECTS {
+        cluster.wait_replicas_current(&stream_of(project)).await;
+    }
 
     // Later a follower dies.
     let before = stored(&cluster).await;
-    grows_past(&cluster, before + 100).await;
-    let leader = cluster.stream_leader(STREAM).await;
+    grows_past(&cluster, before + 100, &relays).await;
+    let leader = cluster.stream_leader(&stream_of("p1")).await;
     let follower = (leader + 1) % 3;
     cluster.nodes[follower].kill_9();
     let before = stored(&cluster).await;
-    grows_past(&cluster, before + 100).await;
+    grows_past(&cluster, before + 100, &relays).await;
     cluster.nodes[follower].launch().await;
 
     stop.store(true, Ordering::Relaxed);
@@ -187,32 +213,34 @@ async fn an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_onc
     }
     let client = db.connect().await;
     settled(&client, &relays).await;
-    cluster.wait_replicas_current(STREAM).await;
+    for project in PROJECTS {
+        cluster.wait_replicas_current(&stream_of(project)).await;
+    }
 
     let mut expected = Vec::new();
     for project in PROJECTS {
         expected.push(sequenced(&client, project).await);
     }
-    let total: usize = expected.iter().map(Vec::len).sum();
     for (i, node) in cluster.nodes.iter().enumerate() {
-        let messages = read_stream(&node.jetstream().await, STREAM).await;
         for (project, expected) in PROJECTS.iter().zip(&expected) {
+            let messages = read_stream(&node.jetstream().await, &stream_of(project)).await;
             assert!(expected.len() > 100, "{project}: only {}", expected.len());
             assert_exactly_once_in_order(&messages, "lifecycle", project, expected);
+            assert_eq!(messages.len(), expected.len(), "through n{i}: nothing else");
         }
-        assert_eq!(messages.len(), total, "through n{i}: nothing else");
     }
 
     let js = cluster.jetstream().await;
-    let delivered =
-        consume_durable(&js, STREAM, "downstream", "lifecycle.*.task_deleted", total).await;
-    for project in PROJECTS {
-        let subject = format!("lifecycle.{project}.task_deleted");
-        let got: Vec<i64> = delivered
-            .iter()
-            .filter(|(s, _, _)| *s == subject)
-            .map(|(_, _, seq)| *seq)
-            .collect();
+    for (project, expected) in PROJECTS.iter().zip(&expected) {
+        let delivered = consume_durable(
+            &js,
+            &stream_of(project),
+            "downstream",
+            &format!("lifecycle.{project}.task_deleted"),
+            expected.len(),
+        )
+        .await;
+        let got: Vec<i64> = delivered.iter().map(|(_, _, seq)| *seq).collect();
         let want: Vec<i64> = (1..=got.len() as i64).collect();
         assert_eq!(got, want, "{project} through a durable consumer");
     }
@@ -261,7 +289,7 @@ async fn a_relay_started_while_the_cluster_has_no_leader_waits_for_one() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let messages = read_stream(&cluster.jetstream().await, STREAM).await;
+    let messages = read_stream(&cluster.jetstream().await, &stream_of("p1")).await;
     assert_eq!(
         messages
             .iter()
@@ -272,3 +300,7 @@ async fn a_relay_started_while_the_cluster_has_no_leader_waits_for_one() {
     relay.signal("TERM");
     assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }
+
+outbox_tests::on_both_servers!(
+    an_r3_stream_loses_its_leader_then_a_follower_and_keeps_every_event_once_in_order,
+);

@@ -14,33 +14,43 @@ use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::{TestDb, fresh_db};
 
 fn spawn_relay(db: &TestDb, nats: &NatsServer, project: &str, stream: &str) -> OutboxProcess {
+    spawn_relay_with(db, nats, project, stream, &[])
+}
+
+fn spawn_relay_with(
+    db: &TestDb,
+    nats: &NatsServer,
+    project: &str,
+    stream: &str,
+    extra: &[&str],
+) -> OutboxProcess {
     let consumer = format!("relay-{project}");
-    nats_kit::spawn_relay(
-        &db.url,
-        &[
-            "--project",
-            project,
-            "--consumer-id",
-            &consumer,
-            "--nats-url",
-            &nats.url(),
-            "--stream",
-            stream,
-            "--start-from",
-            "earliest",
-            "--poll-interval",
-            "100ms",
-            "--retry-delays",
-            "300ms",
-            "--max-attempts",
-            "3",
-            "--publish-timeout",
-            "2s",
-            "--shutdown-grace",
-            "2s",
-            "--no-prune",
-        ],
-    )
+    let url = nats.url();
+    let mut args = vec![
+        "--project",
+        project,
+        "--consumer-id",
+        &consumer,
+        "--nats-url",
+        &url,
+        "--stream",
+        stream,
+        "--start-from",
+        "earliest",
+        "--poll-interval",
+        "100ms",
+        "--retry-delays",
+        "300ms",
+        "--max-attempts",
+        "3",
+        "--publish-timeout",
+        "2s",
+        "--shutdown-grace",
+        "2s",
+        "--no-prune",
+    ];
+    args.extend_from_slice(extra);
+    nats_kit::spawn_relay(&db.url, &args)
 }
 
 /// The delivery state of one event of p1's relay: (state, attempts, last failure class).
@@ -57,7 +67,6 @@ async fn delivery(db: &TestDb, event_id: &str) -> Option<(String, i32, Option<St
         .map(|row| (row.get(0), row.get(1), row.get(2)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_foreign_write_is_refused_retried_parked_and_replayed_once_it_is_gone() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
@@ -98,10 +107,12 @@ async fn a_foreign_write_is_refused_retried_parked_and_replayed_once_it_is_gone(
     let (_, attempts, class) = delivery(&db, &second).await.unwrap();
     assert_eq!(attempts, 3, "parked after the last of 3 attempts");
     assert_eq!(class.as_deref(), Some("nats_sequence_conflict"));
+    // Each attempt reads the stream's end, finds the project's last message is not the
+    // relay's own, and says so (the first after JetStream refused the publish).
     let stderr = relay.stderr();
     assert_eq!(
         stderr
-            .matches("JetStream refused the publish: the subject's last message is not the one")
+            .matches("the subject's last message in the stream is not one this relay stored")
             .count(),
         3,
         "one clear line per refused attempt:\n{stderr}"
@@ -200,7 +211,6 @@ async fn replay(db: &TestDb, event_id: &str) {
 /// expectation does while running (`nats_sequence_conflict`, retried, parked), nothing is
 /// stored after the stranger, and once the operator removes it the replay is published right
 /// after the relay's own last message.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_foreign_message_stored_while_the_relay_was_stopped_is_not_adopted() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
@@ -276,13 +286,13 @@ async fn a_foreign_message_stored_while_the_relay_was_stopped_is_not_adopted() {
     assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dotted_project_id_is_one_subject_token() {
     let db = fresh_db().await;
     let nats = NatsServer::start().await;
     let js = nats.jetstream().await;
-    let mut relay = spawn_relay(&db, &nats, "acme.eu", "DOTTED");
-    let mut other = spawn_relay(&db, &nats, "acme", "DOTTED");
+    // One stream for both projects: the subject fence (the stream fence wants a stream each).
+    let mut relay = spawn_relay_with(&db, &nats, "acme.eu", "DOTTED", &["--fence", "subject"]);
+    let mut other = spawn_relay_with(&db, &nats, "acme", "DOTTED", &["--fence", "subject"]);
     write_event(&db, "acme.eu", "T-1").await;
     write_event(&db, "acme", "T-1").await;
     eventually(Duration::from_secs(20), "both relayed", || async {
@@ -334,4 +344,57 @@ async fn a_dotted_project_id_is_one_subject_token() {
         relay.signal("TERM");
         assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
     }
+}
+
+outbox_tests::on_both_servers!(
+    a_foreign_write_is_refused_retried_parked_and_replayed_once_it_is_gone,
+    a_foreign_message_stored_while_the_relay_was_stopped_is_not_adopted,
+    a_dotted_project_id_is_one_subject_token,
+);
+
+/// The stream fence needs the stream to itself: a relay started on a stream that holds another
+/// project's messages (a stream covering every project, made for the subject fence) exits 2
+/// naming them, before anything is claimed or published; with `--fence subject` it relays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_stream_fence_refuses_a_stream_shared_with_another_project() {
+    let db = fresh_db().await;
+    let nats = NatsServer::start().await;
+    let js = nats.jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "WIDE".into(),
+        subjects: vec!["lifecycle.>".into()],
+        duplicate_window: Duration::from_secs(600),
+        max_age: Duration::from_secs(7 * 86400),
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    js.publish("lifecycle.p2.task_deleted", "{}".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    write_event(&db, "p1", "T-1").await;
+    let mut relay = spawn_relay(&db, &nats, "p1", "WIDE");
+    assert_eq!(relay.wait().await, 2, "{}", relay.stderr());
+    assert!(
+        relay.stderr().contains(
+            "--fence stream needs stream WIDE to itself, and it holds messages of other \
+             subjects (lifecycle.p2.task_deleted)"
+        ),
+        "{}",
+        relay.stderr()
+    );
+    assert_eq!(cursor(&db, "p1", "relay-p1").await, None, "nothing claimed");
+
+    let mut relay = spawn_relay_with(&db, &nats, "p1", "WIDE", &["--fence", "subject"]);
+    eventually(
+        Duration::from_secs(20),
+        "relayed with the subject fence",
+        || async { cursor(&db, "p1", "relay-p1").await == Some(1) },
+    )
+    .await;
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
 }

@@ -17,8 +17,8 @@ use crate::shutdown::Shutdown;
 use crate::start::Started;
 
 use outbox_relay::{
-    NatsServer, PublisherSettings, Relay, RelayError, Security, StreamError, StreamSpec,
-    parse_nats_urls, validate_stream_name, validate_subject_prefix,
+    Fence, NatsServer, PublisherSettings, Relay, RelayError, Security, StreamError, StreamSpec,
+    parse_nats_urls, project_prefix, validate_stream_name, validate_subject_prefix,
 };
 
 pub use auth::NatsAuthArgs;
@@ -53,6 +53,27 @@ impl From<RetentionArg> for RetentionPolicy {
             RetentionArg::Limits => RetentionPolicy::Limits,
             RetentionArg::Interest => RetentionPolicy::Interest,
             RetentionArg::Workqueue => RetentionPolicy::WorkQueue,
+        }
+    }
+}
+
+/// The order fence (`--fence`).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FenceArg {
+    /// `Nats-Expected-Last-Sequence` (and `Nats-Expected-Last-Msg-Id`), pipelined.
+    Stream,
+    /// `Nats-Expected-Last-Subject-Sequence`, one publish at a time.
+    Subject,
+    /// No expectation, pipelined.
+    None,
+}
+
+impl From<FenceArg> for Fence {
+    fn from(arg: FenceArg) -> Self {
+        match arg {
+            FenceArg::Stream => Fence::Stream,
+            FenceArg::Subject => Fence::Subject,
+            FenceArg::None => Fence::None,
         }
     }
 }
@@ -95,15 +116,20 @@ pub struct NatsArgs {
     /// Replicas of the stream (3 on a 3-node cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
     pub stream_replicas: u8,
-    /// Publish without `Nats-Expected-Last-Subject-Sequence`, pipelined up to --max-in-flight:
-    /// several times the throughput, but JetStream no longer enforces the order, so a message
-    /// it refuses can be overtaken by the next one (counted in outbox_relay_out_of_order_total).
-    #[arg(long)]
-    pub no_expected_sequence: bool,
-    /// Most publishes awaiting JetStream's confirmation at once, with --no-expected-sequence
-    /// (with the expectation, each publish waits for the one before it).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
-    pub max_in_flight: u32,
+    /// How JetStream enforces the order of the project's messages. stream: every message
+    /// names the stream's last sequence before it (and, within a window, the relay's message
+    /// before it), --window of them in flight (NATS 2.2 or later; the stream is the
+    /// project's own: created covering <prefix>.<project>.>). subject: every message names its subject's last sequence,
+    /// one publish per round trip (NATS 2.3 or later; on a replicated stream before 2.9.21 not
+    /// enforced for publishes close together). none: no expectation, pipelined; the order
+    /// rests on the connection alone (a refused message can be overtaken, counted in
+    /// outbox_relay_out_of_order_total).
+    #[arg(long, value_enum, default_value_t = FenceArg::Stream)]
+    pub fence: FenceArg,
+    /// Most publishes awaiting JetStream's confirmation at once (--fence stream or none;
+    /// with --fence subject each publish waits for the one before it).
+    #[arg(long, alias = "max-in-flight", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub window: u32,
     /// How long one publish may wait for JetStream's confirmation before it counts as failed.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "5s")]
     pub publish_timeout: Duration,
@@ -145,9 +171,14 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Fai
             humantime::format_duration(args.stream_max_age)
         )));
     }
+    // A stream of the stream fence is one project's alone: it covers that project's subjects.
+    let prefix = match args.fence {
+        FenceArg::Stream => project_prefix(&args.subject_prefix, args.target.project.as_ref()),
+        FenceArg::Subject | FenceArg::None => args.subject_prefix.clone(),
+    };
     let spec = StreamSpec {
         name: args.stream.clone(),
-        prefix: args.subject_prefix.clone(),
+        prefix,
         duplicate_window: args.duplicate_window,
         retention: args.stream_retention.into(),
         max_age: args.stream_max_age,
@@ -168,10 +199,10 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         security,
         prefix: args.subject_prefix.clone(),
         stream: args.stream.clone(),
-        expect_sequence: !args.no_expected_sequence,
+        fence: args.fence.into(),
         project: project.to_string(),
         consumer: consumer.consumer_id.to_string(),
-        window: args.max_in_flight as usize,
+        window: args.window as usize,
         publish_timeout: args.publish_timeout,
         connect_timeout: args.nats_connect_timeout,
         ping_interval: args.nats_ping_interval,
@@ -185,7 +216,9 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
     };
     let relay = match connected {
         Ok(relay) => relay,
-        Err(e @ RelayError::Stream(StreamError::Mismatch { .. })) => {
+        Err(
+            e @ (RelayError::Stream(StreamError::Mismatch { .. }) | RelayError::Unsupported(_)),
+        ) => {
             return Err(Failure::usage(e.to_string()));
         }
         Err(e) => return Err(Failure::runtime(e.to_string())),
