@@ -408,6 +408,33 @@ impl Publisher {
         headers
     }
 
+    /// An event's headers: [`Publisher::headers`] and the CloudEvents binary-mode attributes
+    /// (the sequence zero-padded to 20 digits, so that it orders as a string), with the
+    /// writer's trace context when it passed one.
+    fn event_headers(&self, event: &ObservedEvent) -> HeaderMap {
+        let mut headers = self.headers(event.sequence);
+        let source = format!("urn:lifecycle-outbox:project:{}", self.settings.project);
+        let time = outbox_core::format_timestamp(event.occurred_at);
+        let sequence = format!("{:020}", event.sequence);
+        let schema = outbox_core::contract::schema_urn(&event.event_type, event.type_major.into());
+        for (name, value) in [
+            ("ce-specversion", "1.0"),
+            ("ce-id", event.event_id.as_str()),
+            ("ce-source", source.as_str()),
+            ("ce-type", event.event_type.as_str()),
+            ("ce-time", time.as_str()),
+            ("ce-subject", event.task_id.as_str()),
+            ("ce-sequence", sequence.as_str()),
+            ("ce-dataschema", schema.as_str()),
+        ] {
+            headers.insert(name, value);
+        }
+        if let Some(traceparent) = &event.traceparent {
+            headers.insert("traceparent", traceparent.as_str());
+        }
+        headers
+    }
+
     /// Sends one message with the fence's expectations and returns it awaiting its PubAck
     /// (or, with the stream fence, already settled when the stream holds it).
     pub(crate) async fn send(
@@ -498,7 +525,7 @@ impl Handler for Publisher {
             sequence: event.sequence,
             subject: self.subject.clone(),
             msg_id: event.event_id.clone(),
-            headers: self.headers(event.sequence),
+            headers: self.event_headers(event),
             body: Bytes::from(event_line(event)),
         };
         let sent = self.send(&mut state, out).await?;

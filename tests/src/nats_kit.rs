@@ -318,6 +318,8 @@ pub struct Relayed {
     pub project: String,
     /// The body.
     pub body: serde_json::Value,
+    /// Every header, by name (the ones the client parses into its own variants included).
+    pub headers: std::collections::BTreeMap<String, String>,
 }
 
 /// Every message of `stream`, in stream order.
@@ -355,6 +357,17 @@ pub async fn read_stream(js: &Context, stream: &str) -> Vec<Relayed> {
             outbox_sequence: header("Outbox-Sequence").parse().expect("numeric sequence"),
             project: header("Outbox-Project"),
             body: serde_json::from_slice(&message.payload).expect("JSON body"),
+            headers: message
+                .headers
+                .iter()
+                .map(|(name, values)| {
+                    let value = values
+                        .first()
+                        .map(|v| v.as_str().to_owned())
+                        .unwrap_or_default();
+                    (name.to_string(), value)
+                })
+                .collect(),
         });
     }
     out

@@ -1191,3 +1191,94 @@ async fn lanes_pass_undeclared_types_and_park_undeclared_majors() {
         .unwrap();
     assert_eq!(parked, (4, "contract_mismatch".into(), 1));
 }
+
+/// Every message the relay publishes carries the CloudEvents binary-mode headers and, when
+/// the writer passed one, its trace context; the relay refuses types beyond `task:deleted@1`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_publishes_cloudevents_headers_and_the_trace_context() {
+    use outbox_tests::nats_kit::{NatsServer, read_stream, spawn_relay};
+    let db = fresh_db().await;
+    let client = db.connect().await;
+    let traced: String = client
+        .query_one(
+            "SELECT outbox.write_task_deleted('p', 't1', now(), 'w1', NULL, $1)",
+            &[&TRACEPARENT],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let plain = write_event(&db, "p", "t2").await;
+    let nats = NatsServer::start().await;
+    let url = nats.url();
+    let common = [
+        "--project",
+        "p",
+        "--consumer-id",
+        "jet",
+        "--nats-url",
+        url.as_str(),
+        "--stream",
+        "CE_p",
+        "--start-from",
+        "earliest",
+        "--poll-interval",
+        "100ms",
+    ];
+    let mut refused = spawn_relay(
+        &db.url,
+        &[
+            &common[..],
+            &["--event-types", "task:deleted@1,task:archived@1"],
+        ]
+        .concat(),
+    );
+    assert_eq!(refused.wait().await, 2);
+    assert!(
+        refused
+            .stderr()
+            .contains("relay nats relays task:deleted@1 only"),
+        "{}",
+        refused.stderr()
+    );
+    let mut relay = spawn_relay(&db.url, &common);
+    eventually(PROCESS_WAIT, "the relay to publish both events", || async {
+        cursor(&db, "p", "jet").await == Some(2)
+    })
+    .await;
+    relay.signal("TERM");
+    assert_eq!(relay.wait().await, 0, "{}", relay.stderr());
+    let messages = read_stream(&nats.jetstream().await, "CE_p").await;
+    assert_eq!(messages.len(), 2);
+    let first = &messages[0].headers;
+    for (name, value) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", traced.as_str()),
+        ("ce-source", "urn:lifecycle-outbox:project:p"),
+        ("ce-type", "task:deleted"),
+        ("ce-subject", "t1"),
+        ("ce-sequence", "00000000000000000001"),
+        (
+            "ce-dataschema",
+            "urn:lifecycle-outbox:contract:task:deleted:1",
+        ),
+        ("traceparent", TRACEPARENT),
+    ] {
+        assert_eq!(
+            first.get(name).map(String::as_str),
+            Some(value),
+            "{name}: {first:?}"
+        );
+    }
+    assert_eq!(
+        first.get("ce-time"),
+        Some(&messages[0].body["occurred_at"].as_str().unwrap().to_owned())
+    );
+    assert_eq!(messages[0].body["traceparent"], TRACEPARENT);
+    let second = &messages[1].headers;
+    assert_eq!(second.get("ce-id"), Some(&plain));
+    assert_eq!(
+        second.get("ce-sequence").map(String::as_str),
+        Some("00000000000000000002")
+    );
+    assert!(!second.contains_key("traceparent"), "{second:?}");
+}

@@ -188,6 +188,13 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Fai
 }
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
+    if !args.consume.event_types.is_default() {
+        // Its fence follows one subject per project; subjects per event type are not built.
+        return Err(Failure::usage(format!(
+            "relay nats relays task:deleted@1 only (one subject per project,              <prefix>.<project>.task_deleted); --event-types {} is refused",
+            args.consume.event_types
+        )));
+    }
     let (servers, security, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
     let consumer = args.target.clone();

@@ -13,10 +13,12 @@ const IDENTIFIER_PATTERN: &str = "^[A-Za-z0-9._:@-]+$";
 
 /// The `$id` of a contract's schema, also carried as `ce-dataschema` on every message.
 pub fn schema_id(contract: &Contract) -> String {
-    format!(
-        "urn:lifecycle-outbox:contract:{}:{}",
-        contract.event_type, contract.major
-    )
+    schema_urn(contract.event_type.as_str(), contract.major as i64)
+}
+
+/// The `$id` of the schema of `event_type` at `major`: `urn:lifecycle-outbox:contract:<type>:<major>`.
+pub fn schema_urn(event_type: &str, major: i64) -> String {
+    format!("urn:lifecycle-outbox:contract:{event_type}:{major}")
 }
 
 /// The JSON Schema (draft 2020-12) of a contract's payload.
