@@ -21,6 +21,10 @@ pub fn describe_metrics() {
         "Events parked as dead letters after their last attempt."
     );
     describe_counter!(
+        "outbox_events_skipped_total",
+        "Events of types the consumer did not declare (--event-types), passed without a handler call."
+    );
+    describe_counter!(
         "outbox_history_divergences_total",
         "Times a consumer found its position missing from the database's history (a failover \
          lost a tail, a backup was restored) and reconciled."

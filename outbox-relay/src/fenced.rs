@@ -44,7 +44,8 @@ const MAX_RESYNCS: u32 = 16;
 /// Where the relay's next message goes in the stream, as far as it knows.
 #[derive(Debug, Clone)]
 pub struct Chain {
-    /// The subject whose last message was read with the stream's end.
+    /// The subject whose last message was read with the stream's end, or of the last message
+    /// of another subject sent in this chain (`stored_through` then no longer applies).
     pub subject: String,
     /// The stream's last sequence: the next message names it.
     pub last: u64,

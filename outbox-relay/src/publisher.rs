@@ -459,15 +459,13 @@ impl Publisher {
                 message = message.expected_last_subject_sequence(tail.stream_sequence);
             }
             Fence::Stream => {
-                if state
-                    .chain
-                    .as_ref()
-                    .is_none_or(|c| c.subject != out.subject)
-                {
+                // The chain is the stream's (the project's own): a message of another subject
+                // (a reconciliation notice) follows in it without a new read.
+                if state.chain.is_none() {
                     self.resync(state, &out.subject).await?;
                 }
                 let chain = state.chain.as_mut().expect("just read");
-                if chain.holds(out.sequence) {
+                if chain.subject == out.subject && chain.holds(out.sequence) {
                     // Stored already (by an earlier attempt, or by another holder of the
                     // lease): sending it again would be dropped as a duplicate at best.
                     return Ok(InFlight {
@@ -483,6 +481,13 @@ impl Publisher {
                     message = message.expected_last_message_id(previous);
                 }
                 chain.advance(&out.msg_id);
+                if chain.subject != out.subject {
+                    // What the end's read said was stored belongs to the history before this
+                    // notice; the events after a reconciliation are new, whatever their numbers
+                    // (after a failover the same sequence names another event).
+                    chain.subject = out.subject.clone();
+                    chain.stored_through = None;
+                }
             }
             Fence::None => {}
         }

@@ -1067,8 +1067,9 @@ async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
     let mut rng = rand::rng();
     let mut accepted_fast = 0;
     for round in 0..400 {
+        // Most values are valid, so that whole payloads often are too.
         let mut value = |valid: serde_json::Value| -> Option<serde_json::Value> {
-            match rng.random_range(0..6) {
+            match rng.random_range(0..12) {
                 0 => None,
                 1 => Some(serde_json::Value::Null),
                 2 => Some(serde_json::json!(*identifiers.choose(&mut rng).unwrap())),
@@ -1146,7 +1147,7 @@ async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
         }
     }
     assert!(
-        accepted_fast > 5,
+        accepted_fast >= 20,
         "too few valid payloads drawn ({accepted_fast}) to mean anything"
     );
 }
