@@ -12,9 +12,10 @@
 //! the fence's refusal of a stale window is not what these rounds show; the test prints how
 //! many resumed holders the fence refused).
 //!
-//! The same race under `--fence subject` on a 2.9 cluster runs on demand (`--ignored`): that
-//! server checks the per-subject expectation of a replicated stream against applied messages
-//! only (fixed in 2.9.21).
+//! The same race under `--fence subject` on a 2.9 cluster is not run: that server checks the
+//! per-subject expectation of a replicated stream against applied messages only (fixed in
+//! 2.9.21), and with the mid-batch pause its new holder once did not advance within 60 s,
+//! which is not understood yet.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,9 +24,7 @@ use std::time::Duration;
 use outbox_tests::cluster_kit::try_write;
 use outbox_tests::consumer_kit::{cursor, eventually};
 use outbox_tests::nats_cluster_kit::NatsCluster;
-use outbox_tests::nats_kit::{
-    self, NatsServer, Server, assert_exactly_once_in_order, read_stream, with_server,
-};
+use outbox_tests::nats_kit::{self, NatsServer, assert_exactly_once_in_order, read_stream};
 use outbox_tests::process_kit::OutboxProcess;
 use outbox_tests::{TestDb, fresh_db, sequenced};
 
@@ -258,11 +257,3 @@ outbox_tests::on_both_servers!(
     a_paused_holder_resumed_as_a_new_one_starts_repeats_and_reorders_nothing,
     zombie_race_on_r3_repeats_and_reorders_nothing,
 );
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "on demand: the subject fence on a 2.9 cluster, which its server does not enforce \
-            for publishes close together (with the mid-batch pause, its new holder once did \
-            not advance within 60 s; not investigated)"]
-async fn zombie_race_on_r3_with_the_subject_fence_of_2_9() {
-    with_server(Server::Debian, race(3, "subject", 8)).await;
-}
