@@ -285,6 +285,15 @@ async fn contracts_are_registered_deliberately_and_refused_when_malformed_or_inc
     let (code, _, err) = change("retire", "task:deleted@1").await;
     assert_eq!(code, 4);
     assert!(err.contains("deprecate it instead"), "{err}");
+    // The already retired major: neither retired nor deprecated again.
+    for action in ["retire", "deprecate"] {
+        let (code, _, err) = change(action, "task:archived@1").await;
+        assert_eq!(code, 4, "{action}: {err}");
+        assert!(
+            err.contains("is retired, so there is nothing to change"),
+            "{action}: {err}"
+        );
+    }
 
     // Every change is audited under its kind, with the contract and the operator.
     let trail =
