@@ -116,6 +116,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "event_contracts",
         template: include_str!("../../sql/0016_event_contracts.sql"),
     },
+    Migration {
+        version: 17,
+        name: "contract_checks",
+        template: include_str!("../../sql/0017_contract_checks.sql"),
+    },
 ];
 
 /// What a migration run did.

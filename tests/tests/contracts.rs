@@ -8,7 +8,8 @@ use outbox_consumer::{
 };
 use outbox_core::admin::Admin;
 use outbox_core::{
-    Contract, Event, Payload, ProjectId, Schema, TaskId, WriteOutcome, Writer, WriterProcessId,
+    ConnectSettings, Contract, Event, Payload, ProjectId, Schema, TaskId, WriteOutcome, Writer,
+    WriterProcessId,
 };
 use outbox_tests::consumer_kit::{
     PROCESS_WAIT, Recorder, WAIT, cursor, eventually, fast_config, seed_consumer, start,
@@ -1050,11 +1051,11 @@ async fn published_json_schemas_accept_the_golden_payloads_and_refuse_broken_one
     assert_eq!(listed.len(), 3);
 }
 
-/// The registry's one-predicate fast check never accepts what the field-by-field check
-/// refuses: random payloads for `task:archived@1` and `task:restored@1`, each field valid,
-/// broken, null or missing, sometimes with a stranger key, judged by both.
+/// The writer's generated check (`payload_is_valid`) never accepts what the field-by-field
+/// check refuses: random payloads for `task:archived@1` and `task:restored@1`, each field
+/// valid, broken, null or missing, sometimes with a stranger key, judged by both.
 #[tokio::test]
-async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
+async fn the_generated_check_never_accepts_a_payload_the_full_check_refuses() {
     use rand::Rng;
     use rand::seq::IndexedRandom;
     let db = fresh_db().await;
@@ -1133,8 +1134,7 @@ async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
         let payload = serde_json::Value::Object(payload);
         let fast: Option<bool> = client
             .query_one(
-                "SELECT jsonb_path_match($1, fast_check) FROM outbox.lifecycle_event_contracts \
-                 WHERE event_type = $2 AND major = 1",
+                "SELECT outbox.payload_is_valid($2, 1, $1)",
                 &[&payload, &contract],
             )
             .await
@@ -1151,7 +1151,7 @@ async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
             accepted_fast += 1;
             assert!(
                 full.is_ok(),
-                "the fast check accepted {payload}, the full check: {full:?}"
+                "the generated check accepted {payload}, the full check: {full:?}"
             );
         }
     }
@@ -1159,6 +1159,147 @@ async fn the_fast_check_never_accepts_a_payload_the_full_check_refuses() {
         accepted_fast >= 20,
         "too few valid payloads drawn ({accepted_fast}) to mean anything"
     );
+}
+
+/// The writer's generated check follows the registry, written anew by the schema owner's
+/// trigger whenever it changes: an operator, who may not create functions, registers a type
+/// and a new minor, and the check takes both; a retired major leaves it. A field name outside
+/// the rule (which could carry SQL into the generated text) is refused by the trigger, and
+/// nothing is written.
+#[tokio::test]
+async fn the_generated_check_follows_the_registry_and_runs_no_operator_text() {
+    use outbox_tests::process_kit::run_outbox;
+    let db = fresh_db().await;
+    let owner = db.connect().await;
+    let role = format!("{}_operator", db.name);
+    owner
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN IN ROLE \"outbox_operator\""
+        ))
+        .await
+        .unwrap();
+    let operator_url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+    let body = || async {
+        let row = owner
+            .query_one(
+                "SELECT prosrc FROM pg_proc WHERE oid = 'outbox.payload_is_valid'::regproc",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, String>(0)
+    };
+    let valid = |contract: &'static str, major: i32, payload: serde_json::Value| {
+        let owner = &owner;
+        async move {
+            owner
+                .query_one(
+                    "SELECT outbox.payload_is_valid($1, $2, $3)",
+                    &[&contract, &major, &payload],
+                )
+                .await
+                .unwrap()
+                .get::<_, Option<bool>>(0)
+        }
+    };
+    let archived_at = "2026-01-02T03:04:05Z";
+    assert!(!body().await.contains("task:archived"));
+    assert_eq!(
+        valid("task:archived", 1, archived(archived_at)).await,
+        Some(false)
+    );
+
+    let add = |file: String| {
+        let url = operator_url.clone();
+        async move {
+            run_outbox(&[
+                "--database-url",
+                &url,
+                "contracts",
+                "add",
+                &file,
+                "--by",
+                "ops",
+            ])
+            .await
+        }
+    };
+    let (code, out, err) = add(shipped("task-archived.json")).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        body()
+            .await
+            .contains("WHEN event_type = 'task:archived' AND major = 1")
+    );
+    assert_eq!(
+        valid("task:archived", 1, archived(archived_at)).await,
+        Some(true)
+    );
+
+    // A new minor adds an optional field: the check takes it at once.
+    let dir = temp_dir("generated-check");
+    let mut minor: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(shipped("task-archived.json")).unwrap())
+            .unwrap();
+    minor["minor"] = 1.into();
+    minor["fields"]["archived_by"] = serde_json::json!({"type": "identifier", "max_length": 64});
+    let file = contract_file(&dir, "archived-1.json", &minor.to_string());
+    let (code, out, err) = add(file).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let mut with_by = archived(archived_at);
+    with_by["archived_by"] = "ops-7".into();
+    assert_eq!(valid("task:archived", 1, with_by).await, Some(true));
+
+    // A name the rule refuses never reaches the generated text, even when written to the
+    // registry directly with the operator's rights.
+    let operator = ConnectSettings::parse(&operator_url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let before = body().await;
+    let err = operator
+        .batch_execute(
+            "INSERT INTO outbox.lifecycle_event_contracts \
+                 (event_type, major, minor, description, identity, fields, registered_by) \
+             VALUES ('task:moved', 1, 0, 'd', '{}', \
+                 '{\"x'') OR pg_sleep(1) IS NULL OR (''\": {\"type\": \"boolean\"}}', 'ops')",
+        )
+        .await
+        .expect_err("a field name outside the rule is refused");
+    let db_err = err.as_db_error().expect("a database error");
+    assert_eq!(db_err.code().code(), "22023", "{db_err:?}");
+    assert!(
+        db_err.message().contains("invalid contract: field name"),
+        "{db_err:?}"
+    );
+    assert_eq!(body().await, before);
+    assert!(
+        owner
+            .query_opt(
+                "SELECT 1 FROM outbox.lifecycle_event_contracts WHERE event_type = 'task:moved'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Retired: the branch is gone (and the writer refuses the type by its registry row).
+    let (code, out, err) = run_outbox(&[
+        "--database-url",
+        &operator_url,
+        "contracts",
+        "retire",
+        "task:archived@1",
+        "--by",
+        "ops",
+        "--reason",
+        "test",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!body().await.contains("task:archived"));
 }
 
 /// With lanes, as with one: an undeclared type passes without a call, an undeclared major

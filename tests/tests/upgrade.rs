@@ -557,7 +557,7 @@ async fn upgrade_from_every_earlier_version_numbers_what_waited_and_continues() 
     }
 }
 
-/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 to 15,
+/// A schema that reached migrations 1, 3 and 4 before the roles existed gets 2 and 5 onwards,
 /// and the roles can then use what 3 and 4 added (their grants are column by column).
 #[tokio::test]
 async fn roles_added_after_later_migrations_get_their_grants() {
@@ -571,16 +571,16 @@ async fn roles_added_after_later_migrations_get_their_grants() {
     migrate_with(&mut client, &Schema::default(), &without_roles)
         .await
         .unwrap();
+    let rest: Vec<_> = MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| ![1, 3, 4].contains(v))
+        .collect();
+    assert_eq!(rest[..3], [2, 5, 6]);
     let report = dry_run(&db).await;
-    assert_eq!(
-        versions(&report["pending"]),
-        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
-    );
+    assert_eq!(versions(&report["pending"]), rest);
     let report = migrate(&mut client, &Schema::default()).await.unwrap();
-    assert_eq!(
-        report.applied,
-        vec![2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
-    );
+    assert_eq!(report.applied, rest);
     let row = client
         .query_one(
             "SELECT has_column_privilege('outbox_consumer', 'outbox.lifecycle_consumer_positions', \

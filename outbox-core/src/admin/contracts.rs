@@ -189,7 +189,6 @@ impl Admin {
         let minor = contract.minor as i32;
         let identity = contract.identity.clone();
         let fields = contract.fields_json();
-        let fast_check = contract.fast_check();
         let registration = match self.lock_contract(&tx, &reference).await? {
             None => {
                 tx.execute_unnamed(
@@ -201,7 +200,6 @@ impl Admin {
                         &contract.description,
                         &identity,
                         &fields,
-                        &fast_check,
                         &by.as_str(),
                     ],
                 )
@@ -240,7 +238,6 @@ impl Admin {
                         &minor,
                         &contract.description,
                         &fields,
-                        &fast_check,
                         &by.as_str(),
                     ],
                 )
@@ -390,19 +387,18 @@ SELECT event_type, major, minor, description, identity, fields, status,
 FROM {{schema}}.lifecycle_event_contracts
 WHERE event_type = $1 AND major = $2";
 
-/// Registers type `$1` major `$2` at minor `$3`: description, identity, fields, the fields as
-/// one path predicate, operator.
+/// Registers type `$1` major `$2` at minor `$3`: description, identity, fields, operator. (A
+/// trigger then writes the writer's generated check anew: `sql/0017_contract_checks.sql`.)
 const INSERT: &str = "
 INSERT INTO {{schema}}.lifecycle_event_contracts
-    (event_type, major, minor, description, identity, fields, fast_check, registered_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonpath, $8)";
+    (event_type, major, minor, description, identity, fields, registered_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
-/// Moves type `$1` major `$2` to minor `$3` with description `$4`, fields `$5` and their
-/// predicate `$6`, by `$7`.
+/// Moves type `$1` major `$2` to minor `$3` with description `$4` and fields `$5`, by `$6`.
 const NEW_MINOR: &str = "
 UPDATE {{schema}}.lifecycle_event_contracts
-SET minor = $3, description = $4, fields = $5, fast_check = $6::text::jsonpath,
-    changed_by = $7, changed_at = now()
+SET minor = $3, description = $4, fields = $5,
+    changed_by = $6, changed_at = now()
 WHERE event_type = $1 AND major = $2";
 
 /// Sets type `$1` major `$2` to status `$3`, by `$4`.

@@ -7,11 +7,12 @@
 //! (its identity, so a repeated write of one occurrence records nothing new). A new minor of
 //! a major may only add optional fields ([`Contract::check_successor`]); anything else is a
 //! new major, registered beside the old one. The SQL writer `write_event` checks payloads
-//! against the stored form ([`Contract::fields_json`]).
+//! against the stored form ([`Contract::fields_json`]): first with `payload_is_valid`, a plain
+//! SQL expression the schema generates from every registered contract (migration 17), then,
+//! for a payload that expression does not accept, field by field to name the problem.
 
 mod compat;
 mod event;
-mod fast_check;
 mod file;
 mod reference;
 mod schema_doc;
