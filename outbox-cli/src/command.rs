@@ -117,6 +117,17 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether what the command changes belongs to every project at once (the contract
+    /// registry): under row security only a role bound to every project (`*`) may change it,
+    /// which a refusal's hint says instead of naming one project.
+    pub fn spans_projects(&self) -> bool {
+        use crate::contracts_cmd::ContractsCommand as K;
+        matches!(
+            self,
+            Command::Contracts(K::Add(_) | K::Deprecate(_) | K::Retire(_))
+        )
+    }
+
     /// What the command does, as in "role R may not ...".
     pub fn action(&self) -> &'static str {
         use crate::consumers_cmd::ConsumersCommand as C;

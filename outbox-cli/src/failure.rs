@@ -72,13 +72,16 @@ impl fmt::Display for Failure {
     }
 }
 
-/// Who this process connects as and what the command does, for permission errors.
-static PERMISSION_CONTEXT: OnceLock<(String, &'static str)> = OnceLock::new();
+/// Who this process connects as, what the command does and whether it changes what every
+/// project shares, for permission errors.
+static PERMISSION_CONTEXT: OnceLock<(String, &'static str, bool)> = OnceLock::new();
 
 /// Records the connecting role and the command's action (once, before the command runs), so
 /// that a refused privilege (SQLSTATE 42501) reads "permission denied: role R may not ...".
-pub fn set_permission_context(role: String, action: &'static str) {
-    let _ = PERMISSION_CONTEXT.set((role, action));
+/// `spans_projects`: the command changes what every project shares (the contract registry),
+/// so row security lets only a role bound to every project (`*`) run it.
+pub fn set_permission_context(role: String, action: &'static str, spans_projects: bool) {
+    let _ = PERMISSION_CONTEXT.set((role, action, spans_projects));
 }
 
 /// The permission-denied failure for `e`, if a statement was refused for lack of a privilege
@@ -91,12 +94,24 @@ pub fn permission_denied(e: &(dyn std::error::Error + 'static)) -> Option<Failur
             .and_then(|e| e.as_db_error())
             .filter(|db| db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE);
         if let Some(db) = refused {
-            let (role, action) = PERMISSION_CONTEXT
+            let (role, action, spans_projects) = PERMISSION_CONTEXT
                 .get()
-                .map(|(r, a)| (r.as_str(), *a))
-                .unwrap_or(("(this role)", "do this"));
+                .map(|(r, a, s)| (r.as_str(), *a, *s))
+                .unwrap_or(("(this role)", "do this", false));
             // Row security refuses with the same SQLSTATE: there the role has its privileges,
-            // and what it lacks is a binding to the project.
+            // and what it lacks is a binding to the project (or, for what every project
+            // shares, to all of them: its audit row belongs to no one project).
+            if db.message().contains("row-level security") && spans_projects {
+                return Some(Failure::runtime(format!(
+                    "permission denied: role {role} may not {action} ({}): event contracts \
+                     are shared by every project, so under row security only a role bound to \
+                     every project changes them; add a row (role_name, project_id) = \
+                     ('{role}', '*') to the schema's lifecycle_role_projects table, or run it \
+                     as an operator bound to '*' (see docs/src/deploying.md, Binding roles to \
+                     projects)",
+                    db.message()
+                )));
+            }
             if db.message().contains("row-level security") {
                 return Some(Failure::runtime(format!(
                     "permission denied: role {role} may not {action} for this project ({}): \

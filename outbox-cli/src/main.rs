@@ -52,7 +52,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     if let Some(role) = cli.global.role() {
-        failure::set_permission_context(role, cli.command.action());
+        failure::set_permission_context(role, cli.command.action(), cli.command.spans_projects());
     }
     let result = runtime.block_on(async {
         match cli.command {

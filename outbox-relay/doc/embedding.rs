@@ -33,6 +33,7 @@ pub async fn relay(
         fence: Fence::Stream,
         prefix: "lifecycle".into(),
         project: "p1".into(),
+        event_types: config.delivery.event_types.clone(),
         consumer: "relay".into(),
         window: 256,
         publish_timeout: Duration::from_secs(5),

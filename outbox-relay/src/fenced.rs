@@ -1,8 +1,11 @@
 //! The stream fence: a window of publishes in flight, each stored only right after the one
 //! before it.
 //!
-//! The relay reads where the stream ends (its last sequence `L`) and its project's last message
-//! (adopted only when it is the relay's own, see `provenance`), then sends message `i` of the
+//! The relay reads where the stream ends (its last sequence `L`) and its project's last message,
+//! of whichever of its subjects (every event type's and the reconciliation notices': one read
+//! of `<prefix>.<project>.>`), adopted only when it is the relay's own (see `provenance`), so a
+//! stranger on the subject of a type the relay does not even declare is not published after;
+//! then it sends message `i` of the
 //! window with `Nats-Expected-Last-Sequence: L + i` and, from the second on,
 //! `Nats-Expected-Last-Msg-Id` naming message `i - 1`. JetStream stores a message only when the
 //! stream's last sequence, and its last message ID, are exactly those; so a message is stored
@@ -33,6 +36,7 @@
 use async_nats::jetstream::context::PublishErrorKind;
 use outbox_consumer::HandlerFailure;
 
+use crate::provenance::SubjectKind;
 use crate::publisher::{InFlight, Pipeline, Publisher, class};
 use crate::settings::project_prefix;
 use crate::tail::{self, TailError};
@@ -44,20 +48,22 @@ const MAX_RESYNCS: u32 = 16;
 /// Where the relay's next message goes in the stream, as far as it knows.
 #[derive(Debug, Clone)]
 pub struct Chain {
-    /// The subject whose last message was read with the stream's end, or of the last message
-    /// of another subject sent in this chain (`stored_through` then no longer applies).
-    pub subject: String,
+    /// The kind of the project's last message read with the stream's end (events of any type,
+    /// or a reconciliation notice), or of the last message of the other kind sent in this chain
+    /// (`stored_through` then no longer applies).
+    pub kind: SubjectKind,
     /// The stream's last sequence: the next message names it.
     pub last: u64,
     /// The ID of the relay's message at `last`, once the relay published in this chain.
     pub last_msg_id: Option<String>,
-    /// The `Outbox-Sequence` of the subject's last message when the end was read: events up
-    /// to it are in the stream already.
+    /// The `Outbox-Sequence` of the project's last message when the end was read: events (of
+    /// every type, the chain being one across the event subjects) up to it are in the stream
+    /// already.
     pub stored_through: Option<i64>,
 }
 
 impl Chain {
-    /// Whether the stream held the message of `sequence` on the subject when the end was read.
+    /// Whether the stream held the message of `sequence` when the end was read.
     pub fn holds(&self, sequence: i64) -> bool {
         self.stored_through
             .is_some_and(|through| sequence <= through)
@@ -71,8 +77,9 @@ impl Chain {
 }
 
 impl Publisher {
-    /// Reads the stream's last sequence, then `subject`'s last message (which must be the
-    /// relay's own), and starts a new chain there.
+    /// Reads the stream's last sequence, then the last message of the project's subjects
+    /// together (which must be the relay's own, whichever subject it is on), and starts a new
+    /// chain there; `subject` is the one about to be sent.
     pub(crate) async fn resync(
         &self,
         state: &mut Pipeline,
@@ -80,6 +87,7 @@ impl Publisher {
     ) -> Result<(), HandlerFailure> {
         let js = Publisher::js(state);
         let own = project_prefix(&self.settings.prefix, &self.settings.project);
+        let every_subject = format!("{own}.>");
         for _ in 0..3 {
             let last = match tail::stream_end(&js, &self.settings.stream, &own).await {
                 Ok(end) if !end.foreign_subjects.is_empty() => {
@@ -104,8 +112,8 @@ impl Publisher {
                     return Err(class("nats_unavailable"));
                 }
             };
-            let own = self.learn_tail(state, subject).await?;
-            if own.stream_sequence > last {
+            let own = self.learn_tail(state, &every_subject).await?;
+            if own.tail.stream_sequence > last {
                 // Stored between the two reads: read both again.
                 continue;
             }
@@ -114,11 +122,15 @@ impl Publisher {
                 stream_last_sequence = last,
                 "read the stream's end; publishing after it"
             );
+            let kind = match own.tail.stream_sequence {
+                0 => SubjectKind::of(subject),
+                _ => SubjectKind::of(&own.subject),
+            };
             state.chain = Some(Chain {
-                subject: subject.to_owned(),
+                kind,
                 last,
                 last_msg_id: None,
-                stored_through: own.outbox_sequence,
+                stored_through: own.tail.outbox_sequence,
             });
             return Ok(());
         }
@@ -234,7 +246,7 @@ mod tests {
     #[test]
     fn a_chain_names_the_message_before_each() {
         let mut chain = Chain {
-            subject: "lifecycle.p1.task_deleted".into(),
+            kind: SubjectKind::Events,
             last: 41,
             last_msg_id: None,
             stored_through: Some(7),

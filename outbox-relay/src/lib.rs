@@ -34,7 +34,7 @@ pub use publisher::{Publisher, PublisherSettings};
 pub use relay::{Relay, RelayError};
 pub use security::{Credentials, Security, Tls};
 pub use settings::{
-    NatsServer, NatsUrls, UserInfo, parse_nats_urls, project_prefix, validate_stream_name,
-    validate_subject_prefix,
+    NatsServer, NatsUrls, UserInfo, event_subject, event_subjects, parse_nats_urls, project_prefix,
+    validate_stream_name, validate_subject_prefix,
 };
 pub use stream::{Ensured, StreamError, StreamSpec, ensure};

@@ -1,5 +1,6 @@
-//! Whether the last message of a subject, as read from the stream, is one this relay stored:
-//! the message the relay's next publish may name as the one before it.
+//! Whether the last message of a subject (or, with the stream fence, of the project's subjects
+//! together: `<prefix>.<project>.>`), as read from the stream, is one this relay stored: the
+//! message the relay's next publish may name as the one before it.
 //!
 //! While the relay runs it follows each subject's end from its own PubAcks, and JetStream
 //! refuses a publish after a message someone else stored (`Nats-Expected-Last-Subject-Sequence`
@@ -9,8 +10,9 @@
 //! was stopped would be adopted and every later event stored after it. So a learned last
 //! message is adopted only when it is the relay's own: it names this project
 //! (`Outbox-Project`), carries a numeric `Outbox-Sequence`, and its `Nats-Msg-Id` is the ID
-//! of the event the database holds at that sequence (for the reconciliation subject, a
-//! reconciliation notice of this project). Anything else is a conflict, handled as one found
+//! of the event the database holds at that sequence, whose type is the one of the message's
+//! subject (for the reconciliation subject, a reconciliation notice of this project). Anything
+//! else is a conflict, handled as one found
 //! while running: the event fails (`nats_sequence_conflict`), is retried on the retry
 //! schedule and parked after the last attempt, replayable once the stranger is gone; each
 //! attempt reads the stream again.
@@ -18,15 +20,19 @@
 use deadpool_postgres::Pool;
 use outbox_core::{Schema, Unnamed as _};
 
+use outbox_core::contract::subject_token;
+
+use crate::settings::is_reconcile_subject;
 use crate::tail::LastMessage;
 
-/// The event at a sequence of a project, and the project's retention floor and head, to tell
-/// a pruned event from one that never existed.
+/// The event at a sequence of a project (its ID and type), and the project's retention floor,
+/// to tell a pruned event from one that never existed.
 const EVENT_AT: &str = "
-SELECT (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
-         WHERE o.project_id = $1 AND o.sequence = $2) AS event_id,
+SELECT o.event_id, o.event_type,
        COALESCE((SELECT h.pruned_through FROM {{schema}}.lifecycle_project_heads AS h
-                  WHERE h.project_id = $1), 0) AS floor";
+                  WHERE h.project_id = $1), 0) AS floor
+  FROM (SELECT 1) AS one
+  LEFT JOIN {{schema}}.lifecycle_outbox AS o ON o.project_id = $1 AND o.sequence = $2";
 
 /// The database the relay's events come from, to recognise its own messages by their IDs.
 #[derive(Clone)]
@@ -57,18 +63,30 @@ pub enum Provenance {
 /// Which kind of subject a message was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SubjectKind {
-    /// `<prefix>.<project>.task_deleted`.
+    /// `<prefix>.<project>.<type token>`, one per event type.
     Events,
     /// `<prefix>.<project>.reconcile`.
     Reconcile,
 }
 
+impl SubjectKind {
+    /// The kind of one of a project's subjects.
+    pub fn of(subject: &str) -> Self {
+        if is_reconcile_subject(subject) {
+            Self::Reconcile
+        } else {
+            Self::Events
+        }
+    }
+}
+
 /// The checks that need no database: the headers every message of the relay carries. `None`
 /// when they pass (and, for events, the database has the last word).
-pub fn by_headers(last: &LastMessage, project: &str, kind: SubjectKind) -> Option<Provenance> {
+pub fn by_headers(last: &LastMessage, project: &str) -> Option<Provenance> {
     if last.tail.stream_sequence == 0 {
         return Some(Provenance::Own);
     }
+    let kind = SubjectKind::of(&last.subject);
     if last.project.as_deref() != Some(project) {
         return Some(Provenance::Stranger(match &last.project {
             Some(other) => format!("its Outbox-Project header is {other:?}, not {project:?}"),
@@ -108,9 +126,8 @@ pub async fn check(
     ledger: Option<&Ledger>,
     last: &LastMessage,
     project: &str,
-    kind: SubjectKind,
 ) -> Result<Provenance, String> {
-    if let Some(decided) = by_headers(last, project, kind) {
+    if let Some(decided) = by_headers(last, project) {
         return Ok(decided);
     }
     let (Some(ledger), Some(sequence), Some(msg_id)) =
@@ -128,31 +145,44 @@ pub async fn check(
         .await
         .map_err(|e| format!("cannot read event {sequence} of {project}: {e}"))?;
     let event_id: Option<String> = row.try_get("event_id").map_err(|e| e.to_string())?;
+    let event_type: Option<String> = row.try_get("event_type").map_err(|e| e.to_string())?;
     let floor: i64 = row.try_get("floor").map_err(|e| e.to_string())?;
+    let event = event_id.as_deref().zip(event_type.as_deref());
     Ok(by_ledger(
-        event_id.as_deref(),
+        event,
         floor,
         sequence,
+        &last.subject,
         msg_id,
         project,
     ))
 }
 
-/// The database's word: the event at `sequence` (if retained) must have `msg_id` as its ID;
-/// one pruned (at or below `floor`) cannot be checked and is taken as the relay's own.
+/// The database's word: the event at `sequence` (if retained) must have `msg_id` as its ID,
+/// and its type must be the one `subject` carries (a message of another type's subject, or of
+/// a subject no type has, is not the relay's); one pruned (at or below `floor`) cannot be
+/// checked and is taken as the relay's own.
 fn by_ledger(
-    event_id: Option<&str>,
+    event: Option<(&str, &str)>,
     floor: i64,
     sequence: i64,
+    subject: &str,
     msg_id: &str,
     project: &str,
 ) -> Provenance {
-    match event_id {
-        Some(id) if id == msg_id => Provenance::Own,
-        Some(id) => Provenance::Stranger(format!(
+    match event {
+        Some((id, _)) if id != msg_id => Provenance::Stranger(format!(
             "its Outbox-Sequence {sequence} is event {id} of {project:?}, but its Nats-Msg-Id \
              is {msg_id:?}"
         )),
+        Some((_, event_type))
+            if subject.rsplit('.').next() != Some(subject_token(event_type).as_str()) =>
+        {
+            Provenance::Stranger(format!(
+                "it is on {subject}, but event {sequence} of {project:?} is a {event_type} event"
+            ))
+        }
+        Some(_) => Provenance::Own,
         None if sequence <= floor => Provenance::Own,
         None => Provenance::Stranger(format!(
             "{project:?} has no event numbered {sequence} (its Outbox-Sequence)"
@@ -167,6 +197,7 @@ mod tests {
 
     fn message(project: Option<&str>, sequence: Option<i64>, msg_id: Option<&str>) -> LastMessage {
         LastMessage {
+            subject: "lifecycle.p1.task_deleted".into(),
             tail: Tail {
                 stream_sequence: 7,
                 outbox_sequence: sequence,
@@ -179,6 +210,7 @@ mod tests {
     #[test]
     fn headers_tell_a_stranger() {
         let empty = LastMessage {
+            subject: "lifecycle.p1.>".into(),
             tail: Tail {
                 stream_sequence: 0,
                 outbox_sequence: None,
@@ -186,10 +218,7 @@ mod tests {
             project: None,
             msg_id: None,
         };
-        assert_eq!(
-            by_headers(&empty, "p1", SubjectKind::Events),
-            Some(Provenance::Own)
-        );
+        assert_eq!(by_headers(&empty, "p1"), Some(Provenance::Own));
         for foreign in [
             message(None, Some(3), Some("e3")),
             message(Some("p2"), Some(3), Some("e3")),
@@ -197,41 +226,58 @@ mod tests {
             message(Some("p1"), Some(3), None),
         ] {
             assert!(
-                matches!(
-                    by_headers(&foreign, "p1", SubjectKind::Events),
-                    Some(Provenance::Stranger(_))
-                ),
+                matches!(by_headers(&foreign, "p1"), Some(Provenance::Stranger(_))),
                 "{foreign:?}"
             );
         }
         let ours = message(Some("p1"), Some(3), Some("e3"));
-        assert_eq!(by_headers(&ours, "p1", SubjectKind::Events), None);
-        let notice = message(Some("p1"), Some(3), Some("reconcile:p1:relay:3"));
-        assert_eq!(
-            by_headers(&notice, "p1", SubjectKind::Reconcile),
-            Some(Provenance::Own)
-        );
+        assert_eq!(by_headers(&ours, "p1"), None);
+        let on_reconcile = |m: LastMessage| LastMessage {
+            subject: "lifecycle.p1.reconcile".into(),
+            ..m
+        };
+        let notice = on_reconcile(message(Some("p1"), Some(3), Some("reconcile:p1:relay:3")));
+        assert_eq!(by_headers(&notice, "p1"), Some(Provenance::Own));
         assert!(matches!(
-            by_headers(&ours, "p1", SubjectKind::Reconcile),
+            by_headers(&on_reconcile(ours), "p1"),
             Some(Provenance::Stranger(_))
         ));
     }
 
     #[test]
     fn the_database_has_the_last_word_on_events() {
-        assert_eq!(by_ledger(Some("e3"), 0, 3, "e3", "p1"), Provenance::Own);
+        const DELETES: &str = "lifecycle.p1.task_deleted";
+        let deleted = Some(("e3", "task:deleted"));
+        assert_eq!(
+            by_ledger(deleted, 0, 3, DELETES, "e3", "p1"),
+            Provenance::Own
+        );
         assert!(matches!(
-            by_ledger(Some("e3"), 0, 3, "intruder", "p1"),
+            by_ledger(deleted, 0, 3, DELETES, "intruder", "p1"),
             Provenance::Stranger(_)
         ));
         assert_eq!(
-            by_ledger(None, 5, 3, "e3", "p1"),
+            by_ledger(None, 5, 3, DELETES, "e3", "p1"),
             Provenance::Own,
             "pruned: cannot be checked"
         );
         assert!(matches!(
-            by_ledger(None, 5, 99, "intruder", "p1"),
+            by_ledger(None, 5, 99, DELETES, "intruder", "p1"),
             Provenance::Stranger(_)
         ));
+        // The right ID on another type's subject is a copy, not the relay's message.
+        let archived = Some(("e4", "task:archived"));
+        assert_eq!(
+            by_ledger(archived, 0, 4, "lifecycle.p1.task_archived", "e4", "p1"),
+            Provenance::Own
+        );
+        assert_eq!(
+            by_ledger(archived, 0, 4, DELETES, "e4", "p1"),
+            Provenance::Stranger(
+                "it is on lifecycle.p1.task_deleted, but event 4 of \"p1\" is a task:archived \
+                 event"
+                    .into()
+            )
+        );
     }
 }

@@ -53,9 +53,9 @@ use crate::fenced::Chain;
 use crate::link::Link;
 use crate::provenance::{self, Ledger, Provenance, SubjectKind};
 use crate::security::Security;
-use crate::settings::{NatsServer, event_subject, reconcile_subject};
+use crate::settings::{EventSubjects, NatsServer, reconcile_subject};
 use crate::stream::{self, Ensured, StreamSpec};
-use crate::tail::{self, Tail, TailError};
+use crate::tail::{self, LastMessage, Tail, TailError};
 use outbox_service::lines::{event_line, reconcile_line};
 
 /// How the publisher reaches NATS.
@@ -73,6 +73,10 @@ pub struct PublisherSettings {
     pub fence: Fence,
     /// The project relayed.
     pub project: String,
+    /// The event types the consumer declares (`DeliverySettings::event_types`): each is
+    /// published to a subject of its own, `<prefix>.<project>.<type token>`, and each of
+    /// those subjects is probed at start.
+    pub event_types: outbox_core::EventTypes,
     /// The consumer ID, named in reconciliation notices.
     pub consumer: String,
     /// Most publishes awaiting their PubAck.
@@ -145,7 +149,8 @@ pub struct Publisher {
     /// The stream as the relay checks it at start, checked (or created) again when
     /// JetStream says it is missing.
     pub(crate) stream: StreamSpec,
-    subject: String,
+    /// Each declared type's subject.
+    subjects: EventSubjects,
     /// The database, to recognise the relay's own messages in the stream (see
     /// `provenance`); without it only their headers are checked.
     ledger: Option<Ledger>,
@@ -171,11 +176,12 @@ fn publish_failure(error: &PublishError) -> HandlerFailure {
 impl Publisher {
     /// A publisher with no connection yet; `connect_now` or the first event makes one.
     pub fn new(settings: PublisherSettings, stream: StreamSpec) -> Self {
-        let subject = event_subject(&settings.prefix, &settings.project);
+        let subjects =
+            EventSubjects::new(&settings.prefix, &settings.project, &settings.event_types);
         Self {
             settings,
             stream,
-            subject,
+            subjects,
             ledger: None,
             state: Mutex::new(Pipeline {
                 link: None,
@@ -291,9 +297,9 @@ impl Publisher {
         }
     }
 
-    /// The subject events are published to.
-    pub fn subject(&self) -> &str {
-        &self.subject
+    /// The subjects events are published to, one per declared type.
+    pub fn subjects(&self) -> impl Iterator<Item = &str> {
+        self.subjects.iter()
     }
 
     /// The subject's tail, learned from the stream when the relay does not know it, and
@@ -303,7 +309,7 @@ impl Publisher {
         if let Some(tail) = state.tails.get(subject) {
             return Ok(*tail);
         }
-        let tail = self.learn_tail(state, subject).await?;
+        let tail = self.learn_tail(state, subject).await?.tail;
         state.tails.insert(subject.to_owned(), tail);
         Ok(tail)
     }
@@ -333,12 +339,13 @@ impl Publisher {
     }
 
     /// The subject's last message read from the stream, adopted only when it is the relay's
-    /// own (see `provenance`).
+    /// own (see `provenance`); `subject` may be a wildcard (the stream fence reads the last
+    /// message of the project's subjects together).
     pub(crate) async fn learn_tail(
         &self,
         state: &mut Pipeline,
         subject: &str,
-    ) -> Result<Tail, HandlerFailure> {
+    ) -> Result<LastMessage, HandlerFailure> {
         let js = Self::js(state);
         let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
         if let Err(TailError::StreamMissing(detail)) = &learned {
@@ -350,16 +357,12 @@ impl Publisher {
         }
         match learned {
             Ok(last) => {
-                let kind = match subject == self.subject {
-                    true => SubjectKind::Events,
-                    false => SubjectKind::Reconcile,
-                };
                 let project = &self.settings.project;
-                match provenance::check(self.ledger.as_ref(), &last, project, kind).await {
+                match provenance::check(self.ledger.as_ref(), &last, project).await {
                     Ok(Provenance::Own) => {}
                     Ok(Provenance::Stranger(why)) => {
                         tracing::error!(
-                            subject,
+                            subject = %last.subject,
                             stream_sequence = last.tail.stream_sequence,
                             "the subject's last message in the stream is not one this relay \
                              stored ({why}); not publishing after it: the event fails and is \
@@ -375,14 +378,14 @@ impl Publisher {
                 }
                 let tail = last.tail;
                 tracing::info!(
-                    subject,
+                    subject = %last.subject,
                     stream_sequence = tail.stream_sequence,
                     outbox_sequence = tail
                         .outbox_sequence
                         .map_or_else(|| "none".to_owned(), |s| s.to_string()),
                     "read the subject's last message in the stream"
                 );
-                Ok(tail)
+                Ok(last)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the stream's last message");
@@ -460,12 +463,14 @@ impl Publisher {
             }
             Fence::Stream => {
                 // The chain is the stream's (the project's own): a message of another subject
-                // (a reconciliation notice) follows in it without a new read.
+                // (another event type, a reconciliation notice) follows in it without a new
+                // read.
                 if state.chain.is_none() {
                     self.resync(state, &out.subject).await?;
                 }
+                let kind = SubjectKind::of(&out.subject);
                 let chain = state.chain.as_mut().expect("just read");
-                if chain.subject == out.subject && chain.holds(out.sequence) {
+                if chain.kind == kind && chain.holds(out.sequence) {
                     // Stored already (by an earlier attempt, or by another holder of the
                     // lease): sending it again would be dropped as a duplicate at best.
                     return Ok(InFlight {
@@ -481,11 +486,11 @@ impl Publisher {
                     message = message.expected_last_message_id(previous);
                 }
                 chain.advance(&out.msg_id);
-                if chain.subject != out.subject {
+                if chain.kind != kind {
                     // What the end's read said was stored belongs to the history before this
                     // notice; the events after a reconciliation are new, whatever their numbers
                     // (after a failover the same sequence names another event).
-                    chain.subject = out.subject.clone();
+                    chain.kind = kind;
                     chain.stored_through = None;
                 }
             }
@@ -528,7 +533,7 @@ impl Handler for Publisher {
         }
         let out = Outgoing {
             sequence: event.sequence,
-            subject: self.subject.clone(),
+            subject: self.subjects.of(&event.event_type),
             msg_id: event.event_id.clone(),
             headers: self.event_headers(event),
             body: Bytes::from(event_line(event)),

@@ -9,7 +9,7 @@ use crate::diagnose::probe_publish;
 use crate::fence::{Fence, check_server};
 use crate::provenance::Ledger;
 use crate::publisher::{Publisher, PublisherSettings};
-use crate::settings::project_prefix;
+use crate::settings::{event_subjects, project_prefix};
 use crate::stream::{Ensured, StreamError, StreamSpec, ensure};
 use crate::tail::stream_end;
 
@@ -51,6 +51,12 @@ impl Relay {
         let publish_timeout = publisher.publish_timeout;
         let (fence, window) = (publisher.fence, publisher.window);
         let own = project_prefix(&publisher.prefix, &publisher.project);
+        event_subjects(
+            &publisher.prefix,
+            &publisher.project,
+            &publisher.event_types,
+        )
+        .map_err(RelayError::Unsupported)?;
         let publisher = Publisher::new(publisher, stream.clone());
         let mut unanswered = 0;
         loop {
@@ -104,9 +110,11 @@ impl Relay {
                     }
                 }
             }
-            probe_publish(&js, publisher.subject(), &permissions, publish_timeout)
-                .await
-                .map_err(RelayError::Refused)?;
+            for subject in publisher.subjects() {
+                probe_publish(&js, subject, &permissions, publish_timeout)
+                    .await
+                    .map_err(RelayError::Refused)?;
+            }
             if unanswered > 0 {
                 tracing::info!(stream = %stream.name, "NATS answered the stream check");
             }

@@ -220,7 +220,7 @@ fn split_host_port(text: &str) -> Option<(&str, Option<&str>)> {
 }
 
 /// Checks `--subject-prefix`: one or more dot-separated NATS tokens without wildcards. The
-/// relay publishes to `<prefix>.<project>.task_deleted` and its stream covers `<prefix>.>`;
+/// relay publishes to `<prefix>.<project>.<type token>` and its stream covers `<prefix>.>`;
 /// an empty prefix would claim every subject, a wildcard would make the subjects unpublishable.
 pub fn validate_subject_prefix(prefix: &str) -> Result<(), String> {
     if prefix.is_empty() {
@@ -282,9 +282,93 @@ pub fn project_prefix(prefix: &str, project: &str) -> String {
     format!("{prefix}.{}", project_token(project))
 }
 
-/// The subject of a project's deletions.
-pub fn event_subject(prefix: &str, project: &str) -> String {
-    format!("{prefix}.{}.task_deleted", project_token(project))
+/// The subject of a project's events of `event_type`: `<prefix>.<project>.<type token>`
+/// (`task:archived` → `task_archived`; `task:deleted` → `task_deleted`, the one subject of the
+/// relay before there were other types). The token is [`outbox_core::contract::subject_token`],
+/// the rule the AsyncAPI document's channels follow too.
+pub fn event_subject(prefix: &str, project: &str, event_type: &str) -> String {
+    format!(
+        "{prefix}.{}.{}",
+        project_token(project),
+        outbox_core::contract::subject_token(event_type)
+    )
+}
+
+/// The subjects of the types a consumer declares, one per type (its majors share it), in
+/// declaration order. Refused when two declared types share a token (`a_b:c` and `a:b_c`):
+/// their events would be one subject, and a downstream filter could not tell them apart.
+pub fn event_subjects(
+    prefix: &str,
+    project: &str,
+    types: &outbox_core::EventTypes,
+) -> Result<Vec<(String, String)>, String> {
+    let mut subjects: Vec<(String, String)> = Vec::new();
+    for reference in types.refs() {
+        let event_type = reference.event_type.as_str();
+        let subject = event_subject(prefix, project, event_type);
+        match subjects.iter().find(|(_, known)| *known == subject) {
+            Some((other, _)) if other == event_type => {}
+            Some((other, _)) => {
+                return Err(format!(
+                    "invalid --event-types: {other} and {event_type} would both be relayed to \
+                     {subject} (one subject token per type); relay them with two relays, each \
+                     declaring one of them"
+                ));
+            }
+            None => subjects.push((event_type.to_owned(), subject)),
+        }
+    }
+    Ok(subjects)
+}
+
+/// The subject of each type a relay declares, looked up per event.
+#[derive(Debug, Clone)]
+pub(crate) struct EventSubjects {
+    prefix: String,
+    project: String,
+    /// Each declared type and its subject, in declaration order.
+    by_type: Vec<(String, String)>,
+}
+
+impl EventSubjects {
+    /// The subjects of `types` (a type's majors share one).
+    pub(crate) fn new(prefix: &str, project: &str, types: &outbox_core::EventTypes) -> Self {
+        let mut by_type: Vec<(String, String)> = Vec::new();
+        for reference in types.refs() {
+            let event_type = reference.event_type.as_str();
+            if !by_type.iter().any(|(known, _)| known == event_type) {
+                by_type.push((
+                    event_type.to_owned(),
+                    event_subject(prefix, project, event_type),
+                ));
+            }
+        }
+        Self {
+            prefix: prefix.to_owned(),
+            project: project.to_owned(),
+            by_type,
+        }
+    }
+
+    /// The subject of an event of `event_type`; a type not declared here (a consumer
+    /// configured apart from the relay's settings) follows the same rule.
+    pub(crate) fn of(&self, event_type: &str) -> String {
+        match self.by_type.iter().find(|(known, _)| known == event_type) {
+            Some((_, subject)) => subject.clone(),
+            None => event_subject(&self.prefix, &self.project, event_type),
+        }
+    }
+
+    /// The declared types' subjects.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &str> {
+        self.by_type.iter().map(|(_, subject)| subject.as_str())
+    }
+}
+
+/// Whether `subject` (one of a project's, see [`project_prefix`]) carries reconciliation
+/// notices rather than events: an event type's token always holds a `_`, `reconcile` none.
+pub fn is_reconcile_subject(subject: &str) -> bool {
+    subject.ends_with(".reconcile")
 }
 
 /// The subject of a project's reconciliation notices.
@@ -465,9 +549,15 @@ mod tests {
     #[test]
     fn subjects() {
         assert_eq!(
-            event_subject("lifecycle", "p1"),
+            event_subject("lifecycle", "p1", "task:deleted"),
             "lifecycle.p1.task_deleted"
         );
+        assert_eq!(
+            event_subject("lifecycle", "p1", "task:archived"),
+            "lifecycle.p1.task_archived"
+        );
+        assert!(!is_reconcile_subject("lifecycle.p1.task_archived"));
+        assert!(is_reconcile_subject(&reconcile_subject("lifecycle", "p1")));
         assert_eq!(
             reconcile_subject("lifecycle", "p1"),
             "lifecycle.p1.reconcile"
@@ -475,9 +565,35 @@ mod tests {
     }
 
     #[test]
+    fn each_declared_type_has_a_subject_of_its_own() {
+        let types: outbox_core::EventTypes = "task:deleted@1,task:archived@1,task:archived@2"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            event_subjects("lifecycle", "p1", &types).unwrap(),
+            vec![
+                (
+                    "task:deleted".to_owned(),
+                    "lifecycle.p1.task_deleted".to_owned()
+                ),
+                (
+                    "task:archived".to_owned(),
+                    "lifecycle.p1.task_archived".to_owned()
+                ),
+            ]
+        );
+        let clash: outbox_core::EventTypes = "a_b:c@1,a:b_c@1".parse().unwrap();
+        let err = event_subjects("lifecycle", "p1", &clash).unwrap_err();
+        assert!(
+            err.contains("a_b:c and a:b_c would both be relayed to lifecycle.p1.a_b_c"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_dotted_project_is_one_token() {
         assert_eq!(
-            event_subject("lifecycle", "acme.eu"),
+            event_subject("lifecycle", "acme.eu", "task:deleted"),
             "lifecycle.acme%2Eeu.task_deleted"
         );
         assert_eq!(

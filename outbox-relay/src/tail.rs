@@ -43,6 +43,9 @@ impl Tail {
 /// whose it is (see `provenance`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LastMessage {
+    /// The message's subject (the one asked for when it holds none): one subject, or with a
+    /// wildcard (`<prefix>.<project>.>`) the one of the last message of them all.
+    pub subject: String,
     /// Where the subject ends.
     pub tail: Tail,
     /// The `Outbox-Project` header.
@@ -112,7 +115,8 @@ pub async fn stream_end(js: &Context, stream: &str, own: &str) -> Result<StreamE
     })
 }
 
-/// Reads the last message of `subject` in `stream`.
+/// Reads the last message of `subject` in `stream`; `subject` may be a wildcard, and the
+/// last message of every subject it matches is read (JetStream's `last_by_subj`).
 pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMessage, TailError> {
     let handle = js
         .get_stream_no_info(stream)
@@ -130,6 +134,7 @@ pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMess
                     .map(|v| v.as_str().to_owned())
             };
             Ok(LastMessage {
+                subject: message.subject.to_string(),
                 tail: Tail {
                     stream_sequence: message.sequence,
                     outbox_sequence: header("Outbox-Sequence").and_then(|v| v.parse().ok()),
@@ -139,6 +144,7 @@ pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMess
             })
         }
         Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(LastMessage {
+            subject: subject.to_owned(),
             tail: Tail {
                 stream_sequence: 0,
                 outbox_sequence: None,

@@ -5,8 +5,11 @@
 //! role and operators act as an `outbox_operator` role. Each command goes through one shared
 //! scenario: a reconciliation at its first start (a new consumer, or one whose cursor is
 //! above the head: a divergence), writes, a dead letter parked and replayed, kill -9 and a
-//! restart, SIGTERM. The matrix: row security off and on (each role bound to its projects),
-//! over the Unix socket, through PgBouncer in transaction mode, and over TLS.
+//! restart, SIGTERM. Every consumer declares `task:archived@1` beside `task:deleted@1`: the
+//! operator registers its contract, the writer records archivals with `write_event` beside
+//! its deletions, and every one of them is delivered (the relay's on its own subject). The
+//! matrix: row security off and on (each role bound to its projects), over the Unix socket,
+//! through PgBouncer in transaction mode, and over TLS.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,6 +42,8 @@ const CONSUMER_OPTIONS: &[&str] = &[
     "--max-attempts",
     "2",
     "--no-prune",
+    "--event-types",
+    "task:deleted@1,task:archived@1",
 ];
 
 /// The long-running commands.
@@ -199,6 +204,24 @@ async fn write(site: &Site, project: &str, task: &str) -> String {
         )
         .await
         .unwrap_or_else(|e| panic!("{}: write {task}: {e:?}", site.what()))
+        .get(0)
+}
+
+/// Records an archival (`task:archived@1`, through the generic writer) as the writer role;
+/// returns the event ID.
+async fn write_archived(site: &Site, project: &str, task: &str) -> String {
+    let payload = serde_json::json!({
+        "archived_at": "2026-01-02T03:04:05Z",
+        "prior": {"column": "done", "status": "closed"},
+    });
+    connect(&site.writer())
+        .await
+        .query_one_unnamed(
+            "SELECT outbox.write_event($1, 'task:archived', 1, $2, $3, 'api-1')",
+            &[&project, &task, &payload],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: archive {task}: {e:?}", site.what()))
         .get(0)
 }
 
@@ -414,12 +437,28 @@ async fn seed_parked(site: &Site, project: &str, consumer: &str, event_id: &str)
     assert_eq!(inserted, 1, "{}: parked {event_id}", site.what());
 }
 
+/// `outbox <args>` as the operator role, through the deployment's transport: (exit code,
+/// stderr).
+async fn run_as_operator(site: &Site, args: &[&str]) -> (i32, String) {
+    let operator = site.operator();
+    let mut all = vec!["--database-url", &operator];
+    if site.env.contains(&("OUTBOX_POOLER", "transaction")) {
+        all.extend(["--pooler", "transaction"]);
+    }
+    all.extend(args);
+    let (code, _, err) = run_outbox(&all).await;
+    (code, err)
+}
+
+/// `outbox <args>` as the operator role, through the deployment's transport; exits 0.
+async fn as_operator(site: &Site, args: &[&str]) {
+    let (code, err) = run_as_operator(site, args).await;
+    assert_eq!(code, 0, "{}: {args:?}: {err}", site.what());
+}
+
 /// `outbox dead-letters replay` as the operator role, through the deployment's transport.
 async fn replay(site: &Site, project: &str, consumer: &str, event_id: &str) {
-    let operator = site.operator();
-    let mut args = vec![
-        "--database-url",
-        &operator,
+    let args = [
         "dead-letters",
         "replay",
         "--project",
@@ -431,11 +470,50 @@ async fn replay(site: &Site, project: &str, consumer: &str, event_id: &str) {
         "--by",
         "ops",
     ];
-    if site.env.contains(&("OUTBOX_POOLER", "transaction")) {
-        args.splice(0..0, ["--pooler", "transaction"]);
+    as_operator(site, &args).await;
+}
+
+/// `outbox contracts add contracts/task-archived.json` as the operator role. Under row
+/// security the operator, bound to the scenario's projects only, is refused (contracts are
+/// every project's: only a role bound to `*` changes them) with that hint, and nothing is
+/// registered; the owner registers it then.
+async fn register_archived(site: &Site) {
+    let path = format!(
+        "{}/../contracts/task-archived.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let args = ["contracts", "add", &path, "--by", "ops"];
+    if !site.row_security {
+        as_operator(site, &args).await;
+        return;
     }
-    let (code, _, err) = run_outbox(&args).await;
-    assert_eq!(code, 0, "{}: replay {event_id}: {err}", site.what());
+    let (code, err) = run_as_operator(site, &args).await;
+    assert_eq!(
+        code,
+        1,
+        "{}: a bound operator is refused: {err}",
+        site.what()
+    );
+    assert!(
+        err.contains("event contracts are shared by every project")
+            && err.contains(&format!("('{}', '*')", site.roles[2])),
+        "{}: the refusal says to bind the role to '*': {err}",
+        site.what()
+    );
+    let registered: i64 = site
+        .owner()
+        .await
+        .query_one(
+            "SELECT count(*) FROM outbox.lifecycle_event_contracts \
+             WHERE event_type = 'task:archived'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0, "{}: nothing registered", site.what());
+    let (code, _, err) = run_outbox(&[&["--database-url", &site.owner], &args[..]].concat()).await;
+    assert_eq!(code, 0, "{}: {err}", site.what());
 }
 
 async fn replayed(site: &Site, consumer: &str, event_id: &str, running: &Running) {
@@ -464,6 +542,7 @@ async fn consumer_scenario(
     poison: Option<&Path>,
 ) -> (Running, Vec<(String, String)>) {
     let projects = site.command.projects();
+    register_archived(site).await;
     let owner = site.owner().await;
     for project in projects {
         owner
@@ -501,6 +580,10 @@ async fn consumer_scenario(
         written.push((
             project.to_string(),
             write(site, project, &format!("{project}-a")).await,
+        ));
+        written.push((
+            project.to_string(),
+            write_archived(site, project, &format!("{project}-archived")).await,
         ));
     }
     let project = projects[0];
@@ -627,19 +710,23 @@ async fn run(site: &Site, work: &Path) {
             let (scenario, client) =
                 tokio::join!(consumer_scenario(site, "serve", args, "web", None), follow);
             let (_, written) = scenario;
-            // Events before the kill -9 reached the first client.
-            let got: Vec<String> = client
-                .events()
-                .iter()
-                .filter(|m| m.event.as_deref() == Some("task:deleted"))
-                .filter_map(|m| m.json()["event_id"].as_str().map(String::from))
-                .collect();
-            assert!(
-                got.contains(&written[0].1),
-                "{}: the SSE client got {}; got {got:?}",
-                site.what(),
-                written[0].1
-            );
+            // Events before the kill -9 reached the first client, each named by its type.
+            for (event, name) in [
+                (&written[0].1, "task:deleted"),
+                (&written[1].1, "task:archived"),
+            ] {
+                let got: Vec<String> = client
+                    .events()
+                    .iter()
+                    .filter(|m| m.event.as_deref() == Some(name))
+                    .filter_map(|m| m.json()["event_id"].as_str().map(String::from))
+                    .collect();
+                assert!(
+                    got.contains(event),
+                    "{}: the SSE client got {event} as {name}; got {got:?}",
+                    site.what(),
+                );
+            }
         }
         Command::RelayNats => {
             let nats = NatsServer::start().await;
@@ -663,12 +750,20 @@ async fn run(site: &Site, work: &Path) {
             let (_, written) = consumer_scenario(site, "relay", args, "relay", None).await;
             let js = nats.jetstream().await;
             let stream = read_stream(&js, "DEPLOY").await;
-            // Reconciliations are published too (`reconcile:...`); the events, in order:
-            let ids: Vec<&str> = stream
+            // Reconciliations are published too (`reconcile:...`); the events, in order, each
+            // on its type's subject:
+            let events: Vec<_> = stream
                 .iter()
-                .map(|m| m.msg_id.as_str())
-                .filter(|id| id.starts_with("task-deleted:"))
+                .filter(|m| !m.msg_id.starts_with("reconcile:"))
                 .collect();
+            for message in &events {
+                let token = message.body["event_type"]
+                    .as_str()
+                    .unwrap()
+                    .replace(':', "_");
+                assert_eq!(message.subject, format!("lifecycle.p1.{token}"));
+            }
+            let ids: Vec<&str> = events.iter().map(|m| m.msg_id.as_str()).collect();
             let expected: Vec<&str> = written.iter().map(|(_, e)| e.as_str()).collect();
             assert_eq!(
                 ids,

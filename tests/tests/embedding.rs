@@ -1,8 +1,12 @@
 //! The libraries as libraries: `outbox_serve::Server` and `outbox_relay::Relay` run in this
 //! process exactly as their crate docs show (the docs' example functions are these modules),
 //! against a real database and a real nats-server; an event written reaches an SSE client and
-//! the JetStream stream, and cancelling the shutdown token stops them cleanly.
+//! the JetStream stream, and cancelling the shutdown token stops them cleanly. The typed
+//! writer's example (`Writer::record_event`'s, the book's in Event contracts) records its
+//! event as shown.
 
+#[path = "../../outbox-core/doc/record_event.rs"]
+mod record_event_example;
 #[path = "../../outbox-relay/doc/embedding.rs"]
 mod relay_example;
 #[path = "../../outbox-serve/doc/embedding.rs"]
@@ -141,4 +145,61 @@ fn the_relay_runs_as_its_crate_docs_show_and_stops_at_its_token() {
         "the lease is released at shutdown"
     );
         });
+}
+
+/// The typed writer's example records its `task:archived` event once, with its trace
+/// context: a second call with the same occurrence records nothing new.
+#[tokio::test]
+async fn the_typed_writer_records_as_its_docs_show() {
+    use chrono::TimeZone as _;
+    use outbox_core::WriteOutcome;
+
+    const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let db = fresh_db().await;
+    let path = format!(
+        "{}/../contracts/task-archived.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (code, out, err) =
+        outbox_tests::process_kit::outbox_on(&db, &["contracts", "add", &path, "--by", "ops"])
+            .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let at = chrono::Utc.with_ymd_and_hms(2026, 1, 2, 3, 4, 5).unwrap();
+    let mut client = db.connect().await;
+    let outcome = record_event_example::archive(&mut client, "FN-9", at, TRACEPARENT)
+        .await
+        .unwrap();
+    let event_id = "task-archived:FN-9:2026-01-02T03:04:05.000000Z";
+    assert_eq!(
+        outcome,
+        WriteOutcome::Recorded {
+            event_id: event_id.into()
+        }
+    );
+    let again = record_event_example::archive(&mut client, "FN-9", at, TRACEPARENT)
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, WriteOutcome::AlreadyRecorded { .. }),
+        "{again:?}"
+    );
+    let row = client
+        .query_one(
+            "SELECT project_id, event_type, payload_version, traceparent, payload \
+             FROM outbox.lifecycle_outbox",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "p1");
+    assert_eq!(row.get::<_, String>(1), "task:archived");
+    assert_eq!(row.get::<_, i32>(2), 1);
+    assert_eq!(
+        row.get::<_, Option<String>>(3).as_deref(),
+        Some(TRACEPARENT)
+    );
+    assert_eq!(
+        row.get::<_, serde_json::Value>(4)["prior"],
+        serde_json::json!({"column": "done", "status": "closed"})
+    );
 }

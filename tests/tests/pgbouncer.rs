@@ -1,8 +1,10 @@
 //! Everything through a real PgBouncer in transaction mode (pool of 3 server connections per
 //! database): writers, two consumers of one project with their embedded sequencers, an
 //! in-process consumer that parks dead letters, `outbox status`, `prune`, and dead-letter
-//! replay and resolve. Every committed event is delivered in order to every consumer, and no
-//! process ever sees a prepared-statement error (SQLSTATE 26000 or 42P05).
+//! replay and resolve. Half the writers record `task:archived` (`Writer::record_event`, its
+//! contract registered through the pooler): the consumer declaring it receives every committed
+//! event in order, the one that does not receives the deletions in order and its cursor passes
+//! the archivals; no process ever sees a prepared-statement error (SQLSTATE 26000 or 42P05).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -10,7 +12,8 @@ use std::time::Duration;
 use chrono::Utc;
 use outbox_consumer::{Consumer, RetrySchedule};
 use outbox_core::{
-    ConnectSettings, Pooler, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
+    ConnectSettings, Event, Payload, Pooler, Prior, ProjectId, Schema, TaskDeleted, TaskId,
+    WriteOutcome, Writer, WriterProcessId,
 };
 use outbox_tests::consumer_kit::{Recorder, eventually, fast_config};
 use outbox_tests::fresh_db;
@@ -44,7 +47,8 @@ fn assert_no_statement_errors(text: &str) {
     }
 }
 
-/// Records one event per task through `settings`, each in its own transaction.
+/// Records one event per task through `settings`, each in its own transaction: deletions
+/// from even writers, archivals (through the generic writer) from odd ones.
 async fn write_through(settings: ConnectSettings, writer: usize) -> Vec<String> {
     let mut client = settings.connect().await.expect("connect through pgbouncer");
     let writer_id = WriterProcessId::new(format!("bouncer-writer-{writer}")).unwrap();
@@ -52,9 +56,27 @@ async fn write_through(settings: ConnectSettings, writer: usize) -> Vec<String> 
     let mut ids = Vec::new();
     for i in 0..PER_WRITER {
         let tx = client.transaction().await.unwrap();
+        let task = TaskId::new(format!("w{writer}-t{i}")).unwrap();
+        if writer % 2 == 1 {
+            let event = Event::new(
+                ProjectId::new("p1").unwrap(),
+                "task:archived@1".parse().unwrap(),
+                task,
+                Payload::new()
+                    .timestamp("archived_at", Utc::now())
+                    .object("prior", Payload::new().identifier("column", "done")),
+            )
+            .unwrap();
+            match recorder.record_event(&tx, &event).await.expect("record") {
+                WriteOutcome::Recorded { event_id } => ids.push(event_id),
+                other => panic!("recorded once: {other:?}"),
+            }
+            tx.commit().await.unwrap();
+            continue;
+        }
         let event = TaskDeleted::new(
             ProjectId::new("p1").unwrap(),
-            TaskId::new(format!("w{writer}-t{i}")).unwrap(),
+            task,
             Utc::now(),
             Prior::default(),
         )
@@ -94,34 +116,45 @@ async fn the_whole_service_works_through_pgbouncer_in_transaction_mode() {
     assert_eq!(migrated["applied"], serde_json::json!([]));
     let dry = outbox_ok(&url, &["migrate", "--dry-run"]).await;
     assert_eq!(dry["pending"], serde_json::json!([]));
+    let archived = format!(
+        "{}/../contracts/task-archived.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    outbox_ok(&url, &["contracts", "add", &archived, "--by", "ops"]).await;
 
-    // Two consumers of project p1, each running the embedded sequencer, polling.
-    let consumers: Vec<ConsumeProcess> = ["c1", "c2"]
-        .iter()
-        .map(|id| {
-            ConsumeProcess::spawn(
-                &url,
-                &[
-                    "--project",
-                    "p1",
-                    "--consumer-id",
-                    id,
-                    "--start-from",
-                    "earliest",
-                    "--poll-interval",
-                    "100ms",
-                    "--heartbeat-interval",
-                    "300ms",
-                    "--lease-ttl",
-                    "3s",
-                    "--prune-interval",
-                    "1s",
-                    "--pooler",
-                    "transaction",
-                ],
-            )
-        })
-        .collect();
+    // Two consumers of project p1, each running the embedded sequencer, polling; c1 declares
+    // archivals too, c2 only deletions (the default).
+    let consumers: Vec<ConsumeProcess> = [
+        ("c1", "task:deleted@1,task:archived@1"),
+        ("c2", "task:deleted@1"),
+    ]
+    .iter()
+    .map(|(id, types)| {
+        ConsumeProcess::spawn(
+            &url,
+            &[
+                "--event-types",
+                types,
+                "--project",
+                "p1",
+                "--consumer-id",
+                id,
+                "--start-from",
+                "earliest",
+                "--poll-interval",
+                "100ms",
+                "--heartbeat-interval",
+                "300ms",
+                "--lease-ttl",
+                "3s",
+                "--prune-interval",
+                "1s",
+                "--pooler",
+                "transaction",
+            ],
+        )
+    })
+    .collect();
 
     // An in-process consumer of p2 through the pooler, whose handler fails two tasks until
     // they are parked.
@@ -149,11 +182,17 @@ async fn the_whole_service_works_through_pgbouncer_in_transaction_mode() {
         .map(|w| tokio::spawn(write_through(settings.clone(), w)))
         .collect();
     let mut written = BTreeSet::new();
-    for writer in writers {
-        written.extend(writer.await.unwrap());
+    let mut deleted = BTreeSet::new();
+    for (w, writer) in writers.into_iter().enumerate() {
+        let ids = writer.await.unwrap();
+        if w % 2 == 0 {
+            deleted.extend(ids.iter().cloned());
+        }
+        written.extend(ids);
     }
     let total = written.len();
     assert_eq!(total, WRITERS * PER_WRITER);
+    assert_eq!(deleted.len(), total / 2);
 
     let mut p2_ids = Vec::new();
     {
@@ -174,22 +213,45 @@ async fn the_whole_service_works_through_pgbouncer_in_transaction_mode() {
         }
     }
 
-    // Every committed event reaches both consumers, in sequence order, exactly as written.
-    for consumer in &consumers {
-        eventually(WAIT, "every event delivered through pgbouncer", || async {
-            // Fail at once, with the cause, rather than at the timeout.
-            assert_no_statement_errors(&consumer.stderr());
-            consumer.sequences().len() >= total
-        })
-        .await;
-        assert_eq!(
-            consumer.sequences(),
-            (1..=total as i64).collect::<Vec<_>>(),
-            "in order, no gaps, no repeats"
-        );
-        let seen: BTreeSet<String> = consumer.event_ids().into_iter().collect();
-        assert_eq!(seen, written, "nothing lost");
-    }
+    // Every committed event reaches c1, in sequence order, exactly as written; c2 gets the
+    // deletions in order and passes the archivals (its cursor reaches the head).
+    let consumer = &consumers[0];
+    eventually(WAIT, "every event delivered through pgbouncer", || async {
+        // Fail at once, with the cause, rather than at the timeout.
+        assert_no_statement_errors(&consumer.stderr());
+        consumer.sequences().len() >= total
+    })
+    .await;
+    assert_eq!(
+        consumer.sequences(),
+        (1..=total as i64).collect::<Vec<_>>(),
+        "in order, no gaps, no repeats"
+    );
+    let seen: BTreeSet<String> = consumer.event_ids().into_iter().collect();
+    assert_eq!(seen, written, "nothing lost");
+    let consumer = &consumers[1];
+    eventually(WAIT, "c2's cursor past every event", || async {
+        assert_no_statement_errors(&consumer.stderr());
+        let client = settings.connect().await.unwrap();
+        let acked: Option<i64> = outbox_core::Unnamed::query_opt_unnamed(
+            &client,
+            "SELECT last_acked_sequence FROM outbox.lifecycle_consumer_cursors \
+             WHERE project_id = 'p1' AND consumer_id = 'c2'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .and_then(|row| row.get(0));
+        acked == Some(total as i64)
+    })
+    .await;
+    let sequences = consumer.sequences();
+    assert!(
+        sequences.windows(2).all(|w| w[0] < w[1]),
+        "in order, no repeats: {sequences:?}"
+    );
+    let seen: BTreeSet<String> = consumer.event_ids().into_iter().collect();
+    assert_eq!(seen, deleted, "the deletions, and nothing else");
 
     // The in-process consumer parks both poison events and passes them.
     eventually(WAIT, "two dead letters in p2", || async {

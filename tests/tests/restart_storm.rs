@@ -2,7 +2,9 @@
 //! immediate restarts at random moments while writers write and every kind of process
 //! (`consume` alone and `--all-projects`, `serve`, `relay nats`, `sequence --every`) is
 //! killed -9 and started again, some of them while the database is down. No process exits on
-//! its own and every committed event reaches every consumer. Beside it: a process started
+//! its own and every committed event reaches every consumer, `task:archived` events (a third
+//! of p2's, declared by every consumer) as well as deletions, the relay's on their own
+//! subject. Beside it: a process started
 //! while PostgreSQL is down begins when it comes up (readiness and the gauge say so
 //! meanwhile); permanent errors still exit at once with their messages; `--give-up-after`
 //! ends the wait. Each test that stops PostgreSQL uses a cluster of its own.
@@ -13,6 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::Utc;
+use outbox_core::{ConnectSettings, Event, Payload, ProjectId, Schema, TaskId, WriteOutcome};
+use outbox_core::{Writer, WriterProcessId};
 use outbox_tests::cluster_kit::{PrivateCluster, try_write};
 use outbox_tests::consumer_kit::eventually;
 use outbox_tests::nats_kit::{NatsServer, read_stream};
@@ -38,6 +43,8 @@ const FAST: &[&str] = &[
     "2s",
     "--no-sequencer",
     "--no-prune",
+    "--event-types",
+    "task:deleted@1,task:archived@1",
 ];
 
 /// One kind of process of the storm, and how to start it.
@@ -119,8 +126,41 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
-/// Writers over every project until `stop`; a write whose outcome is unknown (the database
-/// went away) is not counted: only confirmed commits must arrive.
+/// Records an archival of `task` in `project` through the generic writer, like `try_write`:
+/// its event ID once committed, `Err` when the outcome is unknown.
+async fn try_archive(config: &Config, project: &str, task: &str) -> Result<String, ()> {
+    let mut client = ConnectSettings::from_config(config.clone())
+        .connect()
+        .await
+        .map_err(|_| ())?;
+    let tx = client.transaction().await.map_err(|_| ())?;
+    let event = Event::new(
+        ProjectId::new(project).map_err(|_| ())?,
+        "task:archived@1".parse().map_err(|_| ())?,
+        TaskId::new(task).map_err(|_| ())?,
+        Payload::new()
+            .timestamp("archived_at", Utc::now())
+            .object("prior", Payload::new()),
+    )
+    .map_err(|_| ())?;
+    let outcome = Writer::new(
+        &Schema::default(),
+        WriterProcessId::new("w").expect("valid"),
+    )
+    .record_event(&tx, &event)
+    .await
+    .map_err(|_| ())?;
+    tx.commit().await.map_err(|_| ())?;
+    match outcome {
+        WriteOutcome::Recorded { event_id } | WriteOutcome::AlreadyRecorded { event_id } => {
+            Ok(event_id)
+        }
+    }
+}
+
+/// Writers over every project until `stop` (every third write of p2 an archival); a write
+/// whose outcome is unknown (the database went away) is not counted: only confirmed commits
+/// must arrive.
 fn start_writers(
     config: &Config,
     stop: &Arc<AtomicBool>,
@@ -134,7 +174,12 @@ fn start_writers(
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    match try_write(&config, &project, &format!("{project}-{i}")).await {
+                    let task = format!("{project}-{i}");
+                    let written = match project == "p2" && i % 3 == 0 {
+                        true => try_archive(&config, &project, &task).await,
+                        false => try_write(&config, &project, &task).await,
+                    };
+                    match written {
                         Ok(id) => {
                             confirmed
                                 .lock()
@@ -202,6 +247,21 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
     let cluster = PrivateCluster::start("restart-storm");
     let url = cluster.url.clone();
     let config = cluster.migrate().await;
+    let archived = format!(
+        "{}/../contracts/task-archived.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (code, _, err) = run_outbox(&[
+        "--database-url",
+        &url,
+        "contracts",
+        "add",
+        &archived,
+        "--by",
+        "ops",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
     let nats = NatsServer::start().await;
     let serve_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
 
@@ -361,14 +421,27 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
             "--all-projects printed every confirmed {project} event"
         );
     }
-    let relayed: BTreeSet<String> = read_stream(&nats.jetstream().await, "STORM")
+    let messages: Vec<_> = read_stream(&nats.jetstream().await, "STORM")
         .await
         .into_iter()
         .filter(|m| m.body["type"] == "event")
-        .map(|m| m.msg_id)
         .collect();
+    for message in &messages {
+        let token = message.body["event_type"]
+            .as_str()
+            .unwrap()
+            .replace(':', "_");
+        assert_eq!(message.subject, format!("lifecycle.p2.{token}"));
+    }
+    let relayed: BTreeSet<String> = messages.into_iter().map(|m| m.msg_id).collect();
     let missing = confirmed["p2"].difference(&relayed).count();
     assert_eq!(missing, 0, "the relay published every confirmed p2 event");
+    assert!(
+        confirmed["p2"]
+            .iter()
+            .any(|id| id.starts_with("task-archived:")),
+        "archivals among them"
+    );
     let seen = readiness.lock().unwrap().clone();
     assert!(
         seen.contains(&(503, true)),

@@ -2,7 +2,9 @@
 //! `lifecycle_role_projects` cannot read B's events, claim B's consumers, see B's dead
 //! letters, or record events for B; their own project works end to end; and their sequencer
 //! numbers only their projects and leaves the numbering frontier to one that sees all; an
-//! upgrade of a schema under row security switches it on for the tables it adds.
+//! upgrade of a schema under row security switches it on for the tables it adds; another
+//! event type stays in its project, and only an operator bound to every project changes the
+//! contracts.
 
 use std::time::Duration;
 
@@ -245,6 +247,152 @@ async fn roles_bound_to_a_project_see_and_write_only_that_project() {
     .await;
     assert_eq!(code, 0);
     assert!(out.contains("b-poison"), "{out}");
+}
+
+/// `outbox <args>` against `url`: (exit code, stdout, stderr).
+async fn outbox_at(url: &str, args: &[&str]) -> (i32, String, String) {
+    run_outbox(&[&["--database-url", url], args].concat()).await
+}
+
+/// Another registered type under row security: a writer bound to A records `task:archived`
+/// for A and is refused for B (through SQL and through `Writer::record_event`); A's consumer,
+/// declaring it, receives A's archival and never B's; an operator bound to A reads the
+/// contracts but may not change them (they are every project's) and is told to bind the role
+/// to `*`, which an operator bound to `*` then does.
+#[tokio::test]
+async fn another_type_stays_in_its_project_and_only_an_operator_of_every_project_changes_contracts()
+{
+    let db = fresh_db().await;
+    let (code, _, err) = outbox_at(&db.url, &["migrate", "--row-security"]).await;
+    assert_eq!(code, 0, "{err}");
+    let contract = |file: &str| format!("{}/../contracts/{file}", env!("CARGO_MANIFEST_DIR"));
+    let archived = contract("task-archived.json");
+    let (code, _, err) = outbox_at(&db.url, &["contracts", "add", &archived, "--by", "ops"]).await;
+    assert_eq!(code, 0, "{err}");
+    let payload = serde_json::json!({"archived_at": "2026-01-02T03:04:05Z", "prior": {}});
+    let archive_sql = "SELECT outbox.write_event($1, 'task:archived', 1, $2, $3, 'w')";
+    db.connect()
+        .await
+        .execute(archive_sql, &[&"B", &"b-archived", &payload])
+        .await
+        .unwrap();
+
+    let writer = bound_login(&db, "writer").await;
+    let client = ConnectSettings::parse(&writer)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    client
+        .execute(archive_sql, &[&"A", &"a-archived", &payload])
+        .await
+        .expect("A's writer archives in A");
+    let refused = client
+        .execute(archive_sql, &[&"B", &"x", &payload])
+        .await
+        .expect_err("A's writer must not archive in B");
+    assert_eq!(
+        refused.code(),
+        Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+        "{refused}"
+    );
+    let event = outbox_core::Event::new(
+        ProjectId::new("B").unwrap(),
+        "task:archived@1".parse().unwrap(),
+        TaskId::new("y").unwrap(),
+        outbox_core::Payload::new()
+            .timestamp("archived_at", Utc::now())
+            .object("prior", outbox_core::Payload::new()),
+    )
+    .unwrap();
+    let refused = Writer::new(&Schema::default(), WriterProcessId::new("w").unwrap())
+        .record_event(&client, &event)
+        .await
+        .expect_err("A's writer must not record B's event");
+    assert_eq!(
+        refused.code(),
+        Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+        "{refused}"
+    );
+
+    let consumer_url = bound_login(&db, "consumer").await;
+    let settings = ConnectSettings::parse(&consumer_url).unwrap();
+    let mut config = fast_config("A", "a-reader");
+    config.duties.prune_interval = None;
+    config.delivery.event_types = "task:deleted@1,task:archived@1".parse().unwrap();
+    let recorder = Recorder::default();
+    let shutdown = CancellationToken::new();
+    let run = {
+        let consumer = Consumer::new(
+            settings.pool(4).unwrap(),
+            Some(settings.wire_config()),
+            config,
+            recorder.clone(),
+            recorder.clone(),
+        );
+        let token = shutdown.clone();
+        tokio::spawn(async move { consumer.run(token).await })
+    };
+    eventually(WAIT, "A's archival delivered to A's consumer", || async {
+        recorder.sequences() == vec![1]
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let events = recorder.events();
+    assert_eq!(
+        (events[0].project_id.as_str(), events[0].event_type.as_str()),
+        ("A", "task:archived")
+    );
+    assert_eq!(events[0].task_id.as_str(), "a-archived");
+
+    let operator = bound_login(&db, "operator").await;
+    let (code, out, err) = outbox_at(&operator, &["contracts", "list", "--output", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("task:archived"), "{out}");
+    let restored = contract("task-restored.json");
+    for args in [
+        vec!["contracts", "add", &restored, "--by", "ops"],
+        vec![
+            "contracts",
+            "deprecate",
+            "task:archived@1",
+            "--by",
+            "ops",
+            "--reason",
+            "v2",
+        ],
+    ] {
+        let (code, _, err) = outbox_at(&operator, &args).await;
+        assert_eq!(code, 1, "{args:?}: {err}");
+        let role = format!("{}_operator_a", db.name);
+        assert!(
+            err.contains("event contracts are shared by every project")
+                && err.contains(&format!("('{role}', '*')")),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, out, _) = outbox_at(&db.url, &["contracts", "list", "--output", "json"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        !out.contains("task:restored") && !out.contains("deprecated"),
+        "{out}"
+    );
+
+    let every = format!("{}_ops_all", db.name);
+    db.connect()
+        .await
+        .batch_execute(&format!(
+            "CREATE ROLE \"{every}\" LOGIN IN ROLE outbox_operator;
+             INSERT INTO outbox.lifecycle_role_projects (role_name, project_id)
+             VALUES ('{every}', '*');"
+        ))
+        .await
+        .unwrap();
+    let every_url = db.url.replacen("postgres@", &format!("{every}@"), 1);
+    let (code, _, err) =
+        outbox_at(&every_url, &["contracts", "add", &restored, "--by", "ops"]).await;
+    assert_eq!(code, 0, "{err}");
 }
 
 /// A sequencer under row security sees only its projects' rows, so it cannot know it took

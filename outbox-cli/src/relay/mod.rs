@@ -18,7 +18,7 @@ use crate::start::Started;
 
 use outbox_relay::{
     Fence, NatsServer, PublisherSettings, Relay, RelayError, Security, StreamError, StreamSpec,
-    parse_nats_urls, project_prefix, validate_stream_name, validate_subject_prefix,
+    event_subjects, parse_nats_urls, project_prefix, validate_stream_name, validate_subject_prefix,
 };
 
 pub use auth::NatsAuthArgs;
@@ -28,7 +28,9 @@ use auth::resolve_security;
 #[derive(Debug, Subcommand)]
 pub enum RelayCommand {
     /// Relay the project's events into a NATS JetStream stream: one message per event on
-    /// <prefix>.<project>.task_deleted, acknowledged only after JetStream confirms it. Relays
+    /// <prefix>.<project>.<type> (task:deleted on task_deleted, task:archived on
+    /// task_archived: one subject per declared type), acknowledged only after JetStream
+    /// confirms it. Relays
     /// one project as one consumer (--project and --consumer-id once each; run one relay per
     /// project) and takes the `consume` options of one consumer (its handler is the JetStream
     /// publisher).
@@ -98,8 +100,8 @@ pub struct NatsArgs {
     /// JetStream stream the relay publishes into (created when missing, verified otherwise).
     #[arg(long, default_value = "LIFECYCLE")]
     pub stream: String,
-    /// Subject prefix: events go to <prefix>.<project>.task_deleted; the stream covers
-    /// <prefix>.>.
+    /// Subject prefix: events go to <prefix>.<project>.<type> (task_deleted, task_archived,
+    /// ...); the stream covers <prefix>.>.
     #[arg(long, default_value = "lifecycle")]
     pub subject_prefix: String,
     /// JetStream duplicate window: a repeat of an event within it is dropped. At least the
@@ -119,8 +121,9 @@ pub struct NatsArgs {
     /// How JetStream enforces the order of the project's messages. stream: every message
     /// names the stream's last sequence before it (and, within a window, the relay's message
     /// before it), --window of them in flight (NATS 2.2 or later; the stream is the
-    /// project's own: created covering <prefix>.<project>.>). subject: every message names its subject's last sequence,
-    /// one publish per round trip (NATS 2.3 or later; on a replicated stream before 2.9.21 not
+    /// project's own: created covering <prefix>.<project>.>, one chain across its subjects).
+    /// subject: every message names its subject's last sequence (each event type's subject
+    /// its own), one publish per round trip (NATS 2.3 or later; on a replicated stream before 2.9.21 not
     /// enforced for publishes close together). none: no expectation, pipelined; the order
     /// rests on the connection alone (a refused message can be overtaken, counted in
     /// outbox_relay_out_of_order_total).
@@ -160,6 +163,12 @@ pub async fn run(global: &Global, command: RelayCommand) -> Result<(), Failure> 
 /// before anything is contacted.
 fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Failure> {
     let urls = parse_nats_urls(&args.nats_url).map_err(Failure::usage)?;
+    event_subjects(
+        &args.subject_prefix,
+        args.target.project.as_ref(),
+        &args.consume.event_types,
+    )
+    .map_err(Failure::usage)?;
     let security = resolve_security(&urls, &args.auth).map_err(Failure::usage)?;
     validate_subject_prefix(&args.subject_prefix).map_err(Failure::usage)?;
     validate_stream_name(&args.stream).map_err(Failure::usage)?;
@@ -188,13 +197,6 @@ fn check(args: &NatsArgs) -> Result<(Vec<NatsServer>, Security, StreamSpec), Fai
 }
 
 async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
-    if !args.consume.event_types.is_default() {
-        // Its fence follows one subject per project; subjects per event type are not built.
-        return Err(Failure::usage(format!(
-            "relay nats relays task:deleted@1 only (one subject per project,              <prefix>.<project>.task_deleted); --event-types {} is refused",
-            args.consume.event_types
-        )));
-    }
     let (servers, security, spec) = check(&args)?;
     let shutdown = Shutdown::install()?;
     let consumer = args.target.clone();
@@ -208,6 +210,7 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         stream: args.stream.clone(),
         fence: args.fence.into(),
         project: project.to_string(),
+        event_types: args.consume.event_types.clone(),
         consumer: consumer.consumer_id.to_string(),
         window: args.window as usize,
         publish_timeout: args.publish_timeout,

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 pub use event::{Event, Payload, validate_traceparent};
 pub use file::ContractFileError;
-pub use reference::{Acceptance, ContractRef, EventTypeName, EventTypes, RefError};
+pub use reference::{Acceptance, ContractRef, EventTypeName, EventTypes, RefError, subject_token};
 pub use schema_doc::{asyncapi, json_schema, schema_id, schema_urn};
 
 /// Longest identifier field, in characters (the identifier rule's limit).

@@ -43,9 +43,10 @@ impl EventTypeName {
         &self.0
     }
 
-    /// The name as one token of a NATS subject or a URL path (`task_archived`).
+    /// The name as one token of a NATS subject or a URL path (`task_archived`): see
+    /// [`subject_token`].
     pub fn token(&self) -> String {
-        self.0.replace(':', "_")
+        subject_token(&self.0)
     }
 }
 
@@ -53,6 +54,16 @@ impl fmt::Display for EventTypeName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// An event type's subject token: the name with its `:` written `_` (`task:archived` →
+/// `task_archived`, `task:deleted` → `task_deleted`, the relay's subject since before there
+/// were other types). One rule for the relay's subjects and the AsyncAPI document's channels,
+/// so the document names the subjects the relay publishes to. A name has one `:` and no `.`,
+/// `*`, `>` or whitespace, so the token is always one NATS token; two names can share a token
+/// (`a_b:c` and `a:b_c`), which the relay refuses to declare together.
+pub fn subject_token(event_type: &str) -> String {
+    event_type.replace(':', "_")
 }
 
 /// One major version of an event type: `task:archived@1`.

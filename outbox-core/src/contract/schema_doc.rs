@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{Contract, FieldType, Fields};
+use super::{Contract, FieldType, Fields, subject_token};
 
 /// The pattern of an RFC 3339 time with an offset, as `write_event` checks it.
 const TIMESTAMP_PATTERN: &str = "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$";
@@ -88,7 +88,7 @@ pub fn asyncapi(contracts: &[Contract], subject_prefix: &str) -> Value {
     let mut types: Vec<&str> = contracts.iter().map(|c| c.event_type.as_str()).collect();
     types.dedup();
     for event_type in types {
-        let token = event_type.replace(':', "_");
+        let token = subject_token(event_type);
         let mut channel_messages = Map::new();
         for contract in contracts
             .iter()
