@@ -166,6 +166,7 @@ fn admin_auth(args: &ServeArgs, listen: SocketAddr) -> Result<Option<AdminAuth>,
 async fn open_answering_probes(
     global: &Global,
     consume: &crate::cli::ConsumerOptions,
+    availability: &outbox_consumer::Availability,
     listener: tokio::net::TcpListener,
     args: &ServeArgs,
 ) -> Result<Option<(Started, tokio::net::TcpListener)>, Failure> {
@@ -188,12 +189,12 @@ async fn open_answering_probes(
     .map_err(|e| Failure::usage(e.to_string()))?;
     let answering = tokio::spawn(outbox_service::http::serve(
         probes,
-        outbox_serve::waiting_router(hosts),
+        outbox_serve::waiting_router(hosts, availability.clone()),
         stop.clone(),
         std::time::Duration::from_secs(1),
         args.header_read_timeout,
     ));
-    let started = Started::open(global, consume).await;
+    let started = Started::open(global, consume, availability).await;
     stop.cancel();
     let _ = answering.await;
     Ok(started?.map(|started| (started, listener)))
@@ -235,7 +236,8 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let listener = outbox_service::http::bind(listen, "--listen")
         .await
         .map_err(|e| Failure::usage(e.to_string()))?;
-    let Some((started, listener)) = open_answering_probes(global, consume, listener, &args).await?
+    let Some((started, listener)) =
+        open_answering_probes(global, consume, &duties.availability, listener, &args).await?
     else {
         return Ok(());
     };
