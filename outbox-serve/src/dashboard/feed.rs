@@ -206,7 +206,7 @@ async fn next_batch(projects: &mut [Followed], turn: usize) -> (usize, Option<Ar
 
 /// The sections, rendered now, as an `event: snapshot` (or `snapshot-error`).
 async fn snapshot(state: &AppState) -> Bytes {
-    let chunk = match sections(state).await {
+    match sections(state).await {
         Ok(s) => {
             let data = json!({
                 "status": s.status.into_string(),
@@ -216,6 +216,5 @@ async fn snapshot(state: &AppState) -> Bytes {
             sse::message(None, "snapshot", &data)
         }
         Err(e) => sse::message(None, "snapshot-error", &json!({ "error": e })),
-    };
-    chunk
+    }
 }
