@@ -56,6 +56,9 @@ pub enum StartFrom {
     Earliest,
 }
 
+/// Default [`DeliverySettings::batch_size`].
+pub const DEFAULT_BATCH_SIZE: i64 = 500;
+
 /// Default [`DeliverySettings::max_batch_size`]: how far a catch-up's reads grow. Chosen by
 /// measurement (`bench/consumer.sh` with `BENCH_MAX_BATCH_SIZES`: maxima side by side with
 /// fixed batches of 500 in one run, 1M-event backlog): growing to 2,000 made the catch-up 2.0
@@ -207,7 +210,7 @@ impl Default for DeliverySettings {
     /// grace.
     fn default() -> Self {
         Self {
-            batch_size: 500,
+            batch_size: DEFAULT_BATCH_SIZE,
             max_batch_size: DEFAULT_MAX_BATCH_SIZE,
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),

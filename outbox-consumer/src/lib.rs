@@ -85,9 +85,9 @@ mod task;
 pub use availability::Availability;
 pub use backoff::{backoff, outage_backoff};
 pub use config::{
-    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DEFAULT_MAX_AHEAD, DEFAULT_MAX_BATCH_SIZE,
-    DeliverySettings, Duties, LiveQuery, MAX_AHEAD_CEILING, MAX_BATCH_SIZE_CEILING, MAX_LANES,
-    StartFrom,
+    ConfigError, ConsumerConfig, DEFAULT_BATCH_SIZE, DEFAULT_LIVE_QUERY, DEFAULT_MAX_AHEAD,
+    DEFAULT_MAX_BATCH_SIZE, DeliverySettings, Duties, LiveQuery, MAX_AHEAD_CEILING,
+    MAX_BATCH_SIZE_CEILING, MAX_LANES, StartFrom,
 };
 pub use cursor::ShownCursor;
 pub use dispatch::{DispatchMode, InTransaction, Plain};
@@ -100,7 +100,7 @@ pub use history::{History, ResumePoint};
 pub use outage::is_outage;
 pub use probe::Probe;
 pub use repeat::wait_out;
-pub use retry::{RetrySchedule, ScheduleError};
+pub use retry::{MAX_ATTEMPTS_CEILING, RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};
 pub use set::{ConsumerSet, PairFactory, PairOutcome, PairProbes, Projects};
 /// The acknowledgement statement (a template over `{{schema}}`; `$1` project, `$2` consumer,

@@ -200,6 +200,24 @@ async fn open_answering_probes(
     Ok(started?.map(|started| (started, listener)))
 }
 
+/// The server's settings from `args`, with `admin` (checked by [`admin_auth`]).
+pub(crate) fn server_settings(args: &ServeArgs, admin: Option<AdminAuth>) -> ServerSettings {
+    ServerSettings {
+        ring_size: args.ring_size as usize,
+        client_queue: args.client_queue as usize,
+        lagged_grace: args.lagged_grace,
+        max_clients: args.max_clients as usize,
+        keep_alive: args.keep_alive,
+        ready_max_poll_age: args.ready_max_poll_age,
+        dashboard_refresh: args.dashboard_refresh,
+        drain_timeout: args.drain_timeout,
+        header_read_timeout: args.header_read_timeout,
+        admin,
+        allowed_hosts: args.allowed_host.clone(),
+        ..ServerSettings::new(args.consumer_id.clone())
+    }
+}
+
 /// Runs `outbox serve`.
 pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     distinct_projects(&args.project)?;
@@ -242,20 +260,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         return Ok(());
     };
     let read_pool = started.database.pool(4)?;
-    let settings = ServerSettings {
-        ring_size: args.ring_size as usize,
-        client_queue: args.client_queue as usize,
-        lagged_grace: args.lagged_grace,
-        max_clients: args.max_clients as usize,
-        keep_alive: args.keep_alive,
-        ready_max_poll_age: args.ready_max_poll_age,
-        dashboard_refresh: args.dashboard_refresh,
-        drain_timeout: args.drain_timeout,
-        header_read_timeout: args.header_read_timeout,
-        admin,
-        allowed_hosts: args.allowed_host.clone(),
-        ..ServerSettings::new(args.consumer_id.clone())
-    };
+    let settings = server_settings(&args, admin);
     let server = Server::new(
         started.connections.clone(),
         read_pool,
