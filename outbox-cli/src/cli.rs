@@ -24,7 +24,7 @@ pub struct Global {
     pub database_url: Option<String>,
     /// Schema holding the outbox tables: 1 to 40 characters from a-z, 0-9 and _, starting with
     /// a letter or _ (an empty OUTBOX_SCHEMA means the default).
-    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = "outbox", value_parser = parse_schema)]
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = outbox_core::DEFAULT_SCHEMA, value_parser = parse_schema)]
     pub schema: Schema,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -487,7 +487,7 @@ pub struct ConsumerOptions {
     pub no_listen: bool,
     /// Connections in the pool, shared by every consumer of the process (which holds one
     /// more, for LISTEN): 3 to 100.
-    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(3..=100))]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(outbox_consumer::MIN_POOL_SIZE as i64..=100))]
     pub pool_size: u16,
     /// Exit at once (code 4) if another process holds this consumer's lease.
     #[arg(long)]
@@ -510,7 +510,7 @@ pub struct ConsumerOptions {
     #[arg(long, value_enum, default_value_t = StartFromArg::Reconcile)]
     pub start_from: StartFromArg,
     /// Events per batch: 1 to 10000.
-    #[arg(long, default_value_t = 500, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    #[arg(long, default_value_t = outbox_consumer::DEFAULT_BATCH_SIZE, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=outbox_consumer::MAX_BATCH_SIZE_CEILING))]
     pub batch_size: i64,
     /// Most events per read while catching up, 1..=10000 and at least --batch-size (default
     /// 4000, or --batch-size when larger). While reads come back full, each asks for twice the
@@ -519,7 +519,7 @@ pub struct ConsumerOptions {
     /// Equal to --batch-size: fixed batches. Reads of a single consumer (`consume` of one
     /// project and ID, `relay`); the consumers of a set (`consume` of several, `serve`) share
     /// reads of --batch-size.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=outbox_consumer::MAX_BATCH_SIZE_CEILING))]
     pub max_batch_size: Option<i64>,
     /// Lease length: at least 1s.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
@@ -545,7 +545,7 @@ pub struct ConsumerOptions {
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, value_delimiter = ',', default_value = "1s,5s,30s,5m,15m")]
     pub retry_delays: Vec<Duration>,
     /// Attempts before an event is parked as a dead letter: 1 to 1000.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=outbox_consumer::MAX_ATTEMPTS_CEILING as i64))]
     pub max_attempts: u32,
     /// Live-set query for reconciliation ($1 = project ID; one text column of task IDs; it
     /// must only read). Checked at start, exit 2 if it does not fit. Default: SELECT id::text

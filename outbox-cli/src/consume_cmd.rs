@@ -30,7 +30,7 @@ pub async fn run(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
     if args.child.child.is_none() {
         crate::sink::refuse_closed_stdout()?;
     }
-    let Some(started) = Started::open(global, options).await? else {
+    let Some(started) = Started::open(global, options, &config.duties.availability).await? else {
         return Ok(());
     };
     let connections = &started.connections;
@@ -87,7 +87,7 @@ async fn run_set(global: &Global, args: ConsumeArgs) -> Result<(), Failure> {
         true => Projects::All,
         false => Projects::Listed(targets.projects.clone()),
     };
-    let Some(started) = Started::open(global, options).await? else {
+    let Some(started) = Started::open(global, options, &duties.availability).await? else {
         return Ok(());
     };
     let sink = std::sync::Arc::new(StdoutSink::new(String::new()));
@@ -244,12 +244,11 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
         ..DeliverySettings::default()
     };
     if let Some(query) = &args.live_query {
-        if !query.contains("$1") {
-            return Err(Failure::usage(
-                "invalid --live-query: it must take exactly one parameter, $1 (the project ID)",
-            ));
+        let live_query = outbox_consumer::LiveQuery::Custom(query.clone());
+        if let Some(problem) = live_query.problem() {
+            return Err(Failure::usage(format!("invalid --live-query: {problem}")));
         }
-        delivery.live_query = outbox_consumer::LiveQuery::Custom(query.clone());
+        delivery.live_query = live_query;
     }
     delivery
         .validate()
@@ -257,8 +256,11 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
     Ok(delivery)
 }
 
-/// What a process running consumers with `args` does beside delivering, checked.
+/// What a process running consumers with `args` does beside delivering, checked, with the
+/// process's one [`Availability`](outbox_consumer::Availability) (`--give-up-after`).
 pub fn duties(global: &Global, args: &ConsumerOptions) -> Result<Duties, Failure> {
+    let availability = outbox_consumer::Availability::new();
+    availability.set_give_up_after(args.give_up_after);
     let duties = Duties {
         schema: global.schema.clone(),
         // The runtime polls only behind `--pooler transaction`, whatever this says.
@@ -270,6 +272,7 @@ pub fn duties(global: &Global, args: &ConsumerOptions) -> Result<Duties, Failure
         sequencer_lease_ttl: args.sequencer_lease_ttl,
         prune_interval: (!args.no_prune).then_some(args.prune_interval),
         retention: args.retention,
+        availability,
     };
     duties
         .validate()

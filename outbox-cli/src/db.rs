@@ -145,9 +145,9 @@ impl std::fmt::Display for ConnectFailed {
 /// `None` when `shutdown` came first. Any other failure is returned at once.
 pub async fn connect_waiting(
     database: &DatabaseUrl,
+    availability: &outbox_consumer::Availability,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<Option<Client>, Failure> {
-    let availability = outbox_consumer::availability();
     let mut failures: u32 = 0;
     loop {
         let attempt = tokio::select! {

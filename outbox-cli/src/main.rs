@@ -16,6 +16,8 @@ mod contracts_cmd;
 mod db;
 mod dead_letters_cmd;
 mod failure;
+#[cfg(test)]
+mod library_defaults;
 mod lines_out;
 mod migrate_cmd;
 mod output;

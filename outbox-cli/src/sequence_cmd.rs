@@ -52,8 +52,10 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         return print(args.output, &Drained { numbered });
     };
     let shutdown = Shutdown::install()?;
-    outbox_consumer::availability().set_give_up_after(args.give_up_after);
-    let Some(mut client) = connect_waiting(&database, &shutdown.token()).await? else {
+    let availability = outbox_consumer::Availability::new();
+    availability.set_give_up_after(args.give_up_after);
+    let Some(mut client) = connect_waiting(&database, &availability, &shutdown.token()).await?
+    else {
         return Ok(());
     };
     let mut elected = ElectedSequencer::new(
@@ -80,13 +82,13 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
                 // An unavailable database is said once (and may end the wait with
                 // --give-up-after); the reconnect below waits it out.
                 if e.is_outage() {
-                    outbox_consumer::availability()
+                    availability
                         .unreachable(&e)
                         .map_err(|gave_up| Failure::runtime(gave_up.to_string()))?;
                 } else {
                     tracing::warn!(error = %e, "sequencer step failed; reconnecting");
                 }
-                match connect_waiting(&database, &shutdown.token()).await? {
+                match connect_waiting(&database, &availability, &shutdown.token()).await? {
                     Some(reconnected) => client = reconnected,
                     None => return Ok(()),
                 }

@@ -5,6 +5,7 @@
 //! wrong password, an unknown database, a schema that does not match this build). Then the
 //! consumers' connections; once running, the consumers ride out outages the same way.
 
+use outbox_consumer::Availability;
 use outbox_service::{Connections, MetricsEndpoint, MetricsError};
 
 use crate::cli::{ConsumerOptions, Global};
@@ -25,10 +26,15 @@ pub struct Started {
 }
 
 impl Started {
-    /// Starts a command running consumers with `options`: `None` when a shutdown was
-    /// requested while the database was awaited.
-    pub async fn open(global: &Global, options: &ConsumerOptions) -> Result<Option<Self>, Failure> {
-        Self::open_after(Shutdown::install()?, global, options).await
+    /// Starts a command running consumers with `options`, whose database is watched by
+    /// `availability` (the one in the consumers' duties, [`crate::consume_cmd::duties`]):
+    /// `None` when a shutdown was requested while the database was awaited.
+    pub async fn open(
+        global: &Global,
+        options: &ConsumerOptions,
+        availability: &Availability,
+    ) -> Result<Option<Self>, Failure> {
+        Self::open_after(Shutdown::install()?, global, options, availability).await
     }
 
     /// As [`Started::open`], for a command that installed its signal handlers earlier (to
@@ -37,22 +43,22 @@ impl Started {
         shutdown: Shutdown,
         global: &Global,
         options: &ConsumerOptions,
+        availability: &Availability,
     ) -> Result<Option<Self>, Failure> {
         let database = global.database()?;
-        outbox_consumer::availability().set_give_up_after(options.give_up_after);
         let connections = Connections::new(
             &database.settings,
             usize::from(options.pool_size),
             !options.no_listen,
         )
         .map_err(|e| database.failure(e))?;
-        let metrics = MetricsEndpoint::start(options.metrics_addr, &shutdown.token())
+        let metrics = MetricsEndpoint::start(options.metrics_addr, availability, &shutdown.token())
             .await
             .map_err(|e| match e {
                 MetricsError::Bind(e) => Failure::usage(e.to_string()),
                 other => Failure::runtime(other.to_string()),
             })?;
-        match connect_waiting(&database, &shutdown.token()).await {
+        match connect_waiting(&database, availability, &shutdown.token()).await {
             Ok(Some(client)) => drop(client),
             Ok(None) => {
                 metrics.stop().await;

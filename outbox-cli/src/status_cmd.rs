@@ -58,9 +58,9 @@ pub struct StatusArgs {
     pub max_retention_overrun: Duration,
 }
 
-pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
-    let mut client = global.database()?.connect().await?;
-    let thresholds = HealthThresholds {
+/// The health thresholds `args` give.
+pub(crate) fn thresholds(args: &StatusArgs) -> HealthThresholds {
+    HealthThresholds {
         max_lag: args.max_lag,
         max_retrying_age: args.max_retrying_age,
         max_heartbeat_age: args.max_heartbeat_age,
@@ -68,7 +68,12 @@ pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
         max_prunable: args.max_prunable,
         retention: args.retention,
         max_retention_overrun: args.max_retention_overrun,
-    };
+    }
+}
+
+pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
+    let mut client = global.database()?.connect().await?;
+    let thresholds = thresholds(&args);
     let status = Admin::new(&global.schema)
         .status(&mut client, args.project.as_ref(), &thresholds)
         .await?;

@@ -1,7 +1,7 @@
 //! The consumer's background work, beside the delivery loop: the lease heartbeat, the
 //! embedded sequencer, the retention sweep of its project, the sampled gauges and the wake-up
 //! listener. Each runs as a [`Task`] owned by the run that started it, so none outlives it,
-//! and every loop that backs off after a failure waits by [`base::backoff`].
+//! and every loop that backs off after a failure waits by [`backoff`](crate::backoff::backoff).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,13 +10,14 @@ use deadpool_postgres::Pool;
 use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer};
 use tokio_util::sync::CancellationToken;
 
-use crate::base::{self, Signals, Task};
 use crate::config::{ConsumerConfig, Duties};
 use crate::error::ConsumerError;
 use crate::gauges;
 use crate::lease::{self, Lease};
 use crate::listener;
+use crate::signals::Signals;
 use crate::store::Statements;
+use crate::task::{self, Task};
 
 /// Starts the background tasks of one run; all stop on `stop`.
 pub(crate) fn spawn(
@@ -33,8 +34,9 @@ pub(crate) fn spawn(
         let (pool, lease, stop) = (pool.clone(), lease.clone(), stop.clone());
         let statement = statements.heartbeat.clone();
         let interval = config.delivery.heartbeat_interval;
-        tasks.push(base::spawn(async move {
-            lease::heartbeat(pool, &lease, statement, interval, stop).await
+        let availability = config.duties.availability.clone();
+        tasks.push(task::spawn(async move {
+            lease::heartbeat(pool, &lease, statement, interval, &availability, stop).await
         }));
     }
     if let Some(interval) = config.duties.sequence_interval {
@@ -49,7 +51,7 @@ pub(crate) fn spawn(
         };
         tasks.extend(spawn_pruner(
             pool,
-            &config.duties.schema,
+            &config.duties,
             vec![options],
             interval,
             stop,
@@ -59,12 +61,12 @@ pub(crate) fn spawn(
         let (pool, stop) = (pool.clone(), stop.clone());
         let schema = config.duties.schema.clone();
         let (project, consumer) = (config.project_id.clone(), config.consumer_id.clone());
-        tasks.push(base::spawn(async move {
+        tasks.push(task::spawn(async move {
             gauges::sample(pool, schema, project, consumer, interval, stop).await
         }));
     }
     if let (true, Some(listen)) = (
-        base::may_listen(config.duties.listen, config.duties.pooler),
+        crate::signals::may_listen(config.duties.listen, config.duties.pooler),
         listen,
     ) {
         let listen = listen.clone();
@@ -74,8 +76,9 @@ pub(crate) fn spawn(
             signals: signals.clone(),
         });
         let stop = stop.clone();
-        tasks.push(base::spawn(async move {
-            listener::listen(listen, channel, wake, stop).await
+        let availability = config.duties.availability.clone();
+        tasks.push(task::spawn(async move {
+            listener::listen(listen, channel, wake, availability, stop).await
         }));
     }
     tasks
@@ -94,31 +97,33 @@ pub(crate) fn spawn_sequencer(
     let elected = ElectedSequencer::new(
         sequencer,
         &duties.schema,
-        base::owner_token(),
+        outbox_core::owner_token(),
         ttl,
         interval,
     );
-    base::spawn(async move { run_sequencer(pool, elected, interval, stop).await })
+    let availability = duties.availability.clone();
+    task::spawn(async move { run_sequencer(pool, elected, interval, availability, stop).await })
 }
 
 /// Starts the retention sweep of `sweeps` (one per project, or one for every project), one
 /// after another at start and every `interval`; `None` (logged) if an option is refused.
 pub(crate) fn spawn_pruner(
     pool: &Pool,
-    schema: &outbox_core::Schema,
+    duties: &Duties,
     sweeps: Vec<PruneOptions>,
     interval: Duration,
     stop: &CancellationToken,
 ) -> Option<Task> {
     let pruners = sweeps
         .into_iter()
-        .map(|options| Pruner::new(schema, options))
+        .map(|options| Pruner::new(&duties.schema, options))
         .collect::<Result<Vec<_>, _>>();
     match pruners {
         Ok(pruners) => {
             let (pool, stop) = (pool.clone(), stop.clone());
-            Some(base::spawn(async move {
-                run_pruner(pool, pruners, interval, stop).await
+            let availability = duties.availability.clone();
+            Some(task::spawn(async move {
+                run_pruner(pool, pruners, interval, availability, stop).await
             }))
         }
         Err(e) => {
@@ -135,9 +140,10 @@ async fn run_sequencer(
     pool: Pool,
     mut elected: ElectedSequencer,
     interval: Duration,
+    availability: crate::Availability,
     stop: CancellationToken,
 ) {
-    let mut repeat = crate::outage::Repeat::new(&stop, "sequencer step", interval);
+    let mut repeat = crate::repeat::Repeat::new(&stop, &availability, "sequencer step", interval);
     while repeat.next().await {
         let step = async {
             let mut client = pool.get().await?;
@@ -155,7 +161,13 @@ async fn run_sequencer(
 /// Runs the retention sweeps at once and then every `interval` until `stop`. A failed sweep
 /// is logged and tried again at the next interval, never fatal. Each batch takes a pooled
 /// connection of its own, so a long sweep never starves the heartbeat.
-async fn run_pruner(pool: Pool, pruners: Vec<Pruner>, interval: Duration, stop: CancellationToken) {
+async fn run_pruner(
+    pool: Pool,
+    pruners: Vec<Pruner>,
+    interval: Duration,
+    availability: crate::Availability,
+    stop: CancellationToken,
+) {
     // The projects named up front have their series from the start, at 0, rather than after
     // their first change (a sweep over a project without numbered events reports nothing).
     let named: Vec<String> = pruners
@@ -164,15 +176,15 @@ async fn run_pruner(pool: Pool, pruners: Vec<Pruner>, interval: Duration, stop: 
         .collect();
     for project in &named {
         let labels = [("project", project.clone())];
-        metrics::counter!("outbox_pruned_events_total", &labels).increment(0);
-        metrics::counter!("outbox_pruned_dead_letters_total", &labels).increment(0);
+        metrics::counter!(crate::metric::PRUNED_EVENTS.name, &labels).increment(0);
+        metrics::counter!(crate::metric::PRUNED_DEAD_LETTERS.name, &labels).increment(0);
     }
     loop {
         for pruner in &pruners {
             if stop.is_cancelled() {
                 return;
             }
-            sweep_and_report(&pool, pruner, interval, &stop).await;
+            sweep_and_report(&pool, pruner, interval, &availability, &stop).await;
         }
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -186,6 +198,7 @@ async fn sweep_and_report(
     pool: &Pool,
     pruner: &Pruner,
     interval: Duration,
+    availability: &crate::Availability,
     stop: &CancellationToken,
 ) {
     match sweep_once(pool, pruner, stop).await {
@@ -199,19 +212,20 @@ async fn sweep_and_report(
                     .any(|p| p.project_id == project.as_str());
                 if report.complete && !found {
                     let labels = [("project", project.to_string())];
-                    metrics::gauge!("outbox_retention_floor", &labels).set(0.0);
+                    metrics::gauge!(crate::metric::RETENTION_FLOOR.name, &labels).set(0.0);
                 }
             }
             for project in &report.projects {
                 let labels = [("project", project.project_id.clone())];
-                metrics::counter!("outbox_pruned_events_total", &labels)
+                metrics::counter!(crate::metric::PRUNED_EVENTS.name, &labels)
                     .increment(project.events_pruned);
-                metrics::counter!("outbox_pruned_dead_letters_total", &labels)
+                metrics::counter!(crate::metric::PRUNED_DEAD_LETTERS.name, &labels)
                     .increment(project.dead_letters_pruned);
-                metrics::gauge!("outbox_retention_floor", &labels).set(project.floor as f64);
+                metrics::gauge!(crate::metric::RETENTION_FLOOR.name, &labels)
+                    .set(project.floor as f64);
             }
         }
-        Err(e) if crate::outage::noted(crate::outage::is_outage(&e), &e) => {}
+        Err(e) if availability.noted(crate::outage::is_outage(&e), &e) => {}
         Err(e) => tracing::warn!(
             error = %e, retry_in = %outbox_core::Readable(interval),
             "retention sweep failed; will try again at the next interval"

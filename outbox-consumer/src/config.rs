@@ -32,6 +32,12 @@ impl LiveQuery {
         }
     }
 
+    /// What is wrong with the query's text, found before any database sees it (the rest of
+    /// its shape is checked when it is prepared): `None` when nothing is.
+    pub fn problem(&self) -> Option<&'static str> {
+        crate::live_query::text_problem(self.sql())
+    }
+
     /// Whether the application gave its own query.
     pub fn is_custom(&self) -> bool {
         matches!(self, LiveQuery::Custom(_))
@@ -49,6 +55,9 @@ pub enum StartFrom {
     /// applies to a reactivated consumer.
     Earliest,
 }
+
+/// Default [`DeliverySettings::batch_size`].
+pub const DEFAULT_BATCH_SIZE: i64 = 500;
 
 /// Default [`DeliverySettings::max_batch_size`]: how far a catch-up's reads grow. Chosen by
 /// measurement (`bench/consumer.sh` with `BENCH_MAX_BATCH_SIZES`: maxima side by side with
@@ -169,6 +178,11 @@ pub struct Duties {
     /// Retention period of the sweep: events older than this that every non-retired consumer
     /// acknowledged are pruned, settled dead letters this long after they were settled.
     pub retention: Duration,
+    /// Whether the database is up, as every part of the process sees it (one log line when
+    /// it goes, one when it is back; `outbox_database_up`; readiness), and how long an outage
+    /// may last before the process gives up. A handle: clones share one view, so give the
+    /// same one to everything that serves the process's readiness.
+    pub availability: crate::Availability,
 }
 
 /// How a lone consumer runs: the pair it is, how it delivers, and the process's duties.
@@ -196,7 +210,7 @@ impl Default for DeliverySettings {
     /// grace.
     fn default() -> Self {
         Self {
-            batch_size: 500,
+            batch_size: DEFAULT_BATCH_SIZE,
             max_batch_size: DEFAULT_MAX_BATCH_SIZE,
             lease_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(10),
@@ -264,10 +278,8 @@ impl DeliverySettings {
                 self.max_ahead, self.batch_size, self.batch_size
             )));
         }
-        if !self.live_query.sql().contains("$1") {
-            return Err(ConfigError(
-                "the live-set query must filter by project with $1".into(),
-            ));
+        if let Some(problem) = self.live_query.problem() {
+            return Err(ConfigError(format!("the live-set query: {problem}")));
         }
         Ok(())
     }
@@ -276,7 +288,8 @@ impl DeliverySettings {
 impl Default for Duties {
     /// The default schema, no pooler, LISTEN on, no gauges, an elected sequencer (10 s lease)
     /// ticking back to back while events arrive and every 50 ms when idle, a retention sweep at
-    /// start and hourly with 30 days' retention.
+    /// start and hourly with 30 days' retention, a new [`Availability`](crate::Availability)
+    /// that never gives up.
     fn default() -> Self {
         Self {
             schema: Schema::default(),
@@ -287,6 +300,7 @@ impl Default for Duties {
             sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
             prune_interval: Some(Duration::from_secs(3600)),
             retention: outbox_core::DEFAULT_RETENTION,
+            availability: crate::Availability::new(),
         }
     }
 }

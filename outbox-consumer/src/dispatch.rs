@@ -107,7 +107,7 @@ pub(crate) async fn guarded<F, T>(ctx: &DispatchContext<'_>, handling: F) -> Opt
 where
     F: Future<Output = T>,
 {
-    crate::base::within_grace(ctx.shutdown, ctx.grace, observe(handling)).await
+    crate::task::within_grace(ctx.shutdown, ctx.grace, observe(handling)).await
 }
 
 /// Runs a handler call inside a span that carries the writer's trace context, when it passed

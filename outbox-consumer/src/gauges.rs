@@ -41,12 +41,12 @@ pub(crate) async fn sample(
             let unsequenced: i64 = row.try_get("unsequenced").unwrap_or(0);
             let oldest: Option<f64> = row.try_get("oldest_unsequenced").unwrap_or(None);
             if let Some(cursor) = cursor {
-                metrics::gauge!("outbox_consumer_lag_events", &labels)
+                metrics::gauge!(crate::metric::CONSUMER_LAG.name, &labels)
                     .set((head - cursor).max(0) as f64);
             }
-            metrics::gauge!("outbox_dead_letters", &labels).set(dead as f64);
-            metrics::gauge!("outbox_unsequenced_events").set(unsequenced as f64);
-            metrics::gauge!("outbox_oldest_unsequenced_seconds").set(oldest.unwrap_or(0.0));
+            metrics::gauge!(crate::metric::DEAD_LETTERS.name, &labels).set(dead as f64);
+            metrics::gauge!(crate::metric::UNSEQUENCED_EVENTS.name).set(unsequenced as f64);
+            metrics::gauge!(crate::metric::OLDEST_UNSEQUENCED.name).set(oldest.unwrap_or(0.0));
         }
         tokio::select! {
             _ = stop.cancelled() => return,

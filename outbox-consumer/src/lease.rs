@@ -399,7 +399,7 @@ async fn claimed(
     };
     tracing::info!(
         project = %config.project_id, consumer = %config.consumer_id, generation,
-        cursor = %crate::base::ShownCursor(cursor),
+        cursor = %crate::cursor::ShownCursor(cursor),
         "lease claimed"
     );
     let fence = Fence {
@@ -428,6 +428,7 @@ pub(crate) async fn heartbeat(
     lease: &Lease,
     statement: String,
     interval: Duration,
+    availability: &crate::Availability,
     stop: CancellationToken,
 ) {
     let ttl_secs = lease.ttl.as_secs_f64();
@@ -456,14 +457,14 @@ pub(crate) async fn heartbeat(
         match result {
             Ok(()) => {
                 lease.renewed(sent_at);
-                crate::outage::availability().reached();
+                availability.reached();
                 next = tokio::time::Instant::now() + interval;
             }
             Err(ConsumerError::LeaseLost { .. } | ConsumerError::Retired { .. }) => return,
             Err(e) => {
                 // Keep trying more often than usual; the local deadline stops dispatch if the
                 // database stays unreachable. An outage is logged once for the process.
-                if !crate::outage::noted(crate::outage::is_outage(&e), &e) {
+                if !availability.noted(crate::outage::is_outage(&e), &e) {
                     tracing::warn!(error = %e, "heartbeat failed; retrying");
                 }
                 next = tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50));

@@ -56,9 +56,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod availability;
 mod background;
-mod base;
+mod backoff;
 mod config;
+mod cursor;
 mod dispatch;
 mod error;
 mod event;
@@ -68,21 +70,26 @@ mod history;
 mod lease;
 mod listener;
 mod live_query;
-mod metric_help;
+pub mod metric;
 mod outage;
 mod probe;
+mod repeat;
 mod retry;
 mod runtime;
 mod set;
+mod signals;
 mod sql;
 mod store;
+mod task;
 
-pub use base::{ShownCursor, backoff};
+pub use availability::Availability;
+pub use backoff::{backoff, outage_backoff};
 pub use config::{
-    ConfigError, ConsumerConfig, DEFAULT_LIVE_QUERY, DEFAULT_MAX_AHEAD, DEFAULT_MAX_BATCH_SIZE,
-    DeliverySettings, Duties, LiveQuery, MAX_AHEAD_CEILING, MAX_BATCH_SIZE_CEILING, MAX_LANES,
-    StartFrom,
+    ConfigError, ConsumerConfig, DEFAULT_BATCH_SIZE, DEFAULT_LIVE_QUERY, DEFAULT_MAX_AHEAD,
+    DEFAULT_MAX_BATCH_SIZE, DeliverySettings, Duties, LiveQuery, MAX_AHEAD_CEILING,
+    MAX_BATCH_SIZE_CEILING, MAX_LANES, StartFrom,
 };
+pub use cursor::ShownCursor;
 pub use dispatch::{DispatchMode, InTransaction, Plain};
 pub use error::ConsumerError;
 pub use event::{EventPayload, FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
@@ -90,10 +97,10 @@ pub use handler::{
     Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
 };
 pub use history::{History, ResumePoint};
-pub use metric_help::describe_metrics;
-pub use outage::{Availability, availability, is_outage, outage_backoff, wait_out};
+pub use outage::is_outage;
 pub use probe::Probe;
-pub use retry::{RetrySchedule, ScheduleError};
+pub use repeat::wait_out;
+pub use retry::{MAX_ATTEMPTS_CEILING, RetrySchedule, ScheduleError};
 pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};
 pub use set::{ConsumerSet, PairFactory, PairOutcome, PairProbes, Projects};
 /// The acknowledgement statement (a template over `{{schema}}`; `$1` project, `$2` consumer,

@@ -16,8 +16,9 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, Config, NoTls};
 use tokio_util::sync::CancellationToken;
 
-use crate::base::{self, Signals, Task};
-use crate::outage::Repeat;
+use crate::repeat::Repeat;
+use crate::signals::Signals;
+use crate::task::{self, Task};
 
 /// How often an idle listener connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(5);
@@ -74,6 +75,7 @@ pub(crate) async fn listen(
     target: Target,
     channel: String,
     wake: Arc<dyn Wake>,
+    availability: crate::Availability,
     stop: CancellationToken,
 ) {
     let Target { mut config, tls } = target;
@@ -83,15 +85,15 @@ pub(crate) async fn listen(
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
-    let mut repeat = Repeat::new(&stop, "listener connection", Duration::ZERO);
+    let mut repeat = Repeat::new(&stop, &availability, "listener connection", Duration::ZERO);
     while repeat.next().await {
         let outcome = tokio::select! {
             _ = stop.cancelled() => return,
-            outcome = session(&config, tls.as_ref(), &channel, &*wake) => outcome,
+            outcome = session(&config, tls.as_ref(), &channel, &*wake, &availability) => outcome,
         };
         wake.disconnected();
         // A session that worked reconnects after the shortest backoff.
-        repeat.done(outcome.map(|()| base::backoff(0, rand::random())));
+        repeat.done(outcome.map(|()| crate::backoff::backoff(0, rand::random())));
     }
 }
 
@@ -131,6 +133,7 @@ async fn session(
     tls: Option<&outbox_core::Connector>,
     channel: &str,
     wake: &dyn Wake,
+    availability: &crate::Availability,
 ) -> Result<(), SessionError> {
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let connect_error = |e: tokio_postgres::Error| SessionError::new("connect", &e);
@@ -149,7 +152,7 @@ async fn session(
         .await
         .map_err(|e| SessionError::new("LISTEN", &e))?;
     tracing::debug!(channel, "listening");
-    crate::outage::availability().reached();
+    availability.reached();
     // Anything committed while we were not listening must be scanned now.
     wake.connected();
     let mut ping = tokio::time::interval(PING_INTERVAL);
@@ -181,7 +184,7 @@ where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    base::spawn(async move {
+    task::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {

@@ -12,6 +12,17 @@ use crate::error::ConsumerError;
 /// Column types a task ID may be read from.
 const TEXT_TYPES: [Type; 4] = [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME];
 
+/// The rule of a live query's parameter, as a query that breaks it is told: checked on its
+/// text before it reaches a database ([`text_problem`]) and on its prepared statement
+/// ([`check`]).
+pub(crate) const ONE_PARAMETER: &str = "it must take exactly one parameter, $1 (the project ID)";
+
+/// What is wrong with a live query's text, before any database sees it: it must name the
+/// project as `$1`.
+pub(crate) fn text_problem(query: &str) -> Option<&'static str> {
+    (!query.contains("$1")).then_some(ONE_PARAMETER)
+}
+
 /// The cursor [`check`] declares over the query, never fetched from.
 const CHECK_CURSOR: &str = "outbox_live_query_check";
 
@@ -89,10 +100,7 @@ pub(crate) async fn check(client: &mut Client, query: &str) -> Result<(), Consum
 /// What is wrong with a live query taking `params` and returning `columns`, if anything.
 fn shape_problem(params: &[Type], columns: Vec<(&str, &Type)>) -> Option<String> {
     if params.len() != 1 {
-        return Some(format!(
-            "it must take exactly one parameter, $1 (the project ID); it takes {}",
-            params.len()
-        ));
+        return Some(format!("{ONE_PARAMETER}; it takes {}", params.len()));
     }
     if !TEXT_TYPES.contains(&params[0]) {
         return Some(format!(
@@ -183,5 +191,18 @@ mod tests {
             let problem = problem.expect(expected);
             assert!(problem.contains(expected), "{problem}");
         }
+    }
+
+    #[test]
+    fn the_text_and_the_prepared_statement_are_held_to_one_rule() {
+        assert_eq!(
+            text_problem("SELECT id::text FROM tasks"),
+            Some(ONE_PARAMETER)
+        );
+        assert_eq!(text_problem(crate::DEFAULT_LIVE_QUERY), None);
+        let prepared = shape_problem(&[], vec![("id", &Type::TEXT)]).unwrap();
+        assert!(prepared.starts_with(ONE_PARAMETER), "{prepared}");
+        let config = crate::LiveQuery::Custom("SELECT 1".into());
+        assert_eq!(config.problem(), Some(ONE_PARAMETER));
     }
 }

@@ -6,6 +6,9 @@
 
 use std::time::Duration;
 
+/// The most attempts a schedule may allow.
+pub const MAX_ATTEMPTS_CEILING: u32 = 1000;
+
 /// When to try a failed event again, and when to give up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetrySchedule {
@@ -42,7 +45,7 @@ impl RetrySchedule {
         if delays.is_empty() {
             return Err(ScheduleError("at least one delay is required"));
         }
-        if !(1..=1000).contains(&max_attempts) {
+        if !(1..=MAX_ATTEMPTS_CEILING).contains(&max_attempts) {
             return Err(ScheduleError("max attempts must be between 1 and 1000"));
         }
         Ok(Self {

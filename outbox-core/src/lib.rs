@@ -63,6 +63,7 @@ mod ids;
 pub mod libpq_env;
 mod migrate;
 mod observed;
+pub mod owner;
 mod readable;
 mod redact;
 pub mod retention;
@@ -90,7 +91,7 @@ pub use contract::{
 };
 pub use election::{
     Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
-    MIN_SEQUENCER_LEASE_TTL, holder_is_gone, host_name, owner_token, token_host_and_pid,
+    MIN_SEQUENCER_LEASE_TTL,
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{
@@ -106,6 +107,7 @@ pub use migrate::{
     migrate_with, schema_version,
 };
 pub use observed::{in_observed_dispatch, observe};
+pub use owner::{holder_is_gone, host_name, owner_token, token_host_and_pid};
 pub use readable::Readable;
 pub use redact::redact_connection_string;
 pub use retention::{

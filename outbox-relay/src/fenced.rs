@@ -178,7 +178,7 @@ impl Publisher {
                     "JetStream refused the publish: the stream does not end where the relay \
                      expected (another writer published); reading the stream's end again"
                 );
-                metrics::counter!("outbox_relay_fence_refusals_total").increment(1);
+                metrics::counter!(crate::metric::FENCE_REFUSALS.name).increment(1);
                 self.recover(state).await;
             }
             unknown => {

@@ -7,8 +7,9 @@
 //!
 #![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!
-//! Modules, base first: `settings` (URLs, names, subjects) and `security` (credentials and
-//! TLS) import nothing of the crate; `tail` (each subject's last stored message),
+//! Modules, base first: `settings` (URLs, names, subjects), `security` (credentials and
+//! TLS) and [`metric`] (the names and help text of what it records) import nothing of the
+//! crate; `tail` (each subject's last stored message),
 //! `provenance` (whether that message is the relay's own), `fence` (the order fences and the
 //! servers that enforce them), `diagnose`
 //! (failures named by cause, the start-up publish probe) and `stream` (creating or verifying
@@ -21,6 +22,7 @@ mod diagnose;
 mod fence;
 mod fenced;
 mod link;
+pub mod metric;
 mod provenance;
 mod publisher;
 mod relay;

@@ -233,7 +233,7 @@ impl Publisher {
                     "JetStream stored an event after an earlier one it did not: the stream \
                      holds this project out of order until the earlier event is retried"
                 );
-                metrics::counter!("outbox_relay_out_of_order_total").increment(1);
+                metrics::counter!(crate::metric::OUT_OF_ORDER.name).increment(1);
             }
             _ => {}
         }

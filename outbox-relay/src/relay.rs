@@ -156,9 +156,10 @@ impl Relay {
     ) -> Result<RunSummary, ConsumerError> {
         self.publisher
             .set_ledger(Ledger::new(connections.pool.clone(), &config.duties.schema));
-        // Exported at 0 from the start (the recorder exists by now), so a rate or an alert
-        // over it has a series before the first out-of-order store.
-        metrics::counter!("outbox_relay_out_of_order_total").increment(0);
+        // Described and exported at 0 from the start (the recorder exists by now), so a rate
+        // or an alert over it has a series before the first out-of-order store.
+        crate::metric::describe();
+        metrics::counter!(crate::metric::OUT_OF_ORDER.name).increment(0);
         connections
             .consumer(config, self.publisher)
             .run(shutdown)

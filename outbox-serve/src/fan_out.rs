@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use outbox_service::lines::{event_line, reconcile_line};
 
+use crate::metric;
+use crate::sse;
 use crate::sse_id::StreamId;
 
 /// One SSE message, rendered once and shared by every client.
@@ -33,29 +35,16 @@ impl Frame {
     /// An event as `outbox consume` prints it, with its sequence and identity as its id.
     pub fn event(event: &ObservedEvent) -> Self {
         let id = StreamId::at(event.sequence, Some(&event.event_id));
-        let text = format!(
-            "id: {id}\nevent: {}\ndata: {}\n\n",
-            event.event_type,
-            event_line(event)
-        );
-        Self {
-            id,
-            bytes: Bytes::from(text),
-        }
+        let bytes = sse::message(Some(&id), &event.event_type, &event_line(event));
+        Self { id, bytes }
     }
 
     /// A reconciliation: the live task set and the head, with the head (and the identity of
     /// the event there) as its id, so that a client can resume from it like from an event.
     pub fn reconcile(live: &LiveSet, consumer: &str) -> Self {
         let id = StreamId::at(live.head_sequence, live.head_event_id.as_deref());
-        let text = format!(
-            "id: {id}\nevent: reconcile\ndata: {}\n\n",
-            reconcile_line(live, consumer)
-        );
-        Self {
-            id,
-            bytes: Bytes::from(text),
-        }
+        let bytes = sse::message(Some(&id), "reconcile", &reconcile_line(live, consumer));
+        Self { id, bytes }
     }
 
     /// The sequence in the id.
@@ -173,8 +162,8 @@ impl FanOut {
         lagged_grace: Duration,
     ) -> Self {
         let labels = [("project", project.to_string())];
-        metrics::gauge!("outbox_sse_clients", &labels).set(0.0);
-        metrics::counter!("outbox_sse_dropped_total", &labels).increment(0);
+        metrics::gauge!(metric::SSE_CLIENTS.name, &labels).set(0.0);
+        metrics::counter!(metric::SSE_DROPPED.name, &labels).increment(0);
         Self {
             project,
             consumer,
@@ -192,7 +181,7 @@ impl FanOut {
     }
 
     fn set_gauge(&self, clients: usize) {
-        metrics::gauge!("outbox_sse_clients", "project" => self.project.to_string())
+        metrics::gauge!(metric::SSE_CLIENTS.name, "project" => self.project.to_string())
             .set(clients as f64);
     }
 
@@ -292,7 +281,7 @@ impl FanOut {
         drop(inner);
         self.set_gauge(clients);
         if !dropped.is_empty() {
-            metrics::counter!("outbox_sse_dropped_total", "project" => self.project.to_string())
+            metrics::counter!(metric::SSE_DROPPED.name, "project" => self.project.to_string())
                 .increment(dropped.len() as u64);
             tracing::warn!(
                 project = %self.project, clients = dropped.len(),

@@ -15,8 +15,9 @@
 //! from another history (the lost tail of a failover) is sent a reconciliation rather than
 //! the events after a number that names another event here.
 //!
-//! Modules, base first: `sse_id` (the form of the SSE `id:` field) and `auth` import nothing
-//! of the crate; `host` (which `Host` a request may name) uses only `state`'s error body; [`fan_out`] uses `sse_id`; `state` holds what handlers share; `stream` (the
+//! Modules, base first: `sse` (the wire format of a message and a comment), `sse_id` (the
+//! form of the SSE `id:` field), [`metric`] (the names and help text of what it records) and
+//! `auth` import nothing of the crate; `host` (which `Host` a request may name) uses only `state`'s error body; [`fan_out`] uses `sse` and `sse_id`; `state` holds what handlers share; `stream` (the
 //! SSE endpoint) and `dashboard` use it; `routes` wires them with the probes; `server` runs it
 //! all.
 
@@ -26,8 +27,10 @@ mod auth;
 mod dashboard;
 pub mod fan_out;
 mod host;
+pub mod metric;
 mod routes;
 mod server;
+mod sse;
 mod sse_id;
 mod state;
 mod stream;

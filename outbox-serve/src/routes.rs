@@ -39,20 +39,26 @@ pub(crate) fn router(state: Arc<AppState>, hosts: AllowedHosts) -> Router {
 /// `database_unavailable`, while the database does not answer; `starting` once it does).
 /// Every other path is a 503. Requests naming another `Host` are refused as the server's
 /// own are ([`AllowedHosts`]).
-pub fn waiting_router(hosts: AllowedHosts) -> Router {
+pub fn waiting_router(hosts: AllowedHosts, availability: outbox_consumer::Availability) -> Router {
     Router::new()
         .route(
             "/healthz",
             get(|| async { axum::Json(json!({ "status": "starting" })).into_response() }),
         )
-        .route("/readyz", get(waiting_readyz))
+        .route(
+            "/readyz",
+            get(move || {
+                let availability = availability.clone();
+                async move { waiting_readyz(&availability) }
+            }),
+        )
         .fallback(starting)
         .layer(middleware::from_fn_with_state(Arc::new(hosts), check_host))
 }
 
 /// `/readyz` before the server has started.
-async fn waiting_readyz() -> Response {
-    let reason = match outbox_consumer::availability().is_up() {
+fn waiting_readyz(availability: &outbox_consumer::Availability) -> Response {
+    let reason = match availability.is_up() {
         true => "starting",
         false => outbox_service::metrics::DATABASE_UNAVAILABLE,
     };
@@ -86,7 +92,7 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 
 /// `/metrics` in the Prometheus text format.
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    outbox_service::metrics::render(&state.metrics)
+    outbox_service::metrics::render(state.metrics.handle())
 }
 
 /// Alive while the process answers.
@@ -100,7 +106,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if state.shutdown.is_cancelled() {
         reasons.push("shutting down".to_owned());
     }
-    if !outbox_consumer::availability().is_up() {
+    if !state.availability.is_up() {
         reasons.push(outbox_service::metrics::DATABASE_UNAVAILABLE.to_owned());
     }
     for project in &state.projects {

@@ -185,6 +185,7 @@ impl<C: Handler + Reconciler> Server<C> {
         shutdown: CancellationToken,
     ) -> Result<(), ServeError> {
         let metrics = outbox_service::metrics::install()?;
+        crate::metric::describe();
         let settings = self.settings;
         let addr = listener.local_addr().map_err(ServeError::Listener)?;
         let hosts = AllowedHosts::new(addr, &settings.allowed_hosts)?;
@@ -208,6 +209,9 @@ impl<C: Handler + Reconciler> Server<C> {
             fan_outs.insert(project.to_string(), fan_out);
         }
         let (template, mut duties) = (self.template, self.duties);
+        // Gauges set before the recorder existed are lost: this one is known from the start.
+        duties.availability.publish();
+        let availability = duties.availability.clone();
         // `/metrics` always shows the consumers' lag and dead letters.
         duties.gauge_interval.get_or_insert(template.poll_interval);
         let live_query = template.live_query.sql().to_owned();
@@ -242,6 +246,7 @@ impl<C: Handler + Reconciler> Server<C> {
             read_pool: self.read_pool,
             live_query,
             metrics,
+            availability,
             clients: AtomicUsize::new(0),
             max_clients: settings.max_clients,
             retry_after: settings.retry_after,

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_consumer::{History, PairProbes};
 use outbox_core::{ConsumerId, ProjectId, Schema};
 use serde_json::json;
@@ -36,8 +35,10 @@ pub struct AppState {
     pub history: History,
     /// The reconciliation query, for clients below the retention floor.
     pub live_query: String,
-    /// Renders `/metrics`.
-    pub metrics: PrometheusHandle,
+    /// Renders `/metrics` (and keeps the recorder's upkeep running while the server does).
+    pub metrics: outbox_service::metrics::Recorder,
+    /// Whether the database is up, for `/readyz` (the consumers' duties carry the same).
+    pub availability: outbox_consumer::Availability,
     /// SSE clients connected now, over all projects.
     pub clients: AtomicUsize,
     /// `--max-clients`.

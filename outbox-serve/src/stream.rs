@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::fan_out::{FanOut, Frame, Subscription};
+use crate::sse;
 use crate::sse_id::{MalformedId, StreamId, Tag};
 use outbox_service::http::ConnectionToken;
 
@@ -163,7 +164,7 @@ pub(crate) fn retired(state: &AppState, fan_out: &FanOut) -> Option<Bytes> {
              served here"
         ),
     });
-    Some(Bytes::from(format!("event: retired\ndata: {data}\n\n")))
+    Some(sse::message(None, "retired", &data))
 }
 
 /// One client's stream.
@@ -216,7 +217,7 @@ impl Client {
             last_sent,
             resume: after,
             // An SSE comment first, so the client sees the stream open at once.
-            out: VecDeque::from([Bytes::from_static(b": connected\n\n")]),
+            out: VecDeque::from([sse::comment("connected")]),
             keep_alive,
             retirements,
             done: false,
@@ -244,7 +245,7 @@ impl Client {
                 biased;
                 _ = self.state.shutdown.cancelled() => {
                     self.done = true;
-                    return Some(Bytes::from_static(b": server shutting down\n\n"));
+                    return Some(sse::comment("server shutting down"));
                 }
                 batch = self.subscription.queue.recv() => match batch {
                     Some(batch) => {
@@ -267,7 +268,7 @@ impl Client {
                         return Some(retired);
                     }
                 }
-                _ = self.keep_alive.tick() => return Some(Bytes::from_static(b": keep-alive\n\n")),
+                _ = self.keep_alive.tick() => return Some(sse::comment("keep-alive")),
             }
         }
     }
@@ -275,7 +276,7 @@ impl Client {
     fn fail(&mut self, message: String) -> Option<Bytes> {
         tracing::warn!(project = %self.fan_out.project, error = %message, "SSE client stream ended");
         self.done = true;
-        Some(Bytes::from(format!(": {}\n\n", message.replace('\n', " "))))
+        Some(sse::comment(&message))
     }
 
     fn lagged(&self) -> Bytes {
@@ -287,7 +288,7 @@ impl Client {
             "last_id": self.last_sent.map(|id| id.to_string()),
             "reason": "the client fell too far behind; reconnect with Last-Event-ID",
         });
-        Bytes::from(format!("event: lagged\ndata: {data}\n\n"))
+        sse::message(None, "lagged", &data)
     }
 
     /// The resume of a client that named a position: a reconciliation first when the

@@ -3,12 +3,13 @@
 //! serves beside whatever else a command serves.
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use outbox_consumer::Availability;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::{BindError, bind, serve};
@@ -38,31 +39,70 @@ pub enum MetricsError {
     Recorder(String),
 }
 
-/// Installs the process's Prometheus recorder (once; later calls return the same handle) and
-/// keeps its upkeep running.
-pub fn install() -> Result<PrometheusHandle, MetricsError> {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    if let Some(handle) = HANDLE.get() {
-        return Ok(handle.clone());
+/// The process's Prometheus recorder, as long as something uses it: the handle that renders
+/// `/metrics`, and a share of the upkeep task that compacts its histograms. The recorder stays
+/// installed for the process (a recorder cannot be uninstalled); the upkeep stops once the
+/// last [`Recorder`] is dropped (the endpoint stopped, the server ended) and starts again
+/// with the next [`install`].
+#[derive(Clone)]
+pub struct Recorder {
+    handle: PrometheusHandle,
+    _upkeep: Arc<Upkeep>,
+}
+
+impl Recorder {
+    /// Renders `/metrics`.
+    pub fn handle(&self) -> &PrometheusHandle {
+        &self.handle
     }
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("outbox_commit_to_dispatch_seconds".into()),
-            LATENCY_BUCKETS,
-        )
-        .and_then(|b| b.install_recorder())
-        .map_err(|e| MetricsError::Recorder(e.to_string()))?;
-    outbox_consumer::describe_metrics();
-    // Gauges set before the recorder existed are lost: this one is known from the start.
-    outbox_consumer::availability().publish();
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(UPKEEP_INTERVAL).await;
-            upkeep.run_upkeep();
+}
+
+/// The upkeep task, aborted when the last [`Recorder`] sharing it is dropped.
+struct Upkeep(tokio::task::JoinHandle<()>);
+
+impl Drop for Upkeep {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The installed recorder's handle and the upkeep shared by the live [`Recorder`]s, if any.
+static INSTALLED: Mutex<Option<(PrometheusHandle, Weak<Upkeep>)>> = Mutex::new(None);
+
+/// Installs the process's Prometheus recorder (once; later calls share it) with the help text
+/// of the consumers' metrics ([`outbox_consumer::metric::describe`]; a crate that records
+/// metrics of its own describes them itself), and runs its upkeep while the returned
+/// [`Recorder`] or a clone of it lives. Called inside a tokio runtime.
+pub fn install() -> Result<Recorder, MetricsError> {
+    let mut installed = INSTALLED.lock().expect("recorder lock");
+    let (handle, upkeep) = match &*installed {
+        Some((handle, upkeep)) => (handle.clone(), upkeep.upgrade()),
+        None => {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(outbox_consumer::metric::COMMIT_TO_DISPATCH.name.into()),
+                    LATENCY_BUCKETS,
+                )
+                .and_then(|b| b.install_recorder())
+                .map_err(|e| MetricsError::Recorder(e.to_string()))?;
+            outbox_consumer::metric::describe();
+            (handle, None)
         }
+    };
+    let upkeep = upkeep.unwrap_or_else(|| {
+        let compacted = handle.clone();
+        Arc::new(Upkeep(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(UPKEEP_INTERVAL).await;
+                compacted.run_upkeep();
+            }
+        })))
     });
-    Ok(HANDLE.get_or_init(|| handle).clone())
+    *installed = Some((handle.clone(), Arc::downgrade(&upkeep)));
+    Ok(Recorder {
+        handle,
+        _upkeep: upkeep,
+    })
 }
 
 /// `/metrics` of `handle`, with the Prometheus text format's content type.
@@ -77,8 +117,8 @@ pub fn render(handle: &PrometheusHandle) -> Response {
 
 /// `/readyz` of the metrics endpoint: 200 while the database answers, 503 with the reason
 /// `database_unavailable` while it does not (the process waits for it).
-fn readyz() -> Response {
-    match outbox_consumer::availability().is_up() {
+fn readyz(availability: &Availability) -> Response {
+    match availability.is_up() {
         true => axum::Json(serde_json::json!({ "ready": true })).into_response(),
         false => (
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -103,27 +143,38 @@ pub struct MetricsEndpoint {
 }
 
 impl MetricsEndpoint {
-    /// Serves on `addr`, when given, until [`MetricsEndpoint::stop`] or `shutdown`. Binding
-    /// happens before this returns, so a used address fails the command.
+    /// Serves on `addr`, when given, until [`MetricsEndpoint::stop`] or `shutdown`, with
+    /// `/readyz` and `outbox_database_up` from `availability` (the one the consumers' duties
+    /// carry). Binding happens before this returns, so a used address fails the command.
     pub async fn start(
         addr: Option<SocketAddr>,
+        availability: &Availability,
         shutdown: &CancellationToken,
     ) -> Result<Self, MetricsError> {
         let Some(addr) = addr else {
             return Ok(Self { running: None });
         };
         let listener = bind(addr, "--metrics-addr").await?;
-        let handle = install()?;
+        let recorder = install()?;
+        // Gauges set before the recorder existed are lost: this one is known from the start.
+        availability.publish();
+        let availability = availability.clone();
         let app = axum::Router::new()
             .route(
                 "/metrics",
                 axum::routing::get(move || {
-                    let handle = handle.clone();
-                    async move { render(&handle) }
+                    let recorder = recorder.clone();
+                    async move { render(recorder.handle()) }
                 }),
             )
             .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .route("/readyz", axum::routing::get(|| async { readyz() }));
+            .route(
+                "/readyz",
+                axum::routing::get(move || {
+                    let availability = availability.clone();
+                    async move { readyz(&availability) }
+                }),
+            );
         tracing::info!(%addr, "serving /metrics");
         let stop = shutdown.child_token();
         let task = tokio::spawn(serve(
@@ -144,5 +195,36 @@ impl MetricsEndpoint {
             stop.cancel();
             let _ = task.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the upkeep task of the installed recorder runs.
+    fn upkeep_running() -> bool {
+        let installed = INSTALLED.lock().expect("recorder lock");
+        let upkeep = installed.as_ref().and_then(|(_, upkeep)| upkeep.upgrade());
+        upkeep.is_some_and(|upkeep| !upkeep.0.is_finished())
+    }
+
+    #[tokio::test]
+    async fn the_upkeep_stops_with_its_last_user_and_starts_again_with_the_next() {
+        let first = install().unwrap();
+        let second = install().unwrap();
+        let task = first._upkeep.0.abort_handle();
+        assert!(upkeep_running());
+        drop(first);
+        assert!(upkeep_running(), "a user is left");
+        drop(second);
+        assert!(!upkeep_running());
+        // The task itself ends once the runtime sees the abort.
+        while !task.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        let again = install().unwrap();
+        assert!(upkeep_running());
+        drop(again);
     }
 }

@@ -233,7 +233,9 @@ async fn run_nats(global: &Global, args: NatsArgs) -> Result<(), Failure> {
         }
         Err(e) => return Err(Failure::runtime(e.to_string())),
     };
-    let Some(started) = Started::open_after(shutdown, global, &args.consume).await? else {
+    let Some(started) =
+        Started::open_after(shutdown, global, &args.consume, &config.duties.availability).await?
+    else {
         return Ok(());
     };
     let result = relay

@@ -166,6 +166,7 @@ fn admin_auth(args: &ServeArgs, listen: SocketAddr) -> Result<Option<AdminAuth>,
 async fn open_answering_probes(
     global: &Global,
     consume: &crate::cli::ConsumerOptions,
+    availability: &outbox_consumer::Availability,
     listener: tokio::net::TcpListener,
     args: &ServeArgs,
 ) -> Result<Option<(Started, tokio::net::TcpListener)>, Failure> {
@@ -188,15 +189,33 @@ async fn open_answering_probes(
     .map_err(|e| Failure::usage(e.to_string()))?;
     let answering = tokio::spawn(outbox_service::http::serve(
         probes,
-        outbox_serve::waiting_router(hosts),
+        outbox_serve::waiting_router(hosts, availability.clone()),
         stop.clone(),
         std::time::Duration::from_secs(1),
         args.header_read_timeout,
     ));
-    let started = Started::open(global, consume).await;
+    let started = Started::open(global, consume, availability).await;
     stop.cancel();
     let _ = answering.await;
     Ok(started?.map(|started| (started, listener)))
+}
+
+/// The server's settings from `args`, with `admin` (checked by [`admin_auth`]).
+pub(crate) fn server_settings(args: &ServeArgs, admin: Option<AdminAuth>) -> ServerSettings {
+    ServerSettings {
+        ring_size: args.ring_size as usize,
+        client_queue: args.client_queue as usize,
+        lagged_grace: args.lagged_grace,
+        max_clients: args.max_clients as usize,
+        keep_alive: args.keep_alive,
+        ready_max_poll_age: args.ready_max_poll_age,
+        dashboard_refresh: args.dashboard_refresh,
+        drain_timeout: args.drain_timeout,
+        header_read_timeout: args.header_read_timeout,
+        admin,
+        allowed_hosts: args.allowed_host.clone(),
+        ..ServerSettings::new(args.consumer_id.clone())
+    }
 }
 
 /// Runs `outbox serve`.
@@ -235,25 +254,13 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     let listener = outbox_service::http::bind(listen, "--listen")
         .await
         .map_err(|e| Failure::usage(e.to_string()))?;
-    let Some((started, listener)) = open_answering_probes(global, consume, listener, &args).await?
+    let Some((started, listener)) =
+        open_answering_probes(global, consume, &duties.availability, listener, &args).await?
     else {
         return Ok(());
     };
     let read_pool = started.database.pool(4)?;
-    let settings = ServerSettings {
-        ring_size: args.ring_size as usize,
-        client_queue: args.client_queue as usize,
-        lagged_grace: args.lagged_grace,
-        max_clients: args.max_clients as usize,
-        keep_alive: args.keep_alive,
-        ready_max_poll_age: args.ready_max_poll_age,
-        dashboard_refresh: args.dashboard_refresh,
-        drain_timeout: args.drain_timeout,
-        header_read_timeout: args.header_read_timeout,
-        admin,
-        allowed_hosts: args.allowed_host.clone(),
-        ..ServerSettings::new(args.consumer_id.clone())
-    };
+    let settings = server_settings(&args, admin);
     let server = Server::new(
         started.connections.clone(),
         read_pool,

@@ -19,12 +19,12 @@ use super::membership::Joined;
 use super::position::Read;
 use super::progress::Progress;
 use super::{Consumer, LISTENING_POLL_FACTOR};
-use crate::base::{self, Signals};
 use crate::dispatch::DispatchMode;
 use crate::error::ConsumerError;
 use crate::handler::{ReconcileReason, Reconciler};
 use crate::lease::Lease;
 use crate::outage;
+use crate::signals::Signals;
 use crate::store::Statements;
 
 /// How long an idle member of a set waits with no wake-up at all: in effect forever, since
@@ -84,7 +84,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                             {
                                 Ok(false) => Ok(()),
                                 Ok(true) => {
-                                    let cursor = base::ShownCursor(progress.position.cursor());
+                                    let cursor =
+                                        crate::cursor::ShownCursor(progress.position.cursor());
                                     tracing::info!(cursor = %cursor, "caught up; stopping");
                                     return Ok(());
                                 }
@@ -100,7 +101,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         AfterFailure::Exit(e) => return Err(e),
                         AfterFailure::Wait(delay) => delay,
                     };
-                    match wait(lease, shutdown, None, Instant::now() + delay).await {
+                    let availability = &self.config.duties.availability;
+                    match wait(lease, shutdown, availability, None, Instant::now() + delay).await {
                         Woken::Again => continue,
                         Woken::Exit(result) => return result,
                     }
@@ -111,6 +113,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             let woken = wait(
                 lease,
                 shutdown,
+                &self.config.duties.availability,
                 Some(&joined.signals),
                 self.idle_until(joined, progress, lease),
             )
@@ -149,12 +152,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         progress.lanes = None;
         if outage::is_outage(&e) {
             // Said once for the whole process (`outage`), not once per round.
-            if let Err(gave_up) = outage::availability().unreachable(&e) {
+            if let Err(gave_up) = self.config.duties.availability.unreachable(&e) {
                 return AfterFailure::Exit(gave_up);
             }
-            return AfterFailure::Wait(outage::outage_backoff(failures));
+            return AfterFailure::Wait(crate::backoff::outage_backoff(failures));
         }
-        let delay = base::backoff(failures, rand::random());
+        let delay = crate::backoff::backoff(failures, rand::random());
         tracing::warn!(error = %e, retry_in = %outbox_core::Readable(delay), "transient failure; will retry");
         AfterFailure::Wait(delay)
     }
@@ -331,6 +334,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
 async fn wait(
     lease: &Lease,
     shutdown: &CancellationToken,
+    availability: &crate::Availability,
     signals: Option<&Signals>,
     deadline: Instant,
 ) -> Woken {
@@ -344,8 +348,8 @@ async fn wait(
         biased;
         _ = shutdown.cancelled() => Woken::Exit(Ok(())),
         _ = lease.lost() => Woken::Exit(Err(lease.lost_error())),
-        () = outage::availability().given_up() => {
-            Woken::Exit(Err(outage::availability().gave_up_error()))
+        () = availability.given_up() => {
+            Woken::Exit(Err(availability.gave_up_error()))
         }
         _ = woken => Woken::Again,
         _ = tokio::time::sleep_until(deadline) => Woken::Again,

@@ -138,7 +138,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
     ) -> Result<(), ConsumerError> {
         progress.forget_after_cursor();
         progress.prefetched = None;
-        let cursor = crate::base::ShownCursor(database.cursor);
+        let cursor = crate::cursor::ShownCursor(database.cursor);
         let shown_identity = identity.as_deref().unwrap_or("none");
         tracing::error!(
             divergence = divergence.as_str(),

@@ -13,12 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::fetch::{self, Fetched, Prefetch, ReadAfter};
 use crate::background;
-use crate::base::{self, Signals, Task};
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::lease::{Fence, Lease};
 use crate::listener;
+use crate::signals::Signals;
 use crate::store::Statements;
+use crate::task::Task;
 
 /// What a run lends its membership when it joins.
 pub(crate) struct RunContext<'a> {
@@ -97,7 +98,7 @@ pub(crate) struct Lone;
 
 impl Membership for Lone {
     fn owner(&self) -> String {
-        base::owner_token()
+        outbox_core::owner_token()
     }
 
     fn statements(&self, config: &ConsumerConfig) -> Arc<Statements> {

@@ -129,16 +129,16 @@ impl Meters {
             ("consumer", config.consumer_id.to_string()),
         ];
         Self {
-            delivered: metrics::counter!("outbox_events_delivered_total", &labels),
-            cursor: metrics::gauge!("outbox_consumer_cursor", &labels),
-            dead_letters: metrics::counter!("outbox_dead_letters_parked_total", &labels),
-            skipped: metrics::counter!("outbox_events_skipped_total", &labels),
-            divergences: metrics::counter!("outbox_history_divergences_total", &labels),
-            commit_to_dispatch: metrics::histogram!("outbox_commit_to_dispatch_seconds"),
+            delivered: metrics::counter!(crate::metric::EVENTS_DELIVERED.name, &labels),
+            cursor: metrics::gauge!(crate::metric::CONSUMER_CURSOR.name, &labels),
+            dead_letters: metrics::counter!(crate::metric::DEAD_LETTERS_PARKED.name, &labels),
+            skipped: metrics::counter!(crate::metric::EVENTS_SKIPPED.name, &labels),
+            divergences: metrics::counter!(crate::metric::HISTORY_DIVERGENCES.name, &labels),
+            commit_to_dispatch: metrics::histogram!(crate::metric::COMMIT_TO_DISPATCH.name),
             lanes_busy: (config.delivery.lanes > 1)
-                .then(|| metrics::gauge!("outbox_lanes_busy", &labels)),
+                .then(|| metrics::gauge!(crate::metric::LANES_BUSY.name, &labels)),
             ahead_of_cursor: (config.delivery.lanes > 1)
-                .then(|| metrics::gauge!("outbox_events_ahead_of_cursor", &labels)),
+                .then(|| metrics::gauge!(crate::metric::EVENTS_AHEAD_OF_CURSOR.name, &labels)),
             labels,
         }
     }
@@ -165,6 +165,6 @@ impl Meters {
             consumer.clone(),
             ("class", class.to_string()),
         ];
-        metrics::counter!("outbox_delivery_failures_total", &labels)
+        metrics::counter!(crate::metric::DELIVERY_FAILURES.name, &labels)
     }
 }

@@ -48,7 +48,7 @@ impl<D, R> Consumer<D, R> {
             .read(request, &mut progress.prefetched)
             .await?;
         // The database answered (this read, or the shared one it came from).
-        crate::outage::availability().reached();
+        self.config.duties.availability.reached();
         if batch.connected_at > progress.checked_at {
             progress.bounds_checked = false;
             return Ok(None);

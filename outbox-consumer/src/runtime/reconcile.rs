@@ -9,13 +9,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
 use super::progress::Progress;
-use crate::base::{ShownCursor, within_grace};
 use crate::config::StartFrom;
+use crate::cursor::ShownCursor;
 use crate::error::ConsumerError;
 use crate::handler::{LiveSet, ReconcileReason, Reconciler};
 use crate::lease::Lease;
 use crate::sql;
 use crate::store::{self, Statements};
+use crate::task::within_grace;
 
 /// How long a reconciliation's snapshot waits for another sequencer's tick to commit before
 /// reading the head without it (a tick is a few milliseconds; a longer hold is a sequencer

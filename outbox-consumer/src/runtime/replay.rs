@@ -35,7 +35,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         };
         // Replays never reach the skip (one event at a time, decided below), but the context
         // carries the counter all the same.
-        let skipped = metrics::counter!("outbox_events_skipped_total",
+        let skipped = metrics::counter!(crate::metric::EVENTS_SKIPPED.name,
             "project" => project.to_string(), "consumer" => consumer.to_string());
         let ctx = DispatchContext {
             pool: &self.pool,

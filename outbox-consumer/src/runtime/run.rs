@@ -10,12 +10,13 @@ use tracing::Instrument;
 use super::membership::RunContext;
 use super::progress::Progress;
 use super::{Consumer, MIN_POOL_SIZE, RunSummary};
-use crate::base;
 use crate::config::ConfigError;
 use crate::dispatch::DispatchMode;
 use crate::error::ConsumerError;
 use crate::handler::Reconciler;
-use crate::outage::{self, wait_out};
+use crate::outage;
+use crate::repeat::wait_out;
+use crate::task;
 use crate::{lease, sql, store};
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
@@ -55,33 +56,53 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // as the loop does: a process started before its database, or during a restart,
         // begins once the database is back.
         if self.membership.checks_live_query() && self.config.delivery.checks_live_query_first() {
-            let checked = wait_out("the live query's check", &shutdown, || async {
-                let mut client = self.pool.get().await?;
-                crate::live_query::check(&mut client, self.config.delivery.live_query.sql()).await
-            })
+            let checked = wait_out(
+                "the live query's check",
+                &self.config.duties.availability,
+                &shutdown,
+                || async {
+                    let mut client = self.pool.get().await?;
+                    crate::live_query::check(&mut client, self.config.delivery.live_query.sql())
+                        .await
+                },
+            )
             .await?;
             if checked.is_none() {
                 return Ok(RunSummary::default());
             }
         }
-        let declared = wait_out("the event types' check", &shutdown, || async {
-            let client = self.pool.get().await?;
-            store::check_declared(&**client, &statements, &self.config.delivery.event_types).await
-        });
+        let declared = wait_out(
+            "the event types' check",
+            &self.config.duties.availability,
+            &shutdown,
+            || async {
+                let client = self.pool.get().await?;
+                store::check_declared(&**client, &statements, &self.config.delivery.event_types)
+                    .await
+            },
+        );
         if declared.await?.is_none() {
             return Ok(RunSummary::default());
         }
         if self.config.delivery.reactivate
-            && wait_out("the consumer lookup", &shutdown, || self.refuse_unknown())
-                .await?
-                .is_none()
+            && wait_out(
+                "the consumer lookup",
+                &self.config.duties.availability,
+                &shutdown,
+                || self.refuse_unknown(),
+            )
+            .await?
+            .is_none()
         {
             return Ok(RunSummary::default());
         }
         let owner = self.membership.owner();
-        let claim = wait_out("the lease claim", &shutdown, || {
-            lease::claim(&self.pool, &self.config, &owner, &shutdown)
-        });
+        let claim = wait_out(
+            "the lease claim",
+            &self.config.duties.availability,
+            &shutdown,
+            || lease::claim(&self.pool, &self.config, &owner, &shutdown),
+        );
         let Some(Some(claimed)) = claim.await? else {
             return Ok(RunSummary::default());
         };
@@ -98,8 +119,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             ("consumer", self.config.consumer_id.to_string()),
         ];
         self.probe.claimed(lease.fence.generation);
-        metrics::gauge!("outbox_lease_held", &lease_labels).set(1.0);
-        metrics::gauge!("outbox_lease_generation", &lease_labels)
+        metrics::gauge!(crate::metric::LEASE_HELD.name, &lease_labels).set(1.0);
+        metrics::gauge!(crate::metric::LEASE_GENERATION.name, &lease_labels)
             .set(lease.fence.generation as f64);
         let stop = CancellationToken::new();
         let context = RunContext {
@@ -132,13 +153,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         }
 
         stop.cancel();
-        base::join_all(std::mem::take(&mut joined.tasks)).await;
+        task::join_all(std::mem::take(&mut joined.tasks)).await;
         self.membership.leave(&lease);
         if !matches!(result, Err(ConsumerError::LeaseLost { .. })) {
             lease::release(&self.pool, &lease, &statements.release).await;
         }
         self.probe.released();
-        metrics::gauge!("outbox_lease_held", &lease_labels).set(0.0);
+        metrics::gauge!(crate::metric::LEASE_HELD.name, &lease_labels).set(0.0);
         result.map(|()| RunSummary {
             generation: lease.fence.generation,
             delivered: progress.delivered,
@@ -160,15 +181,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         loop {
             match self.ack_handled(lease, statements, progress).await {
                 Ok(()) => {
-                    outage::availability().reached();
+                    self.config.duties.availability.reached();
                     return Ok(());
                 }
                 Err(e) if e.is_retryable() && !matches!(e, ConsumerError::LeaseLost { .. }) => {
                     if outage::is_outage(&e) {
-                        let _ = outage::availability().unreachable(&e);
+                        let _ = self.config.duties.availability.unreachable(&e);
                     }
                     failures = failures.saturating_add(1);
-                    let next = tokio::time::Instant::now() + outage::outage_backoff(failures);
+                    let next =
+                        tokio::time::Instant::now() + crate::backoff::outage_backoff(failures);
                     if !lease.is_valid() || next > until {
                         tracing::warn!(
                             error = %e,

@@ -27,12 +27,12 @@ pub use pairs::PairProbes;
 use shared::Shared;
 
 use crate::background;
-use crate::base::{self, Task};
 use crate::config::{ConfigError, ConsumerConfig, DeliverySettings, Duties, StartFrom};
 use crate::error::ConsumerError;
 use crate::handler::{Handler, Reconciler};
 use crate::listener;
 use crate::runtime::{Consumer, MIN_POOL_SIZE, RunSummary};
+use crate::task::{self, Task};
 
 /// Which projects a set follows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,10 +191,15 @@ impl<F: PairFactory> ConsumerSet<F> {
         }
         // The checks before the pairs start wait out an unavailable database, as the pairs do.
         if self.template.checks_live_query_first() {
-            let checked = crate::outage::wait_out("the live query's check", &shutdown, || async {
-                let mut client = self.pool.get().await?;
-                crate::live_query::check(&mut client, self.template.live_query.sql()).await
-            })
+            let checked = crate::repeat::wait_out(
+                "the live query's check",
+                &self.duties.availability,
+                &shutdown,
+                || async {
+                    let mut client = self.pool.get().await?;
+                    crate::live_query::check(&mut client, self.template.live_query.sql()).await
+                },
+            )
             .await?;
             if checked.is_none() {
                 return Ok(Vec::new());
@@ -209,6 +214,7 @@ impl<F: PairFactory> ConsumerSet<F> {
         let shared = Arc::new(Shared::new(
             &self.duties.schema,
             self.duties.pooler,
+            self.duties.availability.clone(),
             listed,
             consumer_ids,
             discovering,
@@ -224,9 +230,12 @@ impl<F: PairFactory> ConsumerSet<F> {
             }
             // The projects there are now, before anything else; later ones arrive below.
             Projects::All => {
-                let polled = crate::outage::wait_out("the set's first poll", &shutdown, || {
-                    shared.poll_once(&self.pool)
-                });
+                let polled = crate::repeat::wait_out(
+                    "the set's first poll",
+                    &self.duties.availability,
+                    &shutdown,
+                    || shared.poll_once(&self.pool),
+                );
                 if polled.await?.is_none() {
                     return Ok(Vec::new());
                 }
@@ -268,7 +277,7 @@ impl<F: PairFactory> ConsumerSet<F> {
                 }
                 _ = shutdown.cancelled() => break,
                 // Also with no pair at all (every project, none yet).
-                () = crate::outage::availability().given_up() => {
+                () = self.duties.availability.given_up() => {
                     shutdown.cancel();
                     gave_up = true;
                     break;
@@ -279,9 +288,9 @@ impl<F: PairFactory> ConsumerSet<F> {
             outcomes.push(ended(joined));
         }
         stop.cancel();
-        base::join_all(tasks).await;
+        task::join_all(tasks).await;
         match gave_up && outcomes.iter().all(|o| o.result.is_ok()) {
-            true => Err(crate::outage::availability().gave_up_error()),
+            true => Err(self.duties.availability.gave_up_error()),
             false => Ok(outcomes),
         }
     }
@@ -386,22 +395,22 @@ impl<F: PairFactory> ConsumerSet<F> {
         {
             let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
             let (ttl, interval) = (delivery.lease_ttl, delivery.heartbeat_interval);
-            tasks.push(base::spawn(
+            tasks.push(task::spawn(
                 async move { shared.heartbeat(pool, ttl, interval, stop).await }
                     .instrument(tracing::info_span!("set-heartbeat")),
             ));
         }
         if let Some(task) = shared.ack_task(self.pool.clone(), stop.clone()) {
-            tasks.push(base::spawn(task));
+            tasks.push(task::spawn(task));
         }
         {
             let (shared, pool, stop) = (shared.clone(), self.pool.clone(), stop.clone());
             let interval = delivery.poll_interval;
-            tasks.push(base::spawn(async move {
+            tasks.push(task::spawn(async move {
                 shared.poll(pool, interval, stop).await
             }));
         }
-        let listens = base::may_listen(duties.listen, duties.pooler);
+        let listens = crate::signals::may_listen(duties.listen, duties.pooler);
         if let (true, Some(config_of_listener)) = (listens, &self.listen_config) {
             let listen = listener::Target {
                 config: config_of_listener.clone(),
@@ -409,8 +418,9 @@ impl<F: PairFactory> ConsumerSet<F> {
             };
             let channel = duties.schema.channel();
             let (wake, stop) = (shared.clone() as Arc<dyn listener::Wake>, stop.clone());
-            tasks.push(base::spawn(async move {
-                listener::listen(listen, channel, wake, stop).await
+            let availability = duties.availability.clone();
+            tasks.push(task::spawn(async move {
+                listener::listen(listen, channel, wake, availability, stop).await
             }));
         }
         if let Some(interval) = duties.sequence_interval {
@@ -435,11 +445,7 @@ impl<F: PairFactory> ConsumerSet<F> {
                     .collect(),
             };
             tasks.extend(background::spawn_pruner(
-                &self.pool,
-                &duties.schema,
-                sweeps,
-                interval,
-                stop,
+                &self.pool, duties, sweeps, interval, stop,
             ));
         }
         tasks
@@ -452,7 +458,7 @@ fn ended(joined: Result<PairOutcome, tokio::task::JoinError>) -> PairOutcome {
     let (project, consumer) = (&outcome.project_id, &outcome.consumer_id);
     match &outcome.result {
         Ok(summary) => tracing::info!(
-            %project, %consumer, delivered = summary.delivered, cursor = %base::ShownCursor(summary.cursor),
+            %project, %consumer, delivered = summary.delivered, cursor = %crate::cursor::ShownCursor(summary.cursor),
             "consumer stopped"
         ),
         Err(e) => tracing::error!(

@@ -23,14 +23,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::acks::{AckQueue, GroupAcks};
 use super::reads::SharedReads;
-use crate::base::{self, Signals};
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
 use crate::lease::{Fence, Lease};
 use crate::listener::Wake;
-use crate::outage::Repeat;
 use crate::probe::PollClock;
+use crate::repeat::Repeat;
 use crate::runtime::{Fetched, GroupedAck, Joined, Membership, ReadAfter, RunContext};
+use crate::signals::Signals;
 use crate::sql;
 use crate::store::Statements;
 
@@ -78,6 +78,8 @@ pub(crate) struct Shared {
     /// many rows, in the order their plans visit them, so they must never run side by side
     /// (they could deadlock).
     row_writes: Arc<tokio::sync::Mutex<()>>,
+    /// The process's view of its database, which the set's heartbeat and poll report to.
+    pub availability: crate::Availability,
 }
 
 impl Shared {
@@ -86,6 +88,7 @@ impl Shared {
     pub fn new(
         schema: &Schema,
         pooler: outbox_core::Pooler,
+        availability: crate::Availability,
         listed: Option<Vec<String>>,
         consumer_ids: Vec<String>,
         discovered: Option<mpsc::UnboundedSender<String>>,
@@ -93,7 +96,7 @@ impl Shared {
         let followed = listed.iter().flatten().cloned().collect();
         let (acks, ack_queue) = GroupAcks::new();
         Self {
-            owner: base::owner_token(),
+            owner: outbox_core::owner_token(),
             statements: Arc::new(Statements::new(schema, pooler)),
             heartbeat_set: schema.render(sql::HEARTBEAT_SET),
             poll_set: schema.render(sql::POLL_SET),
@@ -109,6 +112,7 @@ impl Shared {
             ack_queue: Mutex::new(Some(ack_queue)),
             ack_set: schema.render(sql::ACK_SET),
             row_writes: Arc::default(),
+            availability,
         }
     }
 
@@ -209,7 +213,7 @@ impl Shared {
                 Err(e) => {
                     // As a lone consumer does: try more often; each local deadline stops its
                     // member if the database stays unreachable.
-                    if !crate::outage::noted(crate::outage::is_outage(&e), &e) {
+                    if !self.availability.noted(crate::outage::is_outage(&e), &e) {
                         tracing::warn!(error = %e, "set heartbeat failed; retrying");
                     }
                     tokio::time::Instant::now() + (interval / 4).max(Duration::from_millis(50))
@@ -250,7 +254,7 @@ impl Shared {
                 ],
             )
             .await?;
-        crate::outage::availability().reached();
+        self.availability.reached();
         drop(writing);
         let mut renewed = HashSet::with_capacity(rows.len());
         for row in &rows {
@@ -275,7 +279,7 @@ impl Shared {
     /// Polls every `interval` until `stop` (the set's fallback for lost notifications, and its
     /// discovery of new projects), backing off while the database is unreachable.
     pub async fn poll(&self, pool: Pool, interval: Duration, stop: CancellationToken) {
-        let mut repeat = Repeat::new(&stop, "set poll", interval);
+        let mut repeat = Repeat::new(&stop, &self.availability, "set poll", interval);
         while repeat.next().await {
             repeat.done(self.poll_once(&pool).await.map(|()| interval));
         }
@@ -290,7 +294,7 @@ impl Shared {
                 .query_unnamed(&self.poll_set, &[&self.listed, &self.consumer_ids])
                 .await?
         };
-        crate::outage::availability().reached();
+        self.availability.reached();
         for row in &rows {
             let project: String = row.try_get("project_id")?;
             let head: i64 = row.try_get("head_sequence")?;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::sections;
 use crate::fan_out::{Batch, FanOut, Subscription};
+use crate::sse;
 use crate::state::{AppState, release};
 use crate::stream::retired;
 
@@ -121,7 +122,7 @@ impl Feed {
         Some(match next {
             Next::Shutdown => {
                 self.done = true;
-                Bytes::from_static(b": server shutting down\n\n")
+                sse::comment("server shutting down")
             }
             Next::Published(index, batch) => {
                 self.turn = index + 1;
@@ -150,14 +151,15 @@ impl Feed {
                 "reason": "the dashboard fell too far behind; its feed of this project \
                            continues from the next event",
             });
-            return Bytes::from(format!("event: lagged\ndata: {data}\n\n"));
+            return sse::message(None, "lagged", &data);
         };
         subscription
             .queued
             .fetch_sub(batch.frames.len(), Ordering::AcqRel);
         let mut chunk = Vec::with_capacity(batch.bytes.len());
         for frame in &batch.frames {
-            chunk.extend_from_slice(without_id(&frame.bytes));
+            // The feed does not resume: its messages carry no id.
+            chunk.extend_from_slice(sse::without_id(&frame.bytes));
         }
         Bytes::from(chunk)
     }
@@ -202,43 +204,17 @@ async fn next_batch(projects: &mut [Followed], turn: usize) -> (usize, Option<Ar
     .await
 }
 
-/// An SSE message without its `id:` line: the feed does not resume.
-fn without_id(message: &[u8]) -> &[u8] {
-    match message.strip_prefix(b"id: ") {
-        Some(rest) => rest
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(message, |end| &rest[end + 1..]),
-        None => message,
-    }
-}
-
 /// The sections, rendered now, as an `event: snapshot` (or `snapshot-error`).
 async fn snapshot(state: &AppState) -> Bytes {
-    let chunk = match sections(state).await {
+    match sections(state).await {
         Ok(s) => {
             let data = json!({
                 "status": s.status.into_string(),
                 "dead_letters": s.dead_letters.into_string(),
                 "audit": s.audit.into_string(),
             });
-            format!("event: snapshot\ndata: {data}\n\n")
+            sse::message(None, "snapshot", &data)
         }
-        Err(e) => format!("event: snapshot-error\ndata: {}\n\n", json!({ "error": e })),
-    };
-    Bytes::from(chunk)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::without_id;
-
-    #[test]
-    fn the_id_line_is_dropped() {
-        assert_eq!(
-            without_id(b"id: 4:abc\nevent: x\ndata: {}\n\n"),
-            b"event: x\ndata: {}\n\n"
-        );
-        assert_eq!(without_id(b"event: x\n\n"), b"event: x\n\n");
+        Err(e) => sse::message(None, "snapshot-error", &json!({ "error": e })),
     }
 }

@@ -28,12 +28,12 @@ use super::batch::Step;
 use super::fetch;
 use super::position::Handled;
 use super::progress::Progress;
-use crate::base::Signals;
 use crate::dispatch::{DispatchMode, triage};
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
 use crate::handler::{ReconcileReason, Reconciler};
 use crate::lease::Lease;
+use crate::signals::Signals;
 use crate::store::{self, Batch, Held, Statements};
 pub(super) use window::Window;
 use window::{Finished, Prefix};
@@ -259,7 +259,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Some(read) = reading.next(), if !reading.is_empty() => {
                     let (batch, limit) = read?;
                     requested -= limit;
-                    crate::outage::availability().reached();
+                    self.config.duties.availability.reached();
                     let taken = self.take_read(progress, window, batch);
                     if !matches!(taken, Taken::Events { full: true }) {
                         // The reads after this one start past where it ended: not used.
