@@ -116,6 +116,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "event_contracts",
         template: include_str!("../../sql/0016_event_contracts.sql"),
     },
+    Migration {
+        version: 18,
+        name: "lane_receipts",
+        template: include_str!("../../sql/0018_lane_receipts.sql"),
+    },
 ];
 
 /// What a migration run did.
