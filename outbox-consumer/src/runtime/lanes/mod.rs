@@ -16,6 +16,7 @@
 mod ack;
 mod window;
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
 use crate::handler::{ReconcileReason, Reconciler};
 use crate::lease::Lease;
-use crate::store::{self, Batch, Statements};
+use crate::store::{self, Batch, Decoded, Statements};
 use ack::{Ack, finish_ack};
 use window::Finished;
 pub(super) use window::Window;
@@ -151,6 +152,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // is on its way while one is decoded.
         let mut reading: FuturesOrdered<Reading> = FuturesOrdered::new();
         let mut requested: i64 = 0;
+        // Events read beyond `max_ahead`, waiting for room in the window: up to one read of
+        // `max_batch_size`, so the next read is in memory when the lanes need it rather than
+        // asked for then (a fast handler would wait on every read).
+        let mut pending: VecDeque<Decoded> = VecDeque::new();
+        let read_ahead = settings.max_batch_size;
         let mut read_size = settings.batch_size;
         let mut more_to_read = true;
         let mut read_budget = ROUND_READS * max_ahead;
@@ -198,6 +204,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     let settle = self.settle(lease, statements, progress, window, event, result?);
                     alongside(&mut running, &mut ended, settle).await?;
                 }
+                let room = window.room(max_ahead - acking_count as i64);
+                self.admit(progress, window, &mut pending, room);
                 window.release_due(Instant::now());
                 while running.len() < lanes {
                     let Some((event, undecodable)) = window.start() else {
@@ -216,11 +224,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     }
                 }
                 progress.meters.lanes_busy(running.len());
-                let room = window.room(max_ahead - acking_count as i64) - requested;
+                let room = window.room(max_ahead - acking_count as i64) + read_ahead
+                    - pending.len() as i64
+                    - requested;
                 if reading.len() < READS_AHEAD && more_to_read && room > 0 && read_budget > 0 {
                     let limit = read_size.min(room);
-                    read_budget -= limit;
-                    let after = window.read_through() + requested;
+                    let after = window.read_through() + pending.len() as i64 + requested;
                     requested += limit;
                     let read = fetch::after(
                         &self.pool,
@@ -308,8 +317,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Some(read) = reading.next(), if !reading.is_empty() => {
                     let (batch, limit) = read?;
                     requested -= limit;
+                    // A round is bounded by the events it reads, not by what it asks for (a
+                    // live stream answers many small reads).
+                    read_budget -= batch.events.len() as i64;
                     crate::outage::availability().reached();
-                    let taken = self.take_read(progress, window, batch);
+                    let taken = self.take_read(progress, window, &mut pending, batch);
                     if !matches!(taken, Taken::Events { full: true }) {
                         // The reads after this one start past where it ended: not used.
                         reading.clear();
@@ -326,7 +338,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         }
                         Taken::Gap => {
                             more_to_read = false;
-                            gap = window.is_empty();
+                            gap = window.is_empty() && pending.is_empty();
                         }
                         Taken::Unchecked => {
                             more_to_read = false;
@@ -358,7 +370,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if gap {
             return Ok(Ended::Gap);
         }
-        let more = unchecked || (more_to_read && read_budget <= 0 && window.room(max_ahead) > 0);
+        let room = window.room(max_ahead) > 0;
+        let more =
+            unchecked || (room && (!pending.is_empty() || (more_to_read && read_budget <= 0)));
         Ok(Ended::Round(match more {
             true => Step::More,
             false => Step::Idle,
@@ -386,8 +400,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         (event, result)
     }
 
-    /// Adds a read to the window: its events if they follow it without a hole.
-    fn take_read(&self, progress: &mut Progress, window: &mut Window, batch: Batch) -> Taken {
+    /// Adds a read to the events waiting for the window (`pending`): its events if they follow
+    /// without a hole.
+    fn take_read(
+        &self,
+        progress: &mut Progress,
+        window: &Window,
+        pending: &mut VecDeque<Decoded>,
+        batch: Batch,
+    ) -> Taken {
         if batch.connected_at > progress.checked_at {
             // A connection opened since the position was checked may reach another server:
             // the round ends, and the check runs first.
@@ -395,10 +416,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return Taken::Unchecked;
         }
         let full = batch.full;
-        let now = chrono::Utc::now();
         for (event, undecodable) in batch.events {
-            if event.sequence != window.read_through() + 1 {
-                if window.is_empty() {
+            if event.sequence != window.read_through() + pending.len() as i64 + 1 {
+                if window.is_empty() && pending.is_empty() {
                     tracing::error!(
                         cursor = window.cursor(),
                         next = event.sequence,
@@ -407,6 +427,28 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 }
                 return Taken::Gap;
             }
+            pending.push_back((event, undecodable));
+        }
+        Taken::Events { full }
+    }
+
+    /// Moves up to `room` events waiting in `pending` into the window. They are counted here,
+    /// not as they are read: what waits in `pending` when a round ends is read again.
+    fn admit(
+        &self,
+        progress: &mut Progress,
+        window: &mut Window,
+        pending: &mut VecDeque<Decoded>,
+        room: i64,
+    ) {
+        if room <= 0 || pending.is_empty() {
+            return;
+        }
+        let now = chrono::Utc::now();
+        for _ in 0..room.min(pending.len() as i64) {
+            let Some((event, undecodable)) = pending.pop_front() else {
+                break;
+            };
             let waited = (now - event.occurred_at).num_microseconds();
             progress
                 .meters
@@ -420,7 +462,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             window.push(event, undecodable);
         }
-        Taken::Events { full }
     }
 
     /// Records what became of an event that ran: a failure is saved for its retry or parked.

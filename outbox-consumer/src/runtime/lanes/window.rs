@@ -370,9 +370,12 @@ impl Window {
         let mut handled = Vec::with_capacity(count);
         let mut failed_before = None;
         let mut last = None;
-        for mut slot in self.slots.drain(..count) {
+        for (index, mut slot) in self.slots.drain(..count).enumerate() {
             let event = slot.event.take()?;
-            last = Some((event.sequence, event.event_id.clone()));
+            if index + 1 == count {
+                // The identity of the last one only: one string copy an acknowledgement.
+                last = Some((event.sequence, event.event_id.clone()));
+            }
             if slot.state == State::Handled {
                 if slot.attempts > 0 && failed_before.is_none() {
                     failed_before = Some(event.sequence);
