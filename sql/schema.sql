@@ -750,6 +750,7 @@ CREATE TABLE outbox.lifecycle_consumer_positions (
     last_acked_event_id text,
     last_acked_at timestamp with time zone,
     reconciled_at timestamp with time zone,
+    handled_through bigint,
     CONSTRAINT lifecycle_consumer_positions_last_acked_sequence_check CHECK ((last_acked_sequence >= 0))
 );
 
@@ -808,12 +809,14 @@ CREATE VIEW outbox.lifecycle_consumer_cursors WITH (security_invoker='true') AS
     c.retired_reason,
     p.reconciled_at,
     p.last_acked_at,
-    p.last_acked_event_id
+    p.last_acked_event_id,
+    p.handled_through
    FROM ((outbox.lifecycle_consumers c
      LEFT JOIN LATERAL ( SELECT p_1.last_acked_sequence,
             p_1.last_acked_event_id,
             p_1.last_acked_at,
-            p_1.reconciled_at
+            p_1.reconciled_at,
+            p_1.handled_through
            FROM outbox.lifecycle_consumer_positions p_1
           WHERE ((p_1.project_id = c.project_id) AND (p_1.consumer_id = c.consumer_id))
           ORDER BY p_1.position_id DESC
@@ -889,6 +892,16 @@ CREATE TABLE outbox.lifecycle_event_contracts (
     CONSTRAINT lifecycle_event_contracts_major_check CHECK (((major >= 1) AND (major <= 9999))),
     CONSTRAINT lifecycle_event_contracts_minor_check CHECK (((minor >= 0) AND (minor <= 9999))),
     CONSTRAINT lifecycle_event_contracts_status_check CHECK ((status = ANY (ARRAY['active'::text, 'deprecated'::text, 'retired'::text])))
+);
+
+--
+-- Name: lifecycle_lane_receipts; Type: TABLE; Schema: outbox; Owner: -
+--
+
+CREATE TABLE outbox.lifecycle_lane_receipts (
+    project_id text NOT NULL,
+    consumer_id text NOT NULL,
+    sequence bigint NOT NULL
 );
 
 --
@@ -1158,6 +1171,13 @@ ALTER TABLE ONLY outbox.lifecycle_event_contracts
     ADD CONSTRAINT lifecycle_event_contracts_pkey PRIMARY KEY (event_type, major);
 
 --
+-- Name: lifecycle_lane_receipts lifecycle_lane_receipts_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.lifecycle_lane_receipts
+    ADD CONSTRAINT lifecycle_lane_receipts_pkey PRIMARY KEY (project_id, consumer_id, sequence);
+
+--
 -- Name: lifecycle_lease_renewals lifecycle_lease_renewals_pkey; Type: CONSTRAINT; Schema: outbox; Owner: -
 --
 
@@ -1273,6 +1293,13 @@ ALTER TABLE ONLY outbox.lifecycle_deliveries
     ADD CONSTRAINT lifecycle_deliveries_project_id_consumer_id_fkey FOREIGN KEY (project_id, consumer_id) REFERENCES outbox.lifecycle_consumers(project_id, consumer_id);
 
 --
+-- Name: lifecycle_lane_receipts lifecycle_lane_receipts_project_id_consumer_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
+--
+
+ALTER TABLE ONLY outbox.lifecycle_lane_receipts
+    ADD CONSTRAINT lifecycle_lane_receipts_project_id_consumer_id_fkey FOREIGN KEY (project_id, consumer_id) REFERENCES outbox.lifecycle_consumers(project_id, consumer_id);
+
+--
 -- Name: lifecycle_lease_renewals lifecycle_lease_renewals_project_id_consumer_id_fkey; Type: FK CONSTRAINT; Schema: outbox; Owner: -
 --
 
@@ -1302,6 +1329,12 @@ CREATE POLICY project_binding ON outbox.lifecycle_consumers TO outbox_writer, ou
 --
 
 CREATE POLICY project_binding ON outbox.lifecycle_deliveries TO outbox_writer, outbox_consumer, outbox_operator USING (outbox.project_allowed(project_id, CURRENT_USER)) WITH CHECK (outbox.project_allowed(project_id, CURRENT_USER));
+
+--
+-- Name: lifecycle_lane_receipts project_binding; Type: POLICY; Schema: outbox; Owner: -
+--
+
+CREATE POLICY project_binding ON outbox.lifecycle_lane_receipts TO outbox_writer, outbox_consumer, outbox_operator USING (outbox.project_allowed(project_id, CURRENT_USER)) WITH CHECK (outbox.project_allowed(project_id, CURRENT_USER));
 
 --
 -- Name: lifecycle_lease_renewals project_binding; Type: POLICY; Schema: outbox; Owner: -
@@ -1467,6 +1500,12 @@ GRANT INSERT(last_acked_at) ON TABLE outbox.lifecycle_consumer_positions TO outb
 
 GRANT INSERT(reconciled_at) ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
 GRANT INSERT(reconciled_at) ON TABLE outbox.lifecycle_consumer_positions TO outbox_operator;
+
+--
+-- Name: COLUMN lifecycle_consumer_positions.handled_through; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT INSERT(handled_through) ON TABLE outbox.lifecycle_consumer_positions TO outbox_consumer;
 
 --
 -- Name: TABLE lifecycle_consumers; Type: ACL; Schema: outbox; Owner: -
@@ -1638,6 +1677,31 @@ GRANT UPDATE(replay_requested_by) ON TABLE outbox.lifecycle_deliveries TO outbox
 GRANT SELECT ON TABLE outbox.lifecycle_event_contracts TO outbox_writer;
 GRANT SELECT ON TABLE outbox.lifecycle_event_contracts TO outbox_consumer;
 GRANT SELECT,INSERT,UPDATE ON TABLE outbox.lifecycle_event_contracts TO outbox_operator;
+
+--
+-- Name: TABLE lifecycle_lane_receipts; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT SELECT,DELETE ON TABLE outbox.lifecycle_lane_receipts TO outbox_consumer;
+GRANT SELECT,DELETE ON TABLE outbox.lifecycle_lane_receipts TO outbox_operator;
+
+--
+-- Name: COLUMN lifecycle_lane_receipts.project_id; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT INSERT(project_id) ON TABLE outbox.lifecycle_lane_receipts TO outbox_consumer;
+
+--
+-- Name: COLUMN lifecycle_lane_receipts.consumer_id; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT INSERT(consumer_id) ON TABLE outbox.lifecycle_lane_receipts TO outbox_consumer;
+
+--
+-- Name: COLUMN lifecycle_lane_receipts.sequence; Type: ACL; Schema: outbox; Owner: -
+--
+
+GRANT INSERT(sequence) ON TABLE outbox.lifecycle_lane_receipts TO outbox_consumer;
 
 --
 -- Name: TABLE lifecycle_outbox; Type: ACL; Schema: outbox; Owner: -

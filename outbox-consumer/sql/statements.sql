@@ -337,6 +337,62 @@ retried AS (
 )
 SELECT count(*) AS acked FROM acked;
 
+-- LOCK_FENCE_SHARED
+SELECT set_config('idle_in_transaction_session_timeout', $5, true)
+FROM "outbox".lifecycle_consumers
+WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+  AND state = 'active'
+FOR SHARE;
+
+-- INSERT_RECEIPT
+INSERT INTO "outbox".lifecycle_lane_receipts (project_id, consumer_id, sequence)
+VALUES ($1, $2, $3);
+
+-- LANE_RECEIPTS
+SELECT sequence FROM "outbox".lifecycle_lane_receipts
+WHERE project_id = $1 AND consumer_id = $2 AND sequence > $3;
+
+-- LANE_ACK
+WITH fence AS (
+    SELECT 1 FROM "outbox".lifecycle_consumers
+    WHERE project_id = $1 AND consumer_id = $2 AND lease_owner = $3 AND lease_generation = $4
+      AND state = 'active'
+    FOR SHARE),
+was AS (SELECT position_id, last_acked_sequence, last_acked_at, reconciled_at
+     FROM (SELECT ctid AS row_id, project_id, consumer_id, position_id, last_acked_sequence, last_acked_event_id, last_acked_at, reconciled_at
+     FROM "outbox".lifecycle_consumer_positions
+     WHERE (project_id, consumer_id, position_id) <= ($1, $2, 9223372036854775807)
+     ORDER BY project_id DESC, consumer_id DESC, position_id DESC
+     LIMIT 1) AS newest
+     WHERE project_id = $1 AND consumer_id = $2),
+replaced AS (DELETE FROM "outbox".lifecycle_consumer_positions AS p
+     WHERE p.project_id = $1 AND p.consumer_id = $2
+       AND p.position_id = (SELECT was.position_id FROM fence, was WHERE was.last_acked_sequence = $6)),
+acked AS (
+    INSERT INTO "outbox".lifecycle_consumer_positions
+        (project_id, consumer_id, last_acked_sequence, last_acked_event_id, last_acked_at,
+         reconciled_at, handled_through)
+    SELECT $1, $2, $5, (SELECT o.event_id FROM "outbox".lifecycle_outbox AS o
+         WHERE o.project_id = $1 AND o.sequence = $5),
+           CASE WHEN $5 IS DISTINCT FROM was.last_acked_sequence THEN now()
+                ELSE was.last_acked_at END,
+           was.reconciled_at, $7
+    FROM fence, was
+    WHERE was.last_acked_sequence = $6
+    RETURNING 1
+),
+cleared AS (
+    DELETE FROM "outbox".lifecycle_deliveries
+    WHERE project_id = $1 AND consumer_id = $2 AND state = 'retrying' AND sequence <= $5
+      AND $8 AND EXISTS (SELECT 1 FROM acked)
+),
+passed AS (
+    DELETE FROM "outbox".lifecycle_lane_receipts
+    WHERE project_id = $1 AND consumer_id = $2 AND sequence <= $5
+      AND EXISTS (SELECT 1 FROM acked)
+)
+SELECT count(*) AS acked FROM acked;
+
 -- REPLAY_REQUESTED
 SELECT o.sequence, o.event_type, o.event_id, o.task_id, o.deleted_at, o.writer_process_id,
        o.occurred_at, o.payload_version, o.payload, o.type_minor, o.traceparent, d.attempts

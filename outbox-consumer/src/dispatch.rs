@@ -37,6 +37,13 @@ impl DispatchContext<'_> {
     }
 }
 
+/// What the runtime lends a dispatch mode for the events of its lanes.
+pub struct LaneContext<'a> {
+    pub(crate) pool: &'a Pool,
+    pub(crate) lease: &'a Lease,
+    pub(crate) statements: &'a Statements,
+}
+
 /// How far a batch got.
 #[derive(Debug, PartialEq, Eq)]
 pub struct BatchOutcome {
@@ -72,12 +79,19 @@ pub trait DispatchMode: private::Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn refuses_lanes(&self) -> Option<&'static str>;
 
-    /// Handles one event of a lane (the lanes acknowledge on their own).
+    /// Handles one event of a lane (the lanes acknowledge on their own). `Err` when the
+    /// database failed around the handler (the lanes start over from the cursor).
     #[doc(hidden)]
     fn handle_in_lane(
         &self,
+        ctx: &LaneContext<'_>,
         event: &ObservedEvent,
-    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send;
+    ) -> impl Future<Output = Result<Result<(), HandlerFailure>, ConsumerError>> + Send;
+
+    /// Whether each event handled in a lane leaves a receipt (the lanes skip events with one
+    /// when they start over from the cursor).
+    #[doc(hidden)]
+    fn keeps_receipts(&self) -> bool;
 
     /// Before the lanes acknowledge: `handled` are the events the handler accepted since the
     /// last acknowledgement, in sequence order (see [`Handler::before_ack_prefix`]).
@@ -230,11 +244,16 @@ impl<H: Handler> DispatchMode for Plain<H> {
         )
     }
 
-    fn handle_in_lane(
+    async fn handle_in_lane(
         &self,
+        _ctx: &LaneContext<'_>,
         event: &ObservedEvent,
-    ) -> impl Future<Output = Result<(), HandlerFailure>> + Send {
-        self.0.handle(event)
+    ) -> Result<Result<(), HandlerFailure>, ConsumerError> {
+        Ok(self.0.handle(event).await)
+    }
+
+    fn keeps_receipts(&self) -> bool {
+        false
     }
 
     fn before_lanes_ack(
@@ -403,17 +422,38 @@ impl<T: TransactionalHandler> DispatchMode for InTransaction<T> {
     }
 
     fn refuses_lanes(&self) -> Option<&'static str> {
-        Some(
-            "a transactional handler runs one event at a time in the transaction that moves \
-             the cursor; use one lane",
-        )
+        None
     }
 
-    async fn handle_in_lane(&self, _event: &ObservedEvent) -> Result<(), HandlerFailure> {
-        // Never reached: a run with lanes refuses this mode before it claims anything.
-        Err(HandlerFailure::stop(
-            "a transactional handler cannot run in lanes",
-        ))
+    /// The event is handled in its own transaction, which also inserts its receipt: the
+    /// effect and the receipt commit together or not at all, so the event is skipped, not
+    /// handled again, when the lanes start over from a cursor still below it. The fence is
+    /// taken in share mode: the lanes' transactions run side by side, a takeover waits for
+    /// them. The receipt goes in first, so that a receipt already there fails the transaction
+    /// before the handler runs.
+    async fn handle_in_lane(
+        &self,
+        ctx: &LaneContext<'_>,
+        event: &ObservedEvent,
+    ) -> Result<Result<(), HandlerFailure>, ConsumerError> {
+        let mut client = ctx.pool.get().await?;
+        let tx = client.transaction().await?;
+        store::lock_fence_shared(&tx, ctx.statements, ctx.lease).await?;
+        store::insert_receipt(&tx, ctx.statements, ctx.lease, event.sequence).await?;
+        match traced(event, self.0.handle(&tx, event)).await {
+            Ok(()) => {
+                tx.commit().await?;
+                Ok(Ok(()))
+            }
+            Err(failure) => {
+                tx.rollback().await?;
+                Ok(Err(failure))
+            }
+        }
+    }
+
+    fn keeps_receipts(&self) -> bool {
+        true
     }
 
     async fn before_lanes_ack(&self, _handled: &[ObservedEvent]) -> Result<(), PartialAck> {

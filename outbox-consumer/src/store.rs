@@ -16,7 +16,9 @@ use crate::event::{EventPayload, FailureClass, HandlerFailure, ObservedEvent};
 use crate::lease::Lease;
 use crate::sql;
 
+mod lanes;
 mod position;
+pub(crate) use lanes::{insert_receipt, lane_ack, load_receipts, lock_fence_shared};
 pub(crate) use position::{
     DatabasePosition, audit_divergence, bounds, event_at, ever_positioned, position_check,
 };
@@ -46,6 +48,10 @@ pub(crate) struct Statements {
     pub mark_replay_failed: String,
     pub ack_clearing: String,
     pub ack_and_retry: String,
+    pub lock_fence_shared: String,
+    pub insert_receipt: String,
+    pub lane_receipts: String,
+    pub lane_ack: String,
     pub position_check: String,
     pub event_at: String,
     pub cursor_under_lease: String,
@@ -79,6 +85,10 @@ impl Statements {
             mark_replay_failed: schema.render(sql::MARK_REPLAY_FAILED),
             ack_clearing: schema.render(sql::ACK_CLEARING),
             ack_and_retry: schema.render(sql::ACK_AND_RETRY),
+            lock_fence_shared: schema.render(sql::LOCK_FENCE_SHARED),
+            insert_receipt: schema.render(sql::INSERT_RECEIPT),
+            lane_receipts: schema.render(sql::LANE_RECEIPTS),
+            lane_ack: schema.render(sql::LANE_ACK),
             position_check: schema.render(sql::POSITION_CHECK),
             event_at: schema.render(sql::EVENT_AT),
             cursor_under_lease: schema.render(sql::CURSOR_UNDER_LEASE),

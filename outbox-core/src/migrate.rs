@@ -121,6 +121,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "contract_checks",
         template: include_str!("../../sql/0017_contract_checks.sql"),
     },
+    Migration {
+        version: 18,
+        name: "lane_receipts",
+        template: include_str!("../../sql/0018_lane_receipts.sql"),
+    },
 ];
 
 /// What a migration run did.

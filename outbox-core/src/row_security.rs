@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::schema::Schema;
 
 /// The tables that carry a `project_id` and the `project_binding` policy.
-pub const ROW_SECURITY_TABLES: [&str; 7] = [
+pub const ROW_SECURITY_TABLES: [&str; 8] = [
     "lifecycle_outbox",
     "lifecycle_projects",
     "lifecycle_consumers",
@@ -19,6 +19,7 @@ pub const ROW_SECURITY_TABLES: [&str; 7] = [
     "lifecycle_lease_renewals",
     "lifecycle_deliveries",
     "lifecycle_audit",
+    "lifecycle_lane_receipts",
 ];
 
 /// Enables row security on every project table of `schema`, in one transaction. The tables'

@@ -331,7 +331,7 @@ async fn a_poison_event_holds_its_task_and_the_cursor_until_it_is_parked() {
     );
 }
 
-/// A handler that needs the stream's total order refuses lanes, as a transactional one does.
+/// A handler that needs the stream's total order refuses lanes.
 struct TotalOrder;
 
 impl Handler for TotalOrder {
@@ -603,43 +603,6 @@ async fn bad_lanes_are_refused_with_the_option_named() {
         .unwrap()
         .get(0);
     assert_eq!(registered, 0, "nothing registered");
-}
-
-/// Handles nothing: a transactional handler, which lanes refuse.
-struct InTx;
-
-impl outbox_consumer::TransactionalHandler for InTx {
-    async fn handle(
-        &self,
-        _: &tokio_postgres::Transaction<'_>,
-        _: &ObservedEvent,
-    ) -> Result<(), HandlerFailure> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
-async fn lanes_are_refused_for_a_transactional_handler() {
-    let db = fresh_db().await;
-    let mut config = fast_config("p", "c");
-    config.delivery.lanes = 2;
-    let consumer = outbox_consumer::Consumer::transactional(
-        db.pool(4),
-        None,
-        config,
-        InTx,
-        Recorder::default(),
-    );
-    let error = consumer
-        .run(tokio_util::sync::CancellationToken::new())
-        .await
-        .unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("lanes 2 refused: a transactional handler"),
-        "{error}"
-    );
 }
 
 /// A consumer set runs every pair with the lanes of its template: two projects, each caught up

@@ -257,6 +257,7 @@ async fn status_and_listings_in_table_and_json_with_health_codes() {
             "STATE",
             "CURSOR",
             "LAG",
+            "HANDLED_AHEAD",
             "LEASE_OWNER",
             "GEN",
             "LEASE_LEFT",

@@ -236,3 +236,130 @@ async fn a_partial_ack_abandoned_at_shutdown_acknowledges_the_durable_prefix_unc
         "the abandoned event is not charged with an attempt"
     );
 }
+
+/// Each slice `before_ack_prefix` received: its events' sequences and task IDs.
+type Slices = Arc<Mutex<Vec<Vec<(i64, String)>>>>;
+
+/// Records every slice `before_ack_prefix` receives; reports the first event of a task in
+/// `unconfirmed` as failed, everything before it in the slice as durable.
+#[derive(Clone, Default)]
+struct LaneConfirming {
+    inner: Confirming,
+    slices: Slices,
+}
+
+impl Handler for LaneConfirming {
+    async fn handle(&self, event: &ObservedEvent) -> Result<(), HandlerFailure> {
+        self.inner.handle(event).await
+    }
+
+    async fn before_ack_prefix(&self, handled: &[ObservedEvent]) -> Result<(), PartialAck> {
+        self.slices.lock().unwrap().push(
+            handled
+                .iter()
+                .map(|e| (e.sequence, e.event_type.clone()))
+                .collect(),
+        );
+        self.inner.before_ack_prefix(handled).await
+    }
+}
+
+/// With lanes, as with one lane: `before_ack_prefix` receives only the events the handler was
+/// called for (not those of undeclared types, which pass without a call), and a partial
+/// acknowledgement moves the cursor over the durable prefix (up to an event of an undeclared
+/// type right before the failed one), charges the failed event, and delivers it and what
+/// follows again, not the durable prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lanes_before_ack_prefix_sees_what_one_lane_sees_and_keeps_the_durable_prefix() {
+    let db = fresh_db().await;
+    // 1 T1, 2 T2, 3 an undeclared type, 4 T4 (unconfirmed at first), 5 T5.
+    write_event(&db, "p", "T1").await;
+    write_event(&db, "p", "T2").await;
+    db.connect()
+        .await
+        .execute(
+            "INSERT INTO outbox.lifecycle_outbox (project_id, event_type, event_id, task_id, \
+             writer_process_id, payload_version, payload) \
+             VALUES ('p', 'task:archived', 'archived-1', 'T3', 'w', 1, '{}'::jsonb)",
+            &[],
+        )
+        .await
+        .unwrap();
+    write_event(&db, "p", "T4").await;
+    write_event(&db, "p", "T5").await;
+    let handler = LaneConfirming::default();
+    handler
+        .inner
+        .unconfirmed
+        .lock()
+        .unwrap()
+        .insert("T4".into());
+    let mut config = fast_config("p", "lanes");
+    config.delivery.lanes = 4;
+    config.delivery.retry =
+        outbox_consumer::RetrySchedule::new(vec![Duration::from_millis(200)], 100).unwrap();
+    let shutdown = CancellationToken::new();
+    let consumer = Consumer::new(
+        db.pool(4),
+        None,
+        config,
+        handler.clone(),
+        handler.inner.clone(),
+    );
+    let token = shutdown.clone();
+    let run = tokio::spawn(async move { consumer.run(token).await });
+
+    let attempts = || async {
+        db.connect()
+            .await
+            .query_opt(
+                "SELECT attempts FROM outbox.lifecycle_deliveries \
+                 WHERE consumer_id = 'lanes' AND sequence = 4 AND state = 'retrying'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get::<_, i32>(0))
+    };
+    eventually(
+        Duration::from_secs(15),
+        "two failed attempts of T4",
+        || async { attempts().await.is_some_and(|n| n >= 2) },
+    )
+    .await;
+    assert_eq!(
+        cursor(&db, "p", "lanes").await,
+        Some(3),
+        "held just before the unconfirmed event, past the undeclared one"
+    );
+    let handled = handler.inner.handled.lock().unwrap().clone();
+    for task in ["T1", "T2"] {
+        assert_eq!(
+            handled.iter().filter(|t| *t == task).count(),
+            1,
+            "the durable {task} is not delivered again: {handled:?}"
+        );
+    }
+    assert!(
+        handled.iter().filter(|t| *t == "T4").count() >= 2,
+        "T4 delivered again: {handled:?}"
+    );
+
+    handler.inner.unconfirmed.lock().unwrap().clear();
+    eventually(
+        Duration::from_secs(15),
+        "everything acknowledged",
+        || async { cursor(&db, "p", "lanes").await == Some(5) },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let slices = handler.slices.lock().unwrap().clone();
+    assert!(
+        slices
+            .iter()
+            .flatten()
+            .all(|(_, event_type)| event_type == "task:deleted"),
+        "before_ack_prefix saw an event the handler was not called for: {slices:?}"
+    );
+}

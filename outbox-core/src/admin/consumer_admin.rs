@@ -51,6 +51,7 @@ pub(super) struct Statements {
     delete_deliveries: String,
     delete_positions: String,
     delete_renewals: String,
+    delete_receipts: String,
     delete_consumer: String,
 }
 
@@ -61,6 +62,7 @@ impl Statements {
             delete_deliveries: schema.render(DELETE_DELIVERIES),
             delete_positions: schema.render(DELETE_POSITIONS),
             delete_renewals: schema.render(DELETE_RENEWALS),
+            delete_receipts: schema.render(DELETE_RECEIPTS),
             delete_consumer: schema.render(DELETE_CONSUMER),
         }
     }
@@ -147,6 +149,8 @@ impl Admin {
         tx.execute_unnamed(&statements.delete_positions, &[&p, &c])
             .await?;
         tx.execute_unnamed(&statements.delete_renewals, &[&p, &c])
+            .await?;
+        tx.execute_unnamed(&statements.delete_receipts, &[&p, &c])
             .await?;
         tx.execute_unnamed(&statements.delete_consumer, &[&p, &c])
             .await?;
@@ -258,6 +262,11 @@ DELETE FROM {{schema}}.lifecycle_consumer_positions WHERE project_id = $1 AND co
 /// Every lease renewal of consumer `$1`/`$2`.
 const DELETE_RENEWALS: &str = "
 DELETE FROM {{schema}}.lifecycle_lease_renewals WHERE project_id = $1 AND consumer_id = $2";
+
+/// Every lane receipt of consumer `$1`/`$2` (migration 0018): a consumer created again under
+/// the same name must not skip events its predecessor handled.
+const DELETE_RECEIPTS: &str = "
+DELETE FROM {{schema}}.lifecycle_lane_receipts WHERE project_id = $1 AND consumer_id = $2";
 
 /// The consumer row itself, retired (the caller checked it under its lock).
 const DELETE_CONSUMER: &str = "

@@ -47,6 +47,13 @@ pub struct ConsumerInfo {
     pub head_sequence: i64,
     /// `head - cursor`; `None` while the cursor is missing.
     pub lag: Option<i64>,
+    /// The highest sequence handled or parked: with lanes beyond the cursor, else the cursor
+    /// (as the consumer's last acknowledgement recorded it); `None` while the cursor is
+    /// missing.
+    pub handled_through: Option<i64>,
+    /// `handled_through - cursor`: how far lanes have handled beyond the cursor (0 with one
+    /// lane); `None` while the cursor is missing.
+    pub handled_ahead: Option<i64>,
     /// The process run holding (or last holding, if expired) the lease.
     pub lease_owner: Option<String>,
     /// The lease generation (bumped by every claim).
@@ -270,6 +277,8 @@ impl Admin {
 fn decode_consumer(row: &Row) -> Result<ConsumerInfo, AdminError> {
     let cursor: Option<i64> = row.try_get("last_acked_sequence")?;
     let head: i64 = row.try_get("head_sequence")?;
+    let handled: Option<i64> = row.try_get("handled_through")?;
+    let handled_through = cursor.map(|cursor| handled.map_or(cursor, |h| h.max(cursor)));
     let retrying = match row.try_get::<_, Option<String>>("retrying_event_id")? {
         None => None,
         Some(event_id) => Some(RetryingEvent {
@@ -289,6 +298,8 @@ fn decode_consumer(row: &Row) -> Result<ConsumerInfo, AdminError> {
         cursor,
         head_sequence: head,
         lag: cursor.map(|cursor| head - cursor),
+        handled_through,
+        handled_ahead: cursor.zip(handled_through).map(|(c, h)| h - c),
         lease_owner: row.try_get("lease_owner")?,
         lease_generation: row.try_get("lease_generation")?,
         lease_expires_at: row.try_get("lease_expires_at")?,
@@ -310,7 +321,7 @@ fn decode_consumer(row: &Row) -> Result<ConsumerInfo, AdminError> {
 /// Consumers with cursor, head, lease, the retrying delivery holding the cursor and their
 /// dead-letter counts; `$1` project or NULL, `$2` consumer or NULL.
 const CONSUMERS: &str = "
-SELECT c.project_id, c.consumer_id, c.state, c.last_acked_sequence,
+SELECT c.project_id, c.consumer_id, c.state, c.last_acked_sequence, c.handled_through,
        COALESCE(h.head_sequence, 0) AS head_sequence,
        c.lease_owner, c.lease_generation, c.lease_expires_at,
        (c.lease_owner IS NOT NULL AND c.lease_expires_at > now()) AS lease_live,

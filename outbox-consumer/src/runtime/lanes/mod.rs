@@ -13,8 +13,10 @@
 //!
 //! With one lane none of this runs: the loop dispatches batches as it always has.
 
+mod ack;
 mod window;
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -26,17 +28,17 @@ use tokio_util::sync::CancellationToken;
 use super::Consumer;
 use super::batch::Step;
 use super::fetch;
-use super::position::Handled;
 use super::progress::Progress;
-use crate::dispatch::{DispatchMode, triage};
+use crate::dispatch::{DispatchMode, LaneContext, triage};
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, HandlerFailure, ObservedEvent};
 use crate::handler::{ReconcileReason, Reconciler};
 use crate::lease::Lease;
 use crate::signals::Signals;
-use crate::store::{self, Batch, Held, Statements};
+use crate::store::{self, Batch, Decoded, Statements};
+use ack::{Ack, finish_ack};
+use window::Finished;
 pub(super) use window::Window;
-use window::{Finished, Prefix};
 
 /// How many times `max_ahead` one round reads at most before it lets the loop go round (to
 /// look for replay requests and check the lease) once what runs has ended.
@@ -50,6 +52,10 @@ const AGAIN_AFTER: Duration = Duration::from_millis(100);
 /// have nothing to do, so that events handled long ago do not wait behind a slow one, nor
 /// does every event pay for a write of its own when events trickle in.
 const ACK_PAUSE: Duration = Duration::from_millis(20);
+
+/// At most this often the lanes record how far they have handled beyond a cursor that does
+/// not move (a slow or failing event holds it), for `status` to show the gap.
+const MARK_EVERY: Duration = Duration::from_millis(500);
 
 /// How soon a lane loop whose lease is not known to be valid looks at it again.
 const LEASE_RECHECK: Duration = Duration::from_millis(100);
@@ -84,7 +90,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 let known =
                     store::load_retries(&**client, statements, lease, cursor, cursor + max_ahead)
                         .await?;
-                Window::new(cursor, known)
+                let receipts = match self.dispatch.keeps_receipts() {
+                    true => store::load_receipts(&**client, statements, lease, cursor).await?,
+                    false => Default::default(),
+                };
+                Window::new(cursor, known, receipts)
             }
         };
         // On an error the window is dropped with whatever ran: the next round starts over
@@ -130,11 +140,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         let ack_every = (settings.batch_size as usize)
             .min(max_ahead as usize / 2)
             .max(1);
+        let lane = LaneContext {
+            pool: &self.pool,
+            lease,
+            statements,
+        };
         let mut running = FuturesUnordered::new();
+        // Handlers that ended while the loop waited on something else, to settle.
+        let mut ended = Vec::new();
         // Reads in flight, in order, each with its size: up to `READS_AHEAD`, so the next one
         // is on its way while one is decoded.
         let mut reading: FuturesOrdered<Reading> = FuturesOrdered::new();
         let mut requested: i64 = 0;
+        // Events read beyond `max_ahead`, waiting for room in the window: up to one read of
+        // `max_batch_size`, so the next read is in memory when the lanes need it rather than
+        // asked for then (a fast handler would wait on every read).
+        let mut pending: VecDeque<Decoded> = VecDeque::new();
+        let read_ahead = settings.max_batch_size;
         let mut read_size = settings.batch_size;
         let mut more_to_read = true;
         let mut read_budget = ROUND_READS * max_ahead;
@@ -145,8 +167,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // The acknowledgement being written while the lanes go on, and the events it covers.
         let mut acking: Option<Writing<'_>> = None;
         let mut acking_count: usize = 0;
+        // Set when the handler's `before_ack_prefix` failed: nothing more starts, and once the
+        // handlers running have ended the lanes start over from the cursor.
+        let mut starting_over = false;
+        // How far beyond the cursor the database knows the lanes have handled.
+        let mut recorded_through = window.cursor();
         loop {
-            let stopping = shutdown.is_cancelled() || !lease.is_valid();
+            if starting_over && running.is_empty() && acking.is_none() {
+                return Ok(Ended::StartOver);
+            }
+            let stopping = shutdown.is_cancelled() || !lease.is_valid() || starting_over;
             if stopping {
                 reading.clear();
                 requested = 0;
@@ -159,10 +189,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     // the check runs now, not once the handlers running have ended (a slow
                     // one would hold every other task meanwhile).
                     let cursor = progress.position.cursor().unwrap_or(window.cursor());
-                    if let Some(reason) = self
-                        .check_position(lease, statements, progress, cursor)
-                        .await?
-                    {
+                    let check = self.check_position(lease, statements, progress, cursor);
+                    if let Some(reason) = alongside(&mut running, &mut ended, check).await? {
                         progress.must_reconcile = Some(reason);
                         return Ok(Ended::StartOver);
                     }
@@ -172,28 +200,36 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     unchecked = false;
                     more_to_read = true;
                 }
+                while let Some((event, result)) = ended.pop() {
+                    let settle = self.settle(lease, statements, progress, window, event, result?);
+                    alongside(&mut running, &mut ended, settle).await?;
+                }
+                let room = window.room(max_ahead - acking_count as i64);
+                self.admit(progress, window, &mut pending, room);
                 window.release_due(Instant::now());
                 while running.len() < lanes {
                     let Some((event, undecodable)) = window.start() else {
                         break;
                     };
-                    let mut handling = Box::pin(self.run_one(event, undecodable));
+                    let mut handling = Box::pin(self.run_one(&lane, event, undecodable));
                     // A handler that finishes at once (a fast one) is settled here, without
                     // a trip through the set of running ones.
                     match (&mut handling).now_or_never() {
                         Some((event, result)) => {
-                            self.settle(lease, statements, progress, window, event, result)
-                                .await?;
+                            let settle =
+                                self.settle(lease, statements, progress, window, event, result?);
+                            alongside(&mut running, &mut ended, settle).await?;
                         }
                         None => running.push(handling),
                     }
                 }
                 progress.meters.lanes_busy(running.len());
-                let room = window.room(max_ahead - acking_count as i64) - requested;
+                let room = window.room(max_ahead - acking_count as i64) + read_ahead
+                    - pending.len() as i64
+                    - requested;
                 if reading.len() < READS_AHEAD && more_to_read && room > 0 && read_budget > 0 {
                     let limit = read_size.min(room);
-                    read_budget -= limit;
-                    let after = window.read_through() + requested;
+                    let after = window.read_through() + pending.len() as i64 + requested;
                     requested += limit;
                     let read = fetch::after(
                         &self.pool,
@@ -215,20 +251,34 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     && (prefix >= ack_every
                         || (prefix > 0 && running.len() < lanes && last_ack.elapsed() >= ACK_PAUSE))
                 {
-                    let Some(ack) = self.begin_ack(lease, statements, progress, window).await?
-                    else {
-                        return Ok(Ended::StartOver);
+                    let begin = self.begin_ack(lease, statements, progress, window);
+                    let Some(ack) = alongside(&mut running, &mut ended, begin).await? else {
+                        starting_over = true;
+                        continue;
                     };
                     if let Some(ack) = ack {
                         acking_count = ack.count;
-                        acking = Some(Box::pin(self.write_ack(
-                            lease,
-                            statements,
-                            ack.left_at,
-                            ack.last,
-                            ack.held,
-                        )));
+                        recorded_through = ack.handled_through;
+                        acking = Some(Box::pin(self.write_lane_ack(lease, statements, ack)));
                     }
+                    last_ack = Instant::now();
+                    continue;
+                }
+                // The cursor does not move, the lanes do: the position records how far.
+                if acking.is_none()
+                    && window.handled_through() > recorded_through
+                    && last_ack.elapsed() >= MARK_EVERY
+                {
+                    let at = progress.position.cursor().unwrap_or(window.cursor());
+                    recorded_through = window.handled_through();
+                    let mark = Ack {
+                        left_at: at,
+                        last: at,
+                        held: None,
+                        count: 0,
+                        handled_through: recorded_through,
+                    };
+                    acking = Some(Box::pin(self.write_lane_ack(lease, statements, mark)));
                     last_ack = Instant::now();
                     continue;
                 }
@@ -245,22 +295,33 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             let ack_due =
                 (!stopping && acking.is_none() && window.prefix() > 0 && running.len() < lanes)
                     .then_some(last_ack + ACK_PAUSE);
+            let mark_due =
+                (!stopping && acking.is_none() && window.handled_through() > recorded_through)
+                    .then_some(last_ack + MARK_EVERY);
             // Caught up while handlers run: news of more events starts another read.
             let listening = !stopping && !more_to_read && reading.is_empty() && read_budget > 0;
             tokio::select! {
-                Some((event, result)) = running.next(), if !running.is_empty() => {
-                    self.settle(lease, statements, progress, window, event, result).await?;
+                Some(done) = running.next(), if !running.is_empty() => {
+                    ended.push(done);
                     // And every other one that has ended meanwhile.
-                    while let Some(Some((event, result))) = running.next().now_or_never() {
-                        self.settle(lease, statements, progress, window, event, result).await?;
+                    while let Some(Some(done)) = running.next().now_or_never() {
+                        ended.push(done);
+                    }
+                    while let Some((event, result)) = ended.pop() {
+                        let settle =
+                            self.settle(lease, statements, progress, window, event, result?);
+                        alongside(&mut running, &mut ended, settle).await?;
                     }
                     progress.meters.ahead_of_cursor(window.settled());
                 }
                 Some(read) = reading.next(), if !reading.is_empty() => {
                     let (batch, limit) = read?;
                     requested -= limit;
+                    // A round is bounded by the events it reads, not by what it asks for (a
+                    // live stream answers many small reads).
+                    read_budget -= batch.events.len() as i64;
                     self.config.duties.availability.reached();
-                    let taken = self.take_read(progress, window, batch);
+                    let taken = self.take_read(progress, window, &mut pending, batch);
                     if !matches!(taken, Taken::Events { full: true }) {
                         // The reads after this one start past where it ended: not used.
                         reading.clear();
@@ -277,7 +338,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         }
                         Taken::Gap => {
                             more_to_read = false;
-                            gap = window.is_empty();
+                            gap = window.is_empty() && pending.is_empty();
                         }
                         Taken::Unchecked => {
                             more_to_read = false;
@@ -294,6 +355,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 () = sleep_until_some(retry_due) => {}
                 () = sleep_until_some(lease_check) => {}
                 () = sleep_until_some(ack_due) => {}
+                () = sleep_until_some(mark_due) => {}
                 () = signals.wake.notified(), if listening => more_to_read = true,
                 () = sleep_until_some(grace_ends) => {
                     tracing::warn!(running = running.len(), "handlers abandoned at shutdown");
@@ -308,31 +370,45 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if gap {
             return Ok(Ended::Gap);
         }
-        let more = unchecked || (more_to_read && read_budget <= 0 && window.room(max_ahead) > 0);
+        let room = window.room(max_ahead) > 0;
+        let more =
+            unchecked || (room && (!pending.is_empty() || (more_to_read && read_budget <= 0)));
         Ok(Ended::Round(match more {
             true => Step::More,
             false => Step::Idle,
         }))
     }
 
-    /// The handler's run of one event, with the event handed back.
+    /// The handler's run of one event, with the event handed back; `Err` when the database
+    /// failed around a transactional handler.
     async fn run_one(
         &self,
+        lane: &LaneContext<'_>,
         event: ObservedEvent,
         undecodable: Option<FailureClass>,
-    ) -> (ObservedEvent, Result<(), HandlerFailure>) {
+    ) -> (
+        ObservedEvent,
+        Result<Result<(), HandlerFailure>, ConsumerError>,
+    ) {
         if let Some(class) = undecodable {
-            return (event, Err(HandlerFailure::new(class)));
+            return (event, Ok(Err(HandlerFailure::new(class))));
         }
         if self.skips(&event) {
-            return (event, Ok(()));
+            return (event, Ok(Ok(())));
         }
-        let result = outbox_core::observe(self.dispatch.handle_in_lane(&event)).await;
+        let result = outbox_core::observe(self.dispatch.handle_in_lane(lane, &event)).await;
         (event, result)
     }
 
-    /// Adds a read to the window: its events if they follow it without a hole.
-    fn take_read(&self, progress: &mut Progress, window: &mut Window, batch: Batch) -> Taken {
+    /// Adds a read to the events waiting for the window (`pending`): its events if they follow
+    /// without a hole.
+    fn take_read(
+        &self,
+        progress: &mut Progress,
+        window: &Window,
+        pending: &mut VecDeque<Decoded>,
+        batch: Batch,
+    ) -> Taken {
         if batch.connected_at > progress.checked_at {
             // A connection opened since the position was checked may reach another server:
             // the round ends, and the check runs first.
@@ -340,10 +416,9 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return Taken::Unchecked;
         }
         let full = batch.full;
-        let now = chrono::Utc::now();
         for (event, undecodable) in batch.events {
-            if event.sequence != window.read_through() + 1 {
-                if window.is_empty() {
+            if event.sequence != window.read_through() + pending.len() as i64 + 1 {
+                if window.is_empty() && pending.is_empty() {
                     tracing::error!(
                         cursor = window.cursor(),
                         next = event.sequence,
@@ -352,6 +427,28 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 }
                 return Taken::Gap;
             }
+            pending.push_back((event, undecodable));
+        }
+        Taken::Events { full }
+    }
+
+    /// Moves up to `room` events waiting in `pending` into the window. They are counted here,
+    /// not as they are read: what waits in `pending` when a round ends is read again.
+    fn admit(
+        &self,
+        progress: &mut Progress,
+        window: &mut Window,
+        pending: &mut VecDeque<Decoded>,
+        room: i64,
+    ) {
+        if room <= 0 || pending.is_empty() {
+            return;
+        }
+        let now = chrono::Utc::now();
+        for _ in 0..room.min(pending.len() as i64) {
+            let Some((event, undecodable)) = pending.pop_front() else {
+                break;
+            };
             let waited = (now - event.occurred_at).num_microseconds();
             progress
                 .meters
@@ -365,7 +462,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             window.push(event, undecodable);
         }
-        Taken::Events { full }
     }
 
     /// Records what became of an event that ran: a failure is saved for its retry or parked.
@@ -445,132 +541,6 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
         })
     }
-
-    /// Acknowledges the window's prefix: the handler's `before_ack_prefix` first, then the
-    /// cursor moves to the prefix's last event in the single lane's acknowledgement. `false`
-    /// when `before_ack_prefix` failed: the window must start over from the cursor.
-    async fn ack_prefix(
-        &self,
-        lease: &Lease,
-        statements: &Statements,
-        progress: &mut Progress,
-        window: &mut Window,
-    ) -> Result<bool, ConsumerError> {
-        let Some(ack) = self.begin_ack(lease, statements, progress, window).await? else {
-            return Ok(false);
-        };
-        if let Some(ack) = ack {
-            self.write_ack(lease, statements, ack.left_at, ack.last, ack.held)
-                .await?;
-            finish_ack(progress, window);
-        }
-        Ok(true)
-    }
-
-    /// The first half of an acknowledgement: the prefix taken from the window, the handler's
-    /// `before_ack_prefix`, the prefix recorded as handled in the position. `None` when
-    /// `before_ack_prefix` failed (the window must start over); `Some(None)` with no prefix.
-    async fn begin_ack(
-        &self,
-        lease: &Lease,
-        statements: &Statements,
-        progress: &mut Progress,
-        window: &mut Window,
-    ) -> Result<Option<Option<Ack>>, ConsumerError> {
-        let count = window.prefix();
-        let Some(Prefix {
-            handled,
-            last,
-            identity,
-            failed_before,
-        }) = window.take_prefix(count)
-        else {
-            return Ok(Some(None));
-        };
-        if !handled.is_empty() {
-            if let Err(partial) = self.dispatch.before_lanes_ack(&handled).await {
-                self.partial_ack(lease, statements, progress, &handled, partial)
-                    .await?;
-                return Ok(None);
-            }
-        }
-        if let Some(sequence) = failed_before {
-            // The acknowledgement clears the saved retry state it passes (as when the held
-            // event of the single lane is acknowledged).
-            progress.position.hold(Some(Held {
-                sequence,
-                attempts: 0,
-                ready_at: Instant::now(),
-            }));
-        }
-        progress.position.handled_through(Handled {
-            last,
-            identity,
-            count: handled.len() as u64,
-        });
-        Ok(Some(Some(Ack {
-            left_at: progress.position.cursor().unwrap_or(window.cursor()),
-            last,
-            held: progress.position.held_sequence(),
-            count,
-        })))
-    }
-
-    /// The handler's `before_ack_prefix` made only the first `durable` handled events
-    /// durable: the cursor moves up to the failed one when every event before it is handled
-    /// (else it stays), the failure is charged to it, and the lanes start over from the
-    /// cursor (the rest is delivered again: at least once).
-    async fn partial_ack(
-        &self,
-        lease: &Lease,
-        statements: &Statements,
-        progress: &mut Progress,
-        handled: &[ObservedEvent],
-        partial: crate::handler::PartialAck,
-    ) -> Result<(), ConsumerError> {
-        let failed = &handled[partial.durable.min(handled.len() - 1)];
-        let class = triage(partial.failure)?;
-        let cursor = progress.position.cursor().unwrap_or(0);
-        if failed.sequence - 1 > cursor {
-            // Everything before the failed event is handled, parked or durable.
-            let before = handled
-                .iter()
-                .rev()
-                .find(|e| e.sequence < failed.sequence)
-                .filter(|e| e.sequence == failed.sequence - 1);
-            let identity = before.map(|e| e.event_id.clone());
-            if let Some(identity) = identity {
-                progress.position.handled_through(Handled {
-                    last: failed.sequence - 1,
-                    identity,
-                    count: partial.durable as u64,
-                });
-                self.ack_handled(lease, statements, progress).await?;
-            }
-        }
-        if let Some(class) = class {
-            self.record_lane_failure(lease, statements, progress, failed, class)
-                .await?;
-        }
-        Ok(())
-    }
-}
-
-/// An acknowledgement begun: its write's arguments, and how many events it covers (they still
-/// count against `max_ahead` until it is written).
-struct Ack {
-    left_at: i64,
-    last: i64,
-    held: Option<i64>,
-    count: usize,
-}
-
-/// The second half of an acknowledgement, once written: the position and the metrics.
-fn finish_ack(progress: &mut Progress, window: &Window) {
-    if let Some(handled) = progress.position.take_handled() {
-        progress.advance(handled);
-    }
-    progress.meters.ahead_of_cursor(window.settled());
 }
 
 /// How a round's run of the window ended.
@@ -593,6 +563,25 @@ enum Taken {
     Gap,
     /// Read over a connection opened since the position was checked: not used.
     Unchecked,
+}
+
+/// Runs `work` while the handlers running go on: a transactional handler holds a pooled
+/// connection and a transaction while it runs, and must not sit idle until the loop next
+/// looks at it (`work` may itself wait for a connection). Those that end meanwhile are kept
+/// in `ended`, for the loop to settle.
+async fn alongside<T: Future, F: Future>(
+    running: &mut FuturesUnordered<T>,
+    ended: &mut Vec<T::Output>,
+    work: F,
+) -> F::Output {
+    let mut work = std::pin::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            output = &mut work => return output,
+            Some(done) = running.next(), if !running.is_empty() => ended.push(done),
+        }
+    }
 }
 
 /// Sleeps until `at`, or forever without one.

@@ -9,7 +9,7 @@
 //! share a hash share a queue, which costs them concurrency, never order.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 
 use tokio::time::Instant;
@@ -28,6 +28,9 @@ enum State {
     Handled,
     /// Parked as a dead letter: the cursor moves past it like a handled event.
     Parked,
+    /// Handled by an earlier run (a transactional handler's receipt): not handled again, and
+    /// passed over like a parked event.
+    Earlier,
 }
 
 /// One event of the window.
@@ -92,6 +95,11 @@ pub(crate) struct Window {
     /// Deliveries found in the database ahead of the cursor, by sequence, for events not yet
     /// read: retrying (`true`) or parked.
     known: HashMap<i64, (Held, bool)>,
+    /// Events ahead of the cursor a transactional handler handled in an earlier run (their
+    /// receipts), not yet read.
+    receipts: HashSet<i64>,
+    /// The highest sequence handled or parked (the cursor when none is beyond it).
+    handled_through: i64,
     /// The hasher of keys.
     hasher: std::collections::hash_map::RandomState,
 }
@@ -110,8 +118,9 @@ pub(crate) struct Prefix {
 }
 
 impl Window {
-    /// An empty window after `cursor`; `known` are the deliveries ahead of it in the database.
-    pub fn new(cursor: i64, known: Vec<(Held, bool)>) -> Self {
+    /// An empty window after `cursor`; `known` are the deliveries ahead of it in the database,
+    /// `receipts` the events ahead of it handled by an earlier run.
+    pub fn new(cursor: i64, known: Vec<(Held, bool)>, receipts: HashSet<i64>) -> Self {
         Self {
             cursor,
             slots: VecDeque::new(),
@@ -122,6 +131,8 @@ impl Window {
             prefix: 0,
             settled: 0,
             known: known.into_iter().map(|k| (k.0.sequence, k)).collect(),
+            receipts,
+            handled_through: cursor,
             hasher: Default::default(),
         }
     }
@@ -157,6 +168,11 @@ impl Window {
         self.settled
     }
 
+    /// The highest sequence handled or parked: the cursor, or beyond it.
+    pub fn handled_through(&self) -> i64 {
+        self.handled_through.max(self.cursor)
+    }
+
     /// How many events the cursor may move over now.
     pub fn prefix(&self) -> usize {
         self.prefix
@@ -188,6 +204,16 @@ impl Window {
             ready_at: None,
             undecodable,
         };
+        if !self.receipts.is_empty() && self.receipts.remove(&sequence) {
+            // Handled in an earlier run's transaction, with its effect: passed over.
+            slot.state = State::Earlier;
+            self.known.remove(&sequence);
+            self.slots.push_back(slot);
+            self.settled += 1;
+            self.handled_through = sequence;
+            self.advance_prefix();
+            return;
+        }
         match self.known.remove(&sequence) {
             Some((held, true)) => {
                 slot.attempts = held.attempts;
@@ -198,6 +224,7 @@ impl Window {
                 slot.state = State::Parked;
                 self.slots.push_back(slot);
                 self.settled += 1;
+                self.handled_through = sequence;
                 self.advance_prefix();
                 return;
             }
@@ -288,6 +315,7 @@ impl Window {
                 };
                 slot.ready_at = None;
                 self.settled += 1;
+                self.handled_through = self.handled_through.max(sequence);
                 if let Entry::Occupied(mut k) = self.keys.entry(key) {
                     let key = k.get_mut();
                     key.busy = false;
@@ -326,7 +354,7 @@ impl Window {
         while self
             .slots
             .get(self.prefix)
-            .is_some_and(|s| matches!(s.state, State::Handled | State::Parked))
+            .is_some_and(|s| matches!(s.state, State::Handled | State::Parked | State::Earlier))
         {
             self.prefix += 1;
         }
@@ -342,9 +370,12 @@ impl Window {
         let mut handled = Vec::with_capacity(count);
         let mut failed_before = None;
         let mut last = None;
-        for mut slot in self.slots.drain(..count) {
+        for (index, mut slot) in self.slots.drain(..count).enumerate() {
             let event = slot.event.take()?;
-            last = Some((event.sequence, event.event_id.clone()));
+            if index + 1 == count {
+                // The identity of the last one only: one string copy an acknowledgement.
+                last = Some((event.sequence, event.event_id.clone()));
+            }
             if slot.state == State::Handled {
                 if slot.attempts > 0 && failed_before.is_none() {
                     failed_before = Some(event.sequence);
@@ -399,7 +430,7 @@ mod tests {
 
     /// A window after 0 with events 1.. of the given tasks.
     fn window(tasks: &[&str]) -> Window {
-        let mut window = Window::new(0, Vec::new());
+        let mut window = Window::new(0, Vec::new(), HashSet::new());
         for (index, task) in tasks.iter().enumerate() {
             window.push(event(index as i64 + 1, task), None);
         }
@@ -501,7 +532,11 @@ mod tests {
             attempts,
             ready_at: Instant::now(),
         };
-        let mut window = Window::new(0, vec![(held(1, 3), true), (held(2, 10), false)]);
+        let mut window = Window::new(
+            0,
+            vec![(held(1, 3), true), (held(2, 10), false)],
+            HashSet::new(),
+        );
         window.push(event(1, "a"), None);
         window.push(event(2, "b"), None);
         assert_eq!(window.settled(), 1, "the parked one");
@@ -513,6 +548,26 @@ mod tests {
         let prefix = window.take_prefix(usize::MAX).unwrap();
         assert_eq!(sequences(&prefix.handled), [1]);
         assert_eq!(prefix.last, 2);
+    }
+
+    #[test]
+    fn events_with_a_receipt_are_passed_over_and_counted_as_handled_through() {
+        let mut window = Window::new(0, Vec::new(), HashSet::from([2, 3]));
+        window.push(event(1, "a"), None);
+        window.push(event(2, "c"), None);
+        window.push(event(3, "b"), None);
+        window.push(event(4, "a"), None);
+        assert_eq!(window.handled_through(), 3, "the receipts are handled");
+        let started = start_all(&mut window);
+        assert_eq!(sequences(&started), [1], "2 and 3 are not handled again");
+        window.finish(started.into_iter().next().unwrap(), Finished::Handled);
+        let (four, _) = window.start().unwrap();
+        assert_eq!(four.sequence, 4);
+        window.finish(four, Finished::Handled);
+        assert_eq!(window.handled_through(), 4);
+        let prefix = window.take_prefix(usize::MAX).unwrap();
+        assert_eq!(sequences(&prefix.handled), [1, 4], "handled by this run");
+        assert_eq!(prefix.last, 4);
     }
 
     #[test]

@@ -173,6 +173,8 @@ mod tests {
             cursor: Some(5),
             head_sequence: 5,
             lag: Some(0),
+            handled_through: None,
+            handled_ahead: None,
             lease_owner: Some("host:1:ab".into()),
             lease_generation: 1,
             lease_expires_at: None,

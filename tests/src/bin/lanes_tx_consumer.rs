@@ -1,0 +1,67 @@
+//! A consumer of project `p` with a transactional handler in lanes, for the kill -9 test of
+//! `tests/lanes_transactional.rs`: each event's effect is a row of `lane_effects`, written in
+//! the handler's transaction after a random 0-3 ms (so a kill lands inside transactions).
+//!
+//! Usage: `lanes_tx_consumer URL LANES MAX_AHEAD [--exit-when-caught-up]`; it runs until it is
+//! killed, or until it has caught up with the flag.
+
+use std::time::Duration;
+
+use outbox_consumer::{Consumer, HandlerFailure, ObservedEvent, TransactionalHandler};
+use outbox_core::ConnectSettings;
+use outbox_tests::consumer_kit::{Recorder, fast_config};
+
+/// Writes the event's effect in the handler's transaction.
+struct Effects;
+
+impl TransactionalHandler for Effects {
+    async fn handle(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        event: &ObservedEvent,
+    ) -> Result<(), HandlerFailure> {
+        let ms = rand::random::<u64>() % 4;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        tx.execute(
+            "INSERT INTO lane_effects (sequence, task_id) VALUES ($1, $2)",
+            &[&event.sequence, &event.task_id],
+        )
+        .await
+        .map_err(|_| HandlerFailure::new(outbox_consumer::FailureClass::handler_error()))?;
+        Ok(())
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let url = &args[1];
+    let config: tokio_postgres::Config = url.parse().expect("a database URL");
+    let mut consumer_config = fast_config("p", "c");
+    consumer_config.delivery.lanes = args[2].parse().expect("lanes");
+    consumer_config.delivery.max_ahead = args[3].parse().expect("max-ahead");
+    consumer_config.delivery.batch_size = 50;
+    consumer_config.delivery.max_batch_size = 200;
+    consumer_config.delivery.exit_when_caught_up = args.get(4).is_some();
+    let lanes = consumer_config.delivery.lanes;
+    let pool = ConnectSettings::from_config(config.clone())
+        .pool(lanes + 4)
+        .expect("pool builds");
+    let consumer = Consumer::transactional(
+        pool,
+        Some(config),
+        consumer_config,
+        Effects,
+        Recorder::default(),
+    );
+    match consumer
+        .run(tokio_util::sync::CancellationToken::new())
+        .await
+    {
+        Ok(_) => {}
+        Err(error) => {
+            eprintln!("{error}");
+            std::process::exit(1);
+        }
+    }
+}
