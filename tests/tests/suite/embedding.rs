@@ -3,9 +3,9 @@
 //! against a real database and a real nats-server; an event written reaches an SSE client and
 //! the JetStream stream, and cancelling the shutdown token stops them cleanly.
 
-#[path = "../../outbox-relay/doc/embedding.rs"]
+#[path = "../../../outbox-relay/doc/embedding.rs"]
 mod relay_example;
-#[path = "../../outbox-serve/doc/embedding.rs"]
+#[path = "../../../outbox-serve/doc/embedding.rs"]
 mod serve_example;
 
 use std::time::Duration;
