@@ -18,9 +18,13 @@ docs:
 bench:
 	bash bench/run.sh
 
+# Formatting, clippy, no library file over 600 lines, and the dependency policy in deny.toml
+# (cargo-deny, installed the first time, see scripts/deny.sh; the advisory database is fetched).
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	bash scripts/file-length.sh
+	bash scripts/deny.sh check
 
 build:
 	cargo build --workspace

@@ -9,6 +9,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rcgen::{
@@ -80,7 +81,13 @@ impl TlsCluster {
     pub fn start() -> Self {
         let bindir = find_bindir();
         let root = is_root();
-        let dir = std::env::temp_dir().join(format!("outbox-tls-{}", std::process::id()));
+        // The process and a counter: the test binary starts several at the same time.
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "outbox-tls-{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create TLS cluster directory");
 

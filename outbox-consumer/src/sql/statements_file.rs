@@ -30,24 +30,47 @@ fn render() -> String {
     out
 }
 
-/// The names of the `pub const` statements declared in `sql.rs`, in order.
+/// The names of the `pub const` statements declared in `sql.rs` and `sql/`, sorted.
 fn declared() -> Vec<&'static str> {
-    include_str!("../sql.rs")
-        .lines()
+    let mut names: Vec<&str> = super::SOURCES
+        .iter()
+        .flat_map(|source| source.lines())
         .filter_map(|line| line.strip_prefix("pub const "))
         .filter_map(|rest| rest.split_once(": &str"))
         .map(|(name, _)| name)
-        .collect()
+        .collect();
+    names.sort_unstable();
+    names
 }
 
 #[test]
 fn every_statement_is_listed() {
-    let listed: Vec<&str> = super::all().into_iter().map(|(name, _)| name).collect();
+    let mut listed: Vec<&str> = super::all().into_iter().map(|(name, _)| name).collect();
+    listed.sort_unstable();
     assert_eq!(
         listed,
         declared(),
-        "sql::all() must list every statement of sql.rs, in its order"
+        "sql::all() must list every statement of sql.rs and sql/, each once"
     );
+}
+
+/// Every file of `sql/` that may hold statements is one of [`super::SOURCES`], so a statement
+/// in a new file cannot go unlisted.
+#[test]
+fn every_statement_file_is_a_source() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/sql");
+    for entry in std::fs::read_dir(dir).expect("read src/sql") {
+        let path = entry.expect("entry of src/sql").path();
+        if path.extension().is_none_or(|e| e != "rs") || path.ends_with("statements_file.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read a file of src/sql");
+        assert!(
+            super::SOURCES.contains(&text.as_str()),
+            "{} is not in sql::SOURCES",
+            path.display()
+        );
+    }
 }
 
 #[test]
@@ -68,7 +91,7 @@ fn statements_file_is_current() {
                 |i| i + 1,
             );
         panic!(
-            "outbox-consumer/sql/statements.sql is not what sql.rs sends (first difference at \
+            "outbox-consumer/sql/statements.sql is not what sql.rs and sql/ send (first difference at \
              line {line}); regenerate it with `{REGENERATE}` and commit it"
         );
     }

@@ -215,7 +215,7 @@ async fn a_nats_server_restart_mid_stream_loses_and_repeats_nothing() {
     }
 }
 
-/// On each server in turn: the PostgreSQL cluster of its own is one per test binary.
+/// On each server in turn: the PostgreSQL cluster of its own is one per name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_postgres_restart_mid_stream_loses_and_repeats_nothing() {
     for server in [Server::Debian, Server::Current] {

@@ -5,11 +5,11 @@
 //! writer's example (`Writer::record_event`'s, the book's in Event contracts) records its
 //! event as shown.
 
-#[path = "../../outbox-core/doc/record_event.rs"]
+#[path = "../../../outbox-core/doc/record_event.rs"]
 mod record_event_example;
-#[path = "../../outbox-relay/doc/embedding.rs"]
+#[path = "../../../outbox-relay/doc/embedding.rs"]
 mod relay_example;
-#[path = "../../outbox-serve/doc/embedding.rs"]
+#[path = "../../../outbox-serve/doc/embedding.rs"]
 mod serve_example;
 
 use std::time::Duration;
