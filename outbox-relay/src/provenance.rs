@@ -14,6 +14,18 @@
 //! while running: the event fails (`nats_sequence_conflict`), is retried on the retry
 //! schedule and parked after the last attempt, replayable once the stranger is gone; each
 //! attempt reads the stream again.
+//!
+//! One kind of mismatch is not a stranger: the relay's own event line (its `ce-id` is its
+//! `Nats-Msg-Id`, its `ce-source` this project's) of an event the database does not know at
+//! all, at a sequence the database numbers otherwise or not yet. That is a history the
+//! database lost: the relay published it from a primary whose last transactions a failover
+//! to an asynchronous standby did not carry over, and the relay was stopped through the
+//! failover, so its own position never saw that tail. Waiting for an operator would wedge the
+//! relay for good (the message is truly the stream's history); the relay instead reports the
+//! divergence as the consumer would for its own position (`Lost`): a `history-diverged`
+//! audit row and a reconciliation notice after the lost messages, then the new history after
+//! the notice. Once this consumer's notice follows the lost message in the stream, the lost
+//! message is history the notice superseded, and the relay publishes after it.
 
 use deadpool_postgres::Pool;
 use outbox_core::{Schema, Unnamed as _};
@@ -25,6 +37,8 @@ use crate::tail::LastMessage;
 const EVENT_AT: &str = "
 SELECT (SELECT o.event_id FROM {{schema}}.lifecycle_outbox AS o
          WHERE o.project_id = $1 AND o.sequence = $2) AS event_id,
+       EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox AS o
+                WHERE o.project_id = $1 AND o.event_id = $3) AS known,
        COALESCE((SELECT h.pruned_through FROM {{schema}}.lifecycle_project_heads AS h
                   WHERE h.project_id = $1), 0) AS floor";
 
@@ -52,6 +66,46 @@ pub enum Provenance {
     Own,
     /// Another writer's message, or one that does not match the database: why.
     Stranger(String),
+    /// The relay's own event line of an event the database does not have (a history lost in
+    /// a failover, see the module docs): its `Outbox-Sequence` and `Nats-Msg-Id`, and why.
+    Lost {
+        /// The message's `Outbox-Sequence`.
+        sequence: i64,
+        /// The message's `Nats-Msg-Id` (the lost event's ID).
+        msg_id: String,
+        /// What the database holds instead.
+        why: String,
+    },
+}
+
+/// The `ce-source` of the relay's event lines of `project`.
+pub fn event_source(project: &str) -> String {
+    format!("urn:lifecycle-outbox:project:{project}")
+}
+
+/// Whether `message` is shaped as the relay's event line of `project`: its CloudEvents ID is
+/// its `Nats-Msg-Id` and its source is the project's.
+fn is_event_line(message: &LastMessage, project: &str) -> bool {
+    message.msg_id.is_some()
+        && message.ce_id == message.msg_id
+        && message.ce_source.as_deref() == Some(event_source(project).as_str())
+}
+
+/// Whether `notice`, the reconciliation subject's last message, is `consumer`'s notice of
+/// `project` stored after `event`, the event subject's last message: the relay reconciled
+/// past whatever `event` is.
+pub fn notice_follows(
+    notice: &LastMessage,
+    event: &LastMessage,
+    project: &str,
+    consumer: &str,
+) -> bool {
+    notice.tail.stream_sequence > event.tail.stream_sequence
+        && by_headers(notice, project, SubjectKind::Reconcile) == Some(Provenance::Own)
+        && notice
+            .msg_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with(&format!("reconcile:{project}:{consumer}:")))
 }
 
 /// Which kind of subject a message was read from.
@@ -124,18 +178,21 @@ pub async fn check(
         .await
         .map_err(|e| format!("cannot reach the database: {e}"))?;
     let row = client
-        .query_one_unnamed(&ledger.event_at, &[&project, &sequence])
+        .query_one_unnamed(&ledger.event_at, &[&project, &sequence, &msg_id])
         .await
         .map_err(|e| format!("cannot read event {sequence} of {project}: {e}"))?;
     let event_id: Option<String> = row.try_get("event_id").map_err(|e| e.to_string())?;
+    let known: bool = row.try_get("known").map_err(|e| e.to_string())?;
     let floor: i64 = row.try_get("floor").map_err(|e| e.to_string())?;
-    Ok(by_ledger(
-        event_id.as_deref(),
-        floor,
-        sequence,
-        msg_id,
-        project,
-    ))
+    let decided = by_ledger(event_id.as_deref(), floor, sequence, msg_id, project);
+    Ok(match decided {
+        Provenance::Stranger(why) if !known && is_event_line(last, project) => Provenance::Lost {
+            sequence,
+            msg_id: msg_id.to_owned(),
+            why,
+        },
+        decided => decided,
+    })
 }
 
 /// The database's word: the event at `sequence` (if retained) must have `msg_id` as its ID;
@@ -173,6 +230,8 @@ mod tests {
             },
             project: project.map(str::to_owned),
             msg_id: msg_id.map(str::to_owned),
+            ce_id: None,
+            ce_source: None,
         }
     }
 
@@ -185,6 +244,8 @@ mod tests {
             },
             project: None,
             msg_id: None,
+            ce_id: None,
+            ce_source: None,
         };
         assert_eq!(
             by_headers(&empty, "p1", SubjectKind::Events),
@@ -215,6 +276,43 @@ mod tests {
             by_headers(&ours, "p1", SubjectKind::Reconcile),
             Some(Provenance::Stranger(_))
         ));
+    }
+
+    #[test]
+    fn only_the_relays_event_line_can_be_a_lost_history() {
+        let mut lost = message(Some("p1"), Some(3), Some("a3"));
+        assert!(!is_event_line(&lost, "p1"), "no CloudEvents headers");
+        lost.ce_id = Some("a3".into());
+        lost.ce_source = Some(event_source("p1"));
+        assert!(is_event_line(&lost, "p1"));
+        assert!(!is_event_line(&lost, "p2"), "another project's source");
+        lost.ce_id = Some("other".into());
+        assert!(!is_event_line(&lost, "p1"), "ce-id is not the message ID");
+    }
+
+    #[test]
+    fn a_notice_of_this_consumer_after_the_message_supersedes_it() {
+        let event = message(Some("p1"), Some(200), Some("a200"));
+        let mut notice = message(Some("p1"), Some(210), Some("reconcile:p1:relay:210"));
+        notice.tail.stream_sequence = 8;
+        assert!(notice_follows(&notice, &event, "p1", "relay"));
+        assert!(
+            !notice_follows(&notice, &event, "p1", "other"),
+            "another consumer's"
+        );
+        notice.tail.stream_sequence = 6;
+        assert!(
+            !notice_follows(&notice, &event, "p1", "relay"),
+            "stored before it"
+        );
+        let empty = LastMessage {
+            tail: Tail {
+                stream_sequence: 0,
+                outbox_sequence: None,
+            },
+            ..event.clone()
+        };
+        assert!(!notice_follows(&empty, &event, "p1", "relay"));
     }
 
     #[test]

@@ -355,8 +355,29 @@ impl Publisher {
                     false => SubjectKind::Reconcile,
                 };
                 let project = &self.settings.project;
+                let mut tail = last.tail;
                 match provenance::check(self.ledger.as_ref(), &last, project, kind).await {
                     Ok(Provenance::Own) => {}
+                    Ok(Provenance::Lost {
+                        sequence,
+                        msg_id,
+                        why,
+                    }) => {
+                        if !self.reconciled_past(&js, &last).await? {
+                            tracing::error!(
+                                subject,
+                                stream_sequence = last.tail.stream_sequence,
+                                "the subject's last message in the stream is this relay's \
+                                 event from a history the database no longer has ({why}; a \
+                                 failover lost the old primary's last events while the relay \
+                                 was stopped); reconciling after it"
+                            );
+                            return Err(HandlerFailure::history_diverged(sequence, msg_id));
+                        }
+                        // Superseded by this consumer's notice: no event of the database's
+                        // history is in the stream after it.
+                        tail.outbox_sequence = None;
+                    }
                     Ok(Provenance::Stranger(why)) => {
                         tracing::error!(
                             subject,
@@ -373,7 +394,6 @@ impl Publisher {
                         return Err(class("database_unavailable"));
                     }
                 }
-                let tail = last.tail;
                 tracing::info!(
                     subject,
                     stream_sequence = tail.stream_sequence,
@@ -386,6 +406,28 @@ impl Publisher {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the stream's last message");
+                Err(class("nats_unavailable"))
+            }
+        }
+    }
+
+    /// Whether this consumer's reconciliation notice is stored after `event` (the event
+    /// subject's last message, from a lost history): the relay already reconciled past it.
+    async fn reconciled_past(
+        &self,
+        js: &Context,
+        event: &tail::LastMessage,
+    ) -> Result<bool, HandlerFailure> {
+        let subject = reconcile_subject(&self.settings.prefix, &self.settings.project);
+        match tail::learn(js, &self.settings.stream, &subject).await {
+            Ok(notice) => Ok(provenance::notice_follows(
+                &notice,
+                event,
+                &self.settings.project,
+                &self.settings.consumer,
+            )),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stream's last notice");
                 Err(class("nats_unavailable"))
             }
         }
@@ -413,7 +455,7 @@ impl Publisher {
     /// writer's trace context when it passed one.
     fn event_headers(&self, event: &ObservedEvent) -> HeaderMap {
         let mut headers = self.headers(event.sequence);
-        let source = format!("urn:lifecycle-outbox:project:{}", self.settings.project);
+        let source = provenance::event_source(&self.settings.project);
         let time = outbox_core::format_timestamp(event.occurred_at);
         let sequence = format!("{:020}", event.sequence);
         let schema = outbox_core::contract::schema_urn(&event.event_type, event.type_major.into());
