@@ -28,9 +28,12 @@
 //! message is history the notice superseded, and the relay publishes after it.
 
 use deadpool_postgres::Pool;
+use outbox_consumer::HandlerFailure;
 use outbox_core::{Schema, Unnamed as _};
 
-use crate::tail::LastMessage;
+use crate::publisher::{Pipeline, Publisher, class};
+use crate::settings::reconcile_subject;
+use crate::tail::{self, LastMessage, Tail, TailError};
 
 /// The event at a sequence of a project, and the project's retention floor and head, to tell
 /// a pruned event from one that never existed.
@@ -214,6 +217,98 @@ fn by_ledger(
         None => Provenance::Stranger(format!(
             "{project:?} has no event numbered {sequence} (its Outbox-Sequence)"
         )),
+    }
+}
+
+impl Publisher {
+    /// The subject's last message read from the stream, adopted only when it is the relay's
+    /// own (see `provenance`).
+    pub(crate) async fn learn_tail(
+        &self,
+        state: &mut Pipeline,
+        subject: &str,
+    ) -> Result<Tail, HandlerFailure> {
+        let js = Self::js(state);
+        let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
+        if let Err(TailError::StreamMissing(detail)) = &learned {
+            // The stream is gone (an operator deleted it, or the cluster lost it): the relay
+            // checks it again as at start, which creates it when missing, and reads again.
+            tracing::warn!(error = %detail, "the stream is missing; checking it again");
+            self.ensure_stream(&js).await?;
+            learned = tail::learn(&js, &self.settings.stream, subject).await;
+        }
+        match learned {
+            Ok(last) => {
+                let kind = match subject == self.subject {
+                    true => SubjectKind::Events,
+                    false => SubjectKind::Reconcile,
+                };
+                let project = &self.settings.project;
+                let mut tail = last.tail;
+                match check(self.ledger.as_ref(), &last, project, kind).await {
+                    Ok(Provenance::Own) => {}
+                    Ok(Provenance::Lost {
+                        sequence,
+                        msg_id,
+                        why,
+                    }) => {
+                        let notice = reconcile_subject(&self.settings.prefix, project);
+                        let reconciled = tail::learn(&js, &self.settings.stream, &notice)
+                            .await
+                            .map(|notice| {
+                                let consumer = &self.settings.consumer;
+                                notice_follows(&notice, &last, project, consumer)
+                            })
+                            .map_err(|e| {
+                                tracing::warn!(error = %e, "cannot read the stream's last notice");
+                                class("nats_unavailable")
+                            })?;
+                        if !reconciled {
+                            tracing::error!(
+                                subject,
+                                stream_sequence = last.tail.stream_sequence,
+                                "the subject's last message in the stream is this relay's \
+                                 event from a history the database no longer has ({why}; a \
+                                 failover lost the old primary's last events while the relay \
+                                 was stopped); reconciling after it"
+                            );
+                            return Err(HandlerFailure::history_diverged(sequence, msg_id));
+                        }
+                        // Superseded by this consumer's notice: no event of the database's
+                        // history is in the stream after it.
+                        tail.outbox_sequence = None;
+                    }
+                    Ok(Provenance::Stranger(why)) => {
+                        tracing::error!(
+                            subject,
+                            stream_sequence = last.tail.stream_sequence,
+                            "the subject's last message in the stream is not one this relay \
+                             stored ({why}); not publishing after it: the event fails and is \
+                             retried on the retry schedule, never skipped (remove the message \
+                             from the stream, then replay what was parked)"
+                        );
+                        return Err(class("nats_sequence_conflict"));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot check the stream's last message");
+                        return Err(class("database_unavailable"));
+                    }
+                }
+                tracing::info!(
+                    subject,
+                    stream_sequence = tail.stream_sequence,
+                    outbox_sequence = tail
+                        .outbox_sequence
+                        .map_or_else(|| "none".to_owned(), |s| s.to_string()),
+                    "read the subject's last message in the stream"
+                );
+                Ok(tail)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stream's last message");
+                Err(class("nats_unavailable"))
+            }
+        }
     }
 }
 

@@ -51,11 +51,11 @@ use tokio::time::error::Elapsed;
 use crate::fence::Fence;
 use crate::fenced::Chain;
 use crate::link::Link;
-use crate::provenance::{self, Ledger, Provenance, SubjectKind};
+use crate::provenance::{self, Ledger};
 use crate::security::Security;
 use crate::settings::{NatsServer, event_subject, reconcile_subject};
 use crate::stream::{self, Ensured, StreamSpec};
-use crate::tail::{self, Tail, TailError};
+use crate::tail::Tail;
 use outbox_service::lines::{event_line, reconcile_line};
 
 /// How the publisher reaches NATS.
@@ -145,10 +145,10 @@ pub struct Publisher {
     /// The stream as the relay checks it at start, checked (or created) again when
     /// JetStream says it is missing.
     pub(crate) stream: StreamSpec,
-    subject: String,
+    pub(crate) subject: String,
     /// The database, to recognise the relay's own messages in the stream (see
     /// `provenance`); without it only their headers are checked.
-    ledger: Option<Ledger>,
+    pub(crate) ledger: Option<Ledger>,
     pub(crate) state: Mutex<Pipeline>,
 }
 
@@ -327,107 +327,6 @@ impl Publisher {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot check the stream");
-                Err(class("nats_unavailable"))
-            }
-        }
-    }
-
-    /// The subject's last message read from the stream, adopted only when it is the relay's
-    /// own (see `provenance`).
-    pub(crate) async fn learn_tail(
-        &self,
-        state: &mut Pipeline,
-        subject: &str,
-    ) -> Result<Tail, HandlerFailure> {
-        let js = Self::js(state);
-        let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
-        if let Err(TailError::StreamMissing(detail)) = &learned {
-            // The stream is gone (an operator deleted it, or the cluster lost it): the relay
-            // checks it again as at start, which creates it when missing, and reads again.
-            tracing::warn!(error = %detail, "the stream is missing; checking it again");
-            self.ensure_stream(&js).await?;
-            learned = tail::learn(&js, &self.settings.stream, subject).await;
-        }
-        match learned {
-            Ok(last) => {
-                let kind = match subject == self.subject {
-                    true => SubjectKind::Events,
-                    false => SubjectKind::Reconcile,
-                };
-                let project = &self.settings.project;
-                let mut tail = last.tail;
-                match provenance::check(self.ledger.as_ref(), &last, project, kind).await {
-                    Ok(Provenance::Own) => {}
-                    Ok(Provenance::Lost {
-                        sequence,
-                        msg_id,
-                        why,
-                    }) => {
-                        if !self.reconciled_past(&js, &last).await? {
-                            tracing::error!(
-                                subject,
-                                stream_sequence = last.tail.stream_sequence,
-                                "the subject's last message in the stream is this relay's \
-                                 event from a history the database no longer has ({why}; a \
-                                 failover lost the old primary's last events while the relay \
-                                 was stopped); reconciling after it"
-                            );
-                            return Err(HandlerFailure::history_diverged(sequence, msg_id));
-                        }
-                        // Superseded by this consumer's notice: no event of the database's
-                        // history is in the stream after it.
-                        tail.outbox_sequence = None;
-                    }
-                    Ok(Provenance::Stranger(why)) => {
-                        tracing::error!(
-                            subject,
-                            stream_sequence = last.tail.stream_sequence,
-                            "the subject's last message in the stream is not one this relay \
-                             stored ({why}); not publishing after it: the event fails and is \
-                             retried on the retry schedule, never skipped (remove the message \
-                             from the stream, then replay what was parked)"
-                        );
-                        return Err(class("nats_sequence_conflict"));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot check the stream's last message");
-                        return Err(class("database_unavailable"));
-                    }
-                }
-                tracing::info!(
-                    subject,
-                    stream_sequence = tail.stream_sequence,
-                    outbox_sequence = tail
-                        .outbox_sequence
-                        .map_or_else(|| "none".to_owned(), |s| s.to_string()),
-                    "read the subject's last message in the stream"
-                );
-                Ok(tail)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the stream's last message");
-                Err(class("nats_unavailable"))
-            }
-        }
-    }
-
-    /// Whether this consumer's reconciliation notice is stored after `event` (the event
-    /// subject's last message, from a lost history): the relay already reconciled past it.
-    async fn reconciled_past(
-        &self,
-        js: &Context,
-        event: &tail::LastMessage,
-    ) -> Result<bool, HandlerFailure> {
-        let subject = reconcile_subject(&self.settings.prefix, &self.settings.project);
-        match tail::learn(js, &self.settings.stream, &subject).await {
-            Ok(notice) => Ok(provenance::notice_follows(
-                &notice,
-                event,
-                &self.settings.project,
-                &self.settings.consumer,
-            )),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the stream's last notice");
                 Err(class("nats_unavailable"))
             }
         }
