@@ -140,6 +140,9 @@ impl Publisher {
         let outcome = tokio::time::timeout_at(deadline, ack).await;
         match outcome {
             Ok(Ok(ack)) if ack.sequence == expected + 1 => {
+                if ack.duplicate {
+                    duplicate(sequence, ack.sequence);
+                }
                 state.in_flight.pop_front();
                 state.resyncs = 0;
             }
@@ -225,6 +228,16 @@ impl Publisher {
             }
         }
     }
+}
+
+/// A PubAck saying the stream held the event already, where the relay expected it: another
+/// publish of it (a retry, or another holder of the lease) was stored first.
+pub(crate) fn duplicate(sequence: i64, stream_sequence: u64) {
+    tracing::info!(
+        sequence,
+        stream_sequence,
+        "JetStream already held this event (a duplicate): another publish of it was stored first"
+    );
 }
 
 #[cfg(test)]

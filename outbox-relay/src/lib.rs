@@ -20,6 +20,7 @@
 mod diagnose;
 mod fence;
 mod fenced;
+mod gate;
 mod link;
 mod provenance;
 mod publisher;

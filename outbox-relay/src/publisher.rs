@@ -245,6 +245,9 @@ impl Publisher {
     ) -> Result<PublishAck, HandlerFailure> {
         match outcome {
             Ok(Ok(ack)) => {
+                if ack.duplicate {
+                    crate::fenced::duplicate(sequence, ack.sequence);
+                }
                 if let Some(tail) = state.tails.get_mut(subject) {
                     *tail = tail.after_ack(ack.sequence, ack.duplicate, sequence);
                 }
@@ -432,6 +435,7 @@ impl Publisher {
             }
             Fence::None => {}
         }
+        crate::gate::pass(out.sequence).await;
         let link = state.link.as_ref().expect("ensured");
         match link.js.send_publish(out.subject.clone(), message).await {
             Ok(ack) => Ok(InFlight {
