@@ -138,12 +138,19 @@ pub(crate) async fn traced<F: Future>(event: &ObservedEvent, handling: F) -> F::
     }
 }
 
-/// Sorts a handler failure: `Err` stops the consumer (the sink is broken), `Ok(None)` is an
-/// abandonment (not the event's fault, not counted), `Ok(Some(class))` a failure of the event.
+/// Sorts a handler failure: `Err` stops the consumer (the sink is broken) or, for a sink whose
+/// history diverged, makes it reconcile; `Ok(None)` is an abandonment (not the event's fault,
+/// not counted), `Ok(Some(class))` a failure of the event.
 pub(crate) fn triage(failure: HandlerFailure) -> Result<Option<FailureClass>, ConsumerError> {
     if let Some(reason) = failure.stop_reason() {
         return Err(ConsumerError::SinkFailed {
             reason: reason.to_owned(),
+        });
+    }
+    if let Some((position, identity)) = failure.diverged() {
+        return Err(ConsumerError::SinkDiverged {
+            position,
+            identity: identity.to_owned(),
         });
     }
     if failure.is_abandoned() {

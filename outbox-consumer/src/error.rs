@@ -58,6 +58,18 @@ pub enum ConsumerError {
         /// What the sink reported.
         reason: String,
     },
+    /// The handler's sink holds output from a history the database no longer has
+    /// ([`crate::HandlerFailure::history_diverged`]); the run audits it and reconciles.
+    #[error(
+        "the sink holds this consumer's output up to {position} ({identity}), which the \
+         database does not have"
+    )]
+    SinkDiverged {
+        /// The sink's position.
+        position: i64,
+        /// The event the sink holds there.
+        identity: String,
+    },
     /// The reconciliation live-set query does not have the required shape (checked when it
     /// is first prepared, before the lease is claimed).
     #[error("invalid live query: {0}")]

@@ -192,6 +192,13 @@ enum FailureKind {
     Stop(String),
     /// Shutdown's: deliver again on the next run, uncounted.
     Abandon,
+    /// The sink's history is not the database's: the consumer audits and reconciles.
+    Diverged {
+        /// The position the sink holds.
+        position: i64,
+        /// The identity of the event the sink holds there.
+        identity: String,
+    },
 }
 
 impl HandlerFailure {
@@ -220,6 +227,29 @@ impl HandlerFailure {
         Self {
             class: FailureClass::abandoned(),
             kind: FailureKind::Abandon,
+        }
+    }
+
+    /// The sink already holds this consumer's output up to `position` (the event `identity`),
+    /// and the database has no such event there: the sink's history is one the database lost
+    /// (a failover to a standby that lacked the tail). Not the event's fault: the consumer
+    /// writes the `history-diverged` audit row and reconciles, as when its own position is
+    /// not in the database's history, then goes on after the reconciliation's head.
+    pub fn history_diverged(position: i64, identity: impl Into<String>) -> Self {
+        Self {
+            class: FailureClass("history_diverged".into()),
+            kind: FailureKind::Diverged {
+                position,
+                identity: identity.into(),
+            },
+        }
+    }
+
+    /// The sink's position and identity, for a [`HandlerFailure::history_diverged`].
+    pub fn diverged(&self) -> Option<(i64, &str)> {
+        match &self.kind {
+            FailureKind::Diverged { position, identity } => Some((*position, identity)),
+            _ => None,
         }
     }
 

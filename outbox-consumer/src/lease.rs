@@ -95,6 +95,27 @@ pub(crate) struct Lease {
     explain: String,
     /// Lease length.
     ttl: Duration,
+    /// Tests only (`OUTBOX_TEST_LEASE_CHECK_DELAY_MS`): a failed check within this long of
+    /// the last passed one is ignored, and the last time a check passed.
+    check_delay: Option<(Duration, Mutex<Option<Instant>>)>,
+}
+
+/// The environment variable of [`test_check_delay`].
+pub(crate) const TEST_CHECK_DELAY_VAR: &str = "OUTBOX_TEST_LEASE_CHECK_DELAY_MS";
+
+/// **For tests only**: `OUTBOX_TEST_LEASE_CHECK_DELAY_MS`, milliseconds for which a holder
+/// keeps dispatching after its lease check starts failing, as if it had been paused between
+/// its check and its work. The zombie-race tests set it so that a holder resumed from SIGSTOP
+/// publishes while its successor does; nothing else may: it defeats the local deadline.
+fn test_check_delay() -> Option<Duration> {
+    let value = std::env::var(TEST_CHECK_DELAY_VAR).ok()?;
+    let millis: u64 = value.trim().parse().ok()?;
+    tracing::warn!(
+        millis,
+        "{TEST_CHECK_DELAY_VAR} is set (for tests only): failed lease checks are ignored \
+         for that long after the last one that passed"
+    );
+    Some(Duration::from_millis(millis))
 }
 
 impl Lease {
@@ -106,6 +127,7 @@ impl Lease {
             lost: CancellationToken::new(),
             lost_reason: Mutex::new(None),
             ttl,
+            check_delay: test_check_delay().map(|delay| (delay, Mutex::new(None))),
         }
     }
 
@@ -117,7 +139,18 @@ impl Lease {
 
     /// True while this process may dispatch.
     pub fn is_valid(&self) -> bool {
-        !self.lost.is_cancelled() && Instant::now() < *self.valid_until.lock().expect("lease lock")
+        let now = Instant::now();
+        let valid =
+            !self.lost.is_cancelled() && now < *self.valid_until.lock().expect("lease lock");
+        let Some((delay, passed)) = &self.check_delay else {
+            return valid;
+        };
+        let mut passed = passed.lock().expect("lease lock");
+        if valid {
+            *passed = Some(now);
+            return true;
+        }
+        passed.is_some_and(|at| now < at + *delay)
     }
 
     /// True once the lease is known to be lost (not merely expired locally).

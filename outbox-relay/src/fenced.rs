@@ -38,7 +38,7 @@ use outbox_consumer::HandlerFailure;
 
 use crate::provenance::SubjectKind;
 use crate::publisher::{InFlight, Pipeline, Publisher, class};
-use crate::settings::project_prefix;
+use crate::subjects::project_prefix;
 use crate::tail::{self, TailError};
 
 /// Consecutive reads of the stream's end, without a publish confirmed in between, after which
@@ -112,7 +112,8 @@ impl Publisher {
                     return Err(class("nats_unavailable"));
                 }
             };
-            let own = self.learn_tail(state, &every_subject).await?;
+            let for_notice = SubjectKind::of(subject) == SubjectKind::Reconcile;
+            let own = self.learn_tail(state, &every_subject, for_notice).await?;
             if own.tail.stream_sequence > last {
                 // Stored between the two reads: read both again.
                 continue;
@@ -152,6 +153,9 @@ impl Publisher {
         let outcome = tokio::time::timeout_at(deadline, ack).await;
         match outcome {
             Ok(Ok(ack)) if ack.sequence == expected + 1 => {
+                if ack.duplicate {
+                    duplicate(sequence, ack.sequence);
+                }
                 state.in_flight.pop_front();
                 state.resyncs = 0;
             }
@@ -237,6 +241,16 @@ impl Publisher {
             }
         }
     }
+}
+
+/// A PubAck saying the stream held the event already, where the relay expected it: another
+/// publish of it (a retry, or another holder of the lease) was stored first.
+pub(crate) fn duplicate(sequence: i64, stream_sequence: u64) {
+    tracing::info!(
+        sequence,
+        stream_sequence,
+        "JetStream already held this event (a duplicate): another publish of it was stored first"
+    );
 }
 
 #[cfg(test)]

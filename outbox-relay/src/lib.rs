@@ -7,20 +7,21 @@
 //!
 #![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!
-//! Modules, base first: `settings` (URLs, names, subjects), `security` (credentials and
-//! TLS) and [`metric`] (the names and help text of what it records) import nothing of the
-//! crate; `tail` (each subject's last stored message),
-//! `provenance` (whether that message is the relay's own), `fence` (the order fences and the
-//! servers that enforce them), `diagnose`
-//! (failures named by cause, the start-up publish probe) and `stream` (creating or verifying
-//! the stream) use them; `publisher` (the handler) uses those, with `link` (its NATS
-//! client) and `fenced` (its stream-fenced window); `relay` runs it all.
+//! Modules, base first: `settings` (the NATS URLs), `subjects` (the prefix, the stream name
+//! and each type's subject), `security` (credentials and TLS) and [`metric`] (the names and
+//! help text of what it records) import nothing of the crate; `tail` (each subject's last
+//! stored message), `provenance` (whether that message is the relay's own), `fence` (the
+//! order fences and the servers that enforce them), `diagnose` (failures named by cause, the
+//! start-up publish probe) and `stream` (creating or verifying the stream) use them;
+//! `publisher` (the handler) uses those, with `link` (its NATS client) and `fenced` (its
+//! stream-fenced window); `relay` runs it all.
 
 #![forbid(unsafe_code)]
 
 mod diagnose;
 mod fence;
 mod fenced;
+mod gate;
 mod link;
 pub mod metric;
 mod provenance;
@@ -29,14 +30,15 @@ mod relay;
 mod security;
 mod settings;
 mod stream;
+mod subjects;
 mod tail;
 
 pub use fence::{Fence, check_server};
 pub use publisher::{Publisher, PublisherSettings};
 pub use relay::{Relay, RelayError};
 pub use security::{Credentials, Security, Tls};
-pub use settings::{
-    NatsServer, NatsUrls, UserInfo, event_subject, event_subjects, parse_nats_urls, project_prefix,
-    validate_stream_name, validate_subject_prefix,
-};
+pub use settings::{NatsServer, NatsUrls, UserInfo, parse_nats_urls};
 pub use stream::{Ensured, StreamError, StreamSpec, ensure};
+pub use subjects::{
+    event_subject, event_subjects, project_prefix, validate_stream_name, validate_subject_prefix,
+};

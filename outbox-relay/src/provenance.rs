@@ -16,19 +16,36 @@
 //! while running: the event fails (`nats_sequence_conflict`), is retried on the retry
 //! schedule and parked after the last attempt, replayable once the stranger is gone; each
 //! attempt reads the stream again.
+//!
+//! One kind of mismatch is not a stranger: the relay's own event line (its `ce-id` is its
+//! `Nats-Msg-Id`, its `ce-source` this project's) of an event the database does not know at
+//! all, at a sequence the database numbers otherwise or not yet. That is a history the
+//! database lost: the relay published it from a primary whose last transactions a failover
+//! to an asynchronous standby did not carry over, and the relay was stopped through the
+//! failover, so its own position never saw that tail. Waiting for an operator would wedge the
+//! relay for good (the message is truly the stream's history); the relay instead reports the
+//! divergence as the consumer would for its own position (`Lost`): a `history-diverged`
+//! audit row and a reconciliation notice after the lost messages, then the new history after
+//! the notice. Once this consumer's notice follows the lost message in the stream, the lost
+//! message is history the notice superseded, and the relay publishes after it.
 
 use deadpool_postgres::Pool;
+use outbox_consumer::HandlerFailure;
 use outbox_core::{Schema, Unnamed as _};
 
 use outbox_core::contract::subject_token;
 
-use crate::settings::is_reconcile_subject;
-use crate::tail::LastMessage;
+use crate::publisher::{Pipeline, Publisher, class};
+use crate::subjects::{is_reconcile_subject, reconcile_subject};
+use crate::tail::{self, LastMessage, TailError};
 
-/// The event at a sequence of a project (its ID and type), and the project's retention floor,
-/// to tell a pruned event from one that never existed.
+/// The event at a sequence of a project (its ID and type), whether the project has an event
+/// with ID `$3` anywhere (a lost history's message has none), and the project's retention
+/// floor, to tell a pruned event from one that never existed.
 const EVENT_AT: &str = "
 SELECT o.event_id, o.event_type,
+       EXISTS (SELECT 1 FROM {{schema}}.lifecycle_outbox AS k
+                WHERE k.project_id = $1 AND k.event_id = $3) AS known,
        COALESCE((SELECT h.pruned_through FROM {{schema}}.lifecycle_project_heads AS h
                   WHERE h.project_id = $1), 0) AS floor
   FROM (SELECT 1) AS one
@@ -58,6 +75,46 @@ pub enum Provenance {
     Own,
     /// Another writer's message, or one that does not match the database: why.
     Stranger(String),
+    /// The relay's own event line of an event the database does not have (a history lost in
+    /// a failover, see the module docs): its `Outbox-Sequence` and `Nats-Msg-Id`, and why.
+    Lost {
+        /// The message's `Outbox-Sequence`.
+        sequence: i64,
+        /// The message's `Nats-Msg-Id` (the lost event's ID).
+        msg_id: String,
+        /// What the database holds instead.
+        why: String,
+    },
+}
+
+/// The `ce-source` of the relay's event lines of `project`.
+pub fn event_source(project: &str) -> String {
+    format!("urn:lifecycle-outbox:project:{project}")
+}
+
+/// Whether `message` is shaped as the relay's event line of `project`: its CloudEvents ID is
+/// its `Nats-Msg-Id` and its source is the project's.
+fn is_event_line(message: &LastMessage, project: &str) -> bool {
+    message.msg_id.is_some()
+        && message.ce_id == message.msg_id
+        && message.ce_source.as_deref() == Some(event_source(project).as_str())
+}
+
+/// Whether `notice`, the reconciliation subject's last message, is `consumer`'s notice of
+/// `project` stored after `event`, the event subject's last message: the relay reconciled
+/// past whatever `event` is.
+pub fn notice_follows(
+    notice: &LastMessage,
+    event: &LastMessage,
+    project: &str,
+    consumer: &str,
+) -> bool {
+    notice.tail.stream_sequence > event.tail.stream_sequence
+        && by_headers(notice, project) == Some(Provenance::Own)
+        && notice
+            .msg_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with(&format!("reconcile:{project}:{consumer}:")))
 }
 
 /// Which kind of subject a message was read from.
@@ -141,21 +198,23 @@ pub async fn check(
         .await
         .map_err(|e| format!("cannot reach the database: {e}"))?;
     let row = client
-        .query_one_unnamed(&ledger.event_at, &[&project, &sequence])
+        .query_one_unnamed(&ledger.event_at, &[&project, &sequence, &msg_id])
         .await
         .map_err(|e| format!("cannot read event {sequence} of {project}: {e}"))?;
     let event_id: Option<String> = row.try_get("event_id").map_err(|e| e.to_string())?;
     let event_type: Option<String> = row.try_get("event_type").map_err(|e| e.to_string())?;
+    let known: bool = row.try_get("known").map_err(|e| e.to_string())?;
     let floor: i64 = row.try_get("floor").map_err(|e| e.to_string())?;
     let event = event_id.as_deref().zip(event_type.as_deref());
-    Ok(by_ledger(
-        event,
-        floor,
-        sequence,
-        &last.subject,
-        msg_id,
-        project,
-    ))
+    let decided = by_ledger(event, floor, sequence, &last.subject, msg_id, project);
+    Ok(match decided {
+        Provenance::Stranger(why) if !known && is_event_line(last, project) => Provenance::Lost {
+            sequence,
+            msg_id: msg_id.to_owned(),
+            why,
+        },
+        decided => decided,
+    })
 }
 
 /// The database's word: the event at `sequence` (if retained) must have `msg_id` as its ID,
@@ -190,6 +249,97 @@ fn by_ledger(
     }
 }
 
+impl Publisher {
+    /// The subject's last message read from the stream, adopted only when it is the relay's
+    /// own (see the module docs); `subject` may be a wildcard (the stream fence reads the last
+    /// message of the project's subjects together). `for_notice`: the relay is about to
+    /// publish its reconciliation notice after it, which is what a lost history asks for.
+    pub(crate) async fn learn_tail(
+        &self,
+        state: &mut Pipeline,
+        subject: &str,
+        for_notice: bool,
+    ) -> Result<LastMessage, HandlerFailure> {
+        let js = Self::js(state);
+        let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
+        if let Err(TailError::StreamMissing(detail)) = &learned {
+            // The stream is gone (an operator deleted it, or the cluster lost it): the relay
+            // checks it again as at start, which creates it when missing, and reads again.
+            tracing::warn!(error = %detail, "the stream is missing; checking it again");
+            self.ensure_stream(&js).await?;
+            learned = tail::learn(&js, &self.settings.stream, subject).await;
+        }
+        let mut last = match learned {
+            Ok(last) => last,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the stream's last message");
+                return Err(class("nats_unavailable"));
+            }
+        };
+        let project = &self.settings.project;
+        match check(self.ledger.as_ref(), &last, project).await {
+            Ok(Provenance::Own) => {}
+            Ok(Provenance::Lost { .. }) if for_notice => {
+                // The notice about to follow it supersedes the lost history.
+                last.tail.outbox_sequence = None;
+            }
+            Ok(Provenance::Lost {
+                sequence,
+                msg_id,
+                why,
+            }) => {
+                let notice = reconcile_subject(&self.settings.prefix, project);
+                let reconciled = tail::learn(&js, &self.settings.stream, &notice)
+                    .await
+                    .map(|notice| notice_follows(&notice, &last, project, &self.settings.consumer))
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "cannot read the stream's last notice");
+                        class("nats_unavailable")
+                    })?;
+                if !reconciled {
+                    tracing::error!(
+                        subject = %last.subject,
+                        stream_sequence = last.tail.stream_sequence,
+                        "the subject's last message in the stream is this relay's event from \
+                         a history the database no longer has ({why}; a failover lost the old \
+                         primary's last events while the relay was stopped); reconciling \
+                         after it"
+                    );
+                    return Err(HandlerFailure::history_diverged(sequence, msg_id));
+                }
+                // Superseded by this consumer's notice: no event of the database's history is
+                // in the stream after it.
+                last.tail.outbox_sequence = None;
+            }
+            Ok(Provenance::Stranger(why)) => {
+                tracing::error!(
+                    subject = %last.subject,
+                    stream_sequence = last.tail.stream_sequence,
+                    "the subject's last message in the stream is not one this relay stored \
+                     ({why}); not publishing after it: the event fails and is retried on the \
+                     retry schedule, never skipped (remove the message from the stream, then \
+                     replay what was parked)"
+                );
+                return Err(class("nats_sequence_conflict"));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the stream's last message");
+                return Err(class("database_unavailable"));
+            }
+        }
+        tracing::info!(
+            subject = %last.subject,
+            stream_sequence = last.tail.stream_sequence,
+            outbox_sequence = last
+                .tail
+                .outbox_sequence
+                .map_or_else(|| "none".to_owned(), |s| s.to_string()),
+            "read the subject's last message in the stream"
+        );
+        Ok(last)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,6 +354,8 @@ mod tests {
             },
             project: project.map(str::to_owned),
             msg_id: msg_id.map(str::to_owned),
+            ce_id: None,
+            ce_source: None,
         }
     }
 
@@ -217,6 +369,8 @@ mod tests {
             },
             project: None,
             msg_id: None,
+            ce_id: None,
+            ce_source: None,
         };
         assert_eq!(by_headers(&empty, "p1"), Some(Provenance::Own));
         for foreign in [
@@ -242,6 +396,44 @@ mod tests {
             by_headers(&on_reconcile(ours), "p1"),
             Some(Provenance::Stranger(_))
         ));
+    }
+
+    #[test]
+    fn only_the_relays_event_line_can_be_a_lost_history() {
+        let mut lost = message(Some("p1"), Some(3), Some("a3"));
+        assert!(!is_event_line(&lost, "p1"), "no CloudEvents headers");
+        lost.ce_id = Some("a3".into());
+        lost.ce_source = Some(event_source("p1"));
+        assert!(is_event_line(&lost, "p1"));
+        assert!(!is_event_line(&lost, "p2"), "another project's source");
+        lost.ce_id = Some("other".into());
+        assert!(!is_event_line(&lost, "p1"), "ce-id is not the message ID");
+    }
+
+    #[test]
+    fn a_notice_of_this_consumer_after_the_message_supersedes_it() {
+        let event = message(Some("p1"), Some(200), Some("a200"));
+        let mut notice = message(Some("p1"), Some(210), Some("reconcile:p1:relay:210"));
+        notice.subject = "lifecycle.p1.reconcile".into();
+        notice.tail.stream_sequence = 8;
+        assert!(notice_follows(&notice, &event, "p1", "relay"));
+        assert!(
+            !notice_follows(&notice, &event, "p1", "other"),
+            "another consumer's"
+        );
+        notice.tail.stream_sequence = 6;
+        assert!(
+            !notice_follows(&notice, &event, "p1", "relay"),
+            "stored before it"
+        );
+        let empty = LastMessage {
+            tail: Tail {
+                stream_sequence: 0,
+                outbox_sequence: None,
+            },
+            ..event.clone()
+        };
+        assert!(!notice_follows(&empty, &event, "p1", "relay"));
     }
 
     #[test]

@@ -51,11 +51,12 @@ use tokio::time::error::Elapsed;
 use crate::fence::Fence;
 use crate::fenced::Chain;
 use crate::link::Link;
-use crate::provenance::{self, Ledger, Provenance, SubjectKind};
+use crate::provenance::{self, Ledger, SubjectKind};
 use crate::security::Security;
-use crate::settings::{EventSubjects, NatsServer, reconcile_subject};
+use crate::settings::NatsServer;
 use crate::stream::{self, Ensured, StreamSpec};
-use crate::tail::{self, LastMessage, Tail, TailError};
+use crate::subjects::{EventSubjects, reconcile_subject};
+use crate::tail::Tail;
 use outbox_service::lines::{event_line, reconcile_line};
 
 /// How the publisher reaches NATS.
@@ -153,7 +154,7 @@ pub struct Publisher {
     subjects: EventSubjects,
     /// The database, to recognise the relay's own messages in the stream (see
     /// `provenance`); without it only their headers are checked.
-    ledger: Option<Ledger>,
+    pub(crate) ledger: Option<Ledger>,
     pub(crate) state: Mutex<Pipeline>,
 }
 
@@ -251,6 +252,9 @@ impl Publisher {
     ) -> Result<PublishAck, HandlerFailure> {
         match outcome {
             Ok(Ok(ack)) => {
+                if ack.duplicate {
+                    crate::fenced::duplicate(sequence, ack.sequence);
+                }
                 if let Some(tail) = state.tails.get_mut(subject) {
                     *tail = tail.after_ack(ack.sequence, ack.duplicate, sequence);
                 }
@@ -309,7 +313,8 @@ impl Publisher {
         if let Some(tail) = state.tails.get(subject) {
             return Ok(*tail);
         }
-        let tail = self.learn_tail(state, subject).await?.tail;
+        let for_notice = SubjectKind::of(subject) == SubjectKind::Reconcile;
+        let tail = self.learn_tail(state, subject, for_notice).await?.tail;
         state.tails.insert(subject.to_owned(), tail);
         Ok(tail)
     }
@@ -338,62 +343,6 @@ impl Publisher {
         }
     }
 
-    /// The subject's last message read from the stream, adopted only when it is the relay's
-    /// own (see `provenance`); `subject` may be a wildcard (the stream fence reads the last
-    /// message of the project's subjects together).
-    pub(crate) async fn learn_tail(
-        &self,
-        state: &mut Pipeline,
-        subject: &str,
-    ) -> Result<LastMessage, HandlerFailure> {
-        let js = Self::js(state);
-        let mut learned = tail::learn(&js, &self.settings.stream, subject).await;
-        if let Err(TailError::StreamMissing(detail)) = &learned {
-            // The stream is gone (an operator deleted it, or the cluster lost it): the relay
-            // checks it again as at start, which creates it when missing, and reads again.
-            tracing::warn!(error = %detail, "the stream is missing; checking it again");
-            self.ensure_stream(&js).await?;
-            learned = tail::learn(&js, &self.settings.stream, subject).await;
-        }
-        match learned {
-            Ok(last) => {
-                let project = &self.settings.project;
-                match provenance::check(self.ledger.as_ref(), &last, project).await {
-                    Ok(Provenance::Own) => {}
-                    Ok(Provenance::Stranger(why)) => {
-                        tracing::error!(
-                            subject = %last.subject,
-                            stream_sequence = last.tail.stream_sequence,
-                            "the subject's last message in the stream is not one this relay \
-                             stored ({why}); not publishing after it: the event fails and is \
-                             retried on the retry schedule, never skipped (remove the message \
-                             from the stream, then replay what was parked)"
-                        );
-                        return Err(class("nats_sequence_conflict"));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot check the stream's last message");
-                        return Err(class("database_unavailable"));
-                    }
-                }
-                let tail = last.tail;
-                tracing::info!(
-                    subject = %last.subject,
-                    stream_sequence = tail.stream_sequence,
-                    outbox_sequence = tail
-                        .outbox_sequence
-                        .map_or_else(|| "none".to_owned(), |s| s.to_string()),
-                    "read the subject's last message in the stream"
-                );
-                Ok(last)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the stream's last message");
-                Err(class("nats_unavailable"))
-            }
-        }
-    }
-
     /// The most publishes outstanding at once: one when each names its subject's last.
     fn window(&self) -> usize {
         match self.settings.fence {
@@ -416,7 +365,7 @@ impl Publisher {
     /// writer's trace context when it passed one.
     fn event_headers(&self, event: &ObservedEvent) -> HeaderMap {
         let mut headers = self.headers(event.sequence);
-        let source = format!("urn:lifecycle-outbox:project:{}", self.settings.project);
+        let source = provenance::event_source(&self.settings.project);
         let time = outbox_core::format_timestamp(event.occurred_at);
         let sequence = format!("{:020}", event.sequence);
         let schema = outbox_core::contract::schema_urn(&event.event_type, event.type_major.into());
@@ -496,6 +445,7 @@ impl Publisher {
             }
             Fence::None => {}
         }
+        crate::gate::pass(out.sequence).await;
         let link = state.link.as_ref().expect("ensured");
         match link.js.send_publish(out.subject.clone(), message).await {
             Ok(ack) => Ok(InFlight {

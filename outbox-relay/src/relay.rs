@@ -9,8 +9,8 @@ use crate::diagnose::probe_publish;
 use crate::fence::{Fence, check_server};
 use crate::provenance::Ledger;
 use crate::publisher::{Publisher, PublisherSettings};
-use crate::settings::{event_subjects, project_prefix};
 use crate::stream::{Ensured, StreamError, StreamSpec, ensure};
+use crate::subjects::{event_subjects, project_prefix};
 use crate::tail::stream_end;
 
 /// Why the relay cannot start.

@@ -9,7 +9,7 @@ use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind};
 use async_nats::jetstream::stream::{Config, RetentionPolicy, StorageType};
 
-use crate::settings::covers;
+use crate::subjects::covers;
 
 /// What the stream must look like.
 #[derive(Debug, Clone)]

@@ -52,6 +52,11 @@ pub struct LastMessage {
     pub project: Option<String>,
     /// The `Nats-Msg-Id` header.
     pub msg_id: Option<String>,
+    /// The `ce-id` and `ce-source` headers: the relay's event lines carry the event ID and the
+    /// project's URN there (see `provenance`, which tells a lost history by them).
+    pub ce_id: Option<String>,
+    /// The `ce-source` header.
+    pub ce_source: Option<String>,
 }
 
 /// Why the tail could not be read.
@@ -141,6 +146,8 @@ pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMess
                 },
                 project: header("Outbox-Project"),
                 msg_id: header("Nats-Msg-Id"),
+                ce_id: header("ce-id"),
+                ce_source: header("ce-source"),
             })
         }
         Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => Ok(LastMessage {
@@ -151,6 +158,8 @@ pub async fn learn(js: &Context, stream: &str, subject: &str) -> Result<LastMess
             },
             project: None,
             msg_id: None,
+            ce_id: None,
+            ce_source: None,
         }),
         Err(e) => {
             let detail =

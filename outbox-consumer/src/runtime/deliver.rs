@@ -96,6 +96,16 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = round {
+                    let e = match e {
+                        ConsumerError::SinkDiverged { position, identity } => match self
+                            .sink_diverged(lease, statements, progress, position, identity)
+                            .await
+                        {
+                            Ok(()) => continue,
+                            Err(e) => e,
+                        },
+                        e => e,
+                    };
                     failures = failures.saturating_add(1);
                     let delay = match self.after_failure(e, failures, progress) {
                         AfterFailure::Exit(e) => return Err(e),

@@ -121,6 +121,35 @@ impl<D, R: Reconciler> Consumer<D, R> {
         Ok(None)
     }
 
+    /// The handler's sink holds output up to `position` (the event `identity`) that the
+    /// database does not have ([`crate::HandlerFailure::history_diverged`]): the sink was
+    /// written from a history lost since (a failover while this consumer was stopped, so its
+    /// own position never saw the lost tail). Audited and healed as a divergence of its own
+    /// position.
+    pub(super) async fn sink_diverged(
+        &self,
+        lease: &Lease,
+        statements: &Statements,
+        progress: &mut Progress,
+        position: i64,
+        identity: String,
+    ) -> Result<(), ConsumerError> {
+        let client = self.pool.get().await?;
+        let database = store::position_check(&**client, statements, lease, position).await?;
+        let divergence =
+            check(position, Some(&identity), &database).unwrap_or(Divergence::IdentityDiffers);
+        self.record_divergence(
+            &**client,
+            statements,
+            lease,
+            progress,
+            (position, Some(identity)),
+            &database,
+            divergence,
+        )
+        .await
+    }
+
     /// Stops dispatching from the diverged position (nothing handled, held or read ahead is
     /// kept), writes the `lifecycle-observation:history-diverged` audit row and counts the
     /// divergence; the reconciliation that heals it follows, and is retried until it

@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_consumer::{ConsumerConfig, ReconcileReason};
+use outbox_core::{Schema, Sequencer};
 use outbox_tests::cluster_kit::try_write;
 use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_delivery, fast_duties, start, write_event,
 };
-use outbox_tests::nats_kit::{NatsServer, read_stream, spawn_relay};
+use outbox_tests::nats_kit::{NatsServer, Relayed, read_stream, spawn_relay};
 use outbox_tests::serve_kit::{ServeProcess, SseClient, get, sse_id};
 use outbox_tests::set_kit::{Recorders, SetConfig, listed, start_set};
 use outbox_tests::standby_kit::{Replication, StandbyPair};
@@ -484,6 +485,123 @@ async fn serve_and_the_relay_reconcile_after_an_asynchronous_failover() {
         .map(|m| (m.outbox_sequence, m.msg_id.clone()))
         .collect();
     covered_after(&after, &history, head, "relay");
+}
+
+/// The relay stops (kill -9) in the lost tail, before the failover, and starts again after
+/// it: the database's cursor never saw the lost tail, so only the stream tells the relay that
+/// it published a history the database no longer has. Reading the stream back from its last
+/// message (the relay's messages of events 101..200, none in the promoted database, after its
+/// own event 100), the relay takes that for its divergence: one `history-diverged` audit row
+/// and its reconciliation notice (`history_diverged`, head 210) after the lost messages,
+/// where it used to retry `nats_sequence_conflict` until an operator acted. Started once more,
+/// with the lost history's message still the stream's last event, it publishes the next
+/// events after the notice, without a second audit or notice. (A message that is not the
+/// relay's event line stays a stranger: `provenance::tests` in the relay, and `relay_order`'s foreign messages.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_started_after_an_asynchronous_failover_reconciles_past_the_lost_history() {
+    let pair = StandbyPair::start("failover-relay", Replication::Asynchronous).await;
+    let (a, b) = (pair.primary_db(), pair.standby_db());
+    let url = pair.multi_host_url();
+    let nats = NatsServer::start().await;
+    let nats_url = nats.url();
+    let mut relay_args = FAST.to_vec();
+    relay_args.extend_from_slice(&[
+        "--consumer-id",
+        "relay",
+        "--nats-url",
+        &nats_url,
+        "--stream",
+        "RESTARTED",
+        "--retry-delays",
+        "100ms,200ms,400ms",
+        "--max-attempts",
+        "1000",
+        "--publish-timeout",
+        "1s",
+    ]);
+    let mut relay = spawn_relay(&url, &relay_args);
+    write_many(&a, "both", 100).await;
+    all_at(&a, &["relay"], 100).await;
+    pair.stop_wal_receipt().await;
+    write_many(&a, "lost", 100).await;
+    all_at(&a, &["relay"], 200).await;
+    let lost = sequenced(&a.connect().await, "p").await;
+    relay.signal("KILL");
+    relay.wait().await;
+
+    pair.stop_primary_immediately();
+    pair.promote_standby().await;
+    // The new history, numbered before the relay starts: its reconciliation's head is 210,
+    // so nothing follows the notice and the stream's last event is still the lost 200.
+    write_many(&b, "new", 110).await;
+    Sequencer::new(&Schema::default())
+        .drain(&mut b.connect().await)
+        .await
+        .unwrap();
+    let relay = spawn_relay(&url, &relay_args);
+    all_at(&b, &["relay"], 210).await;
+    assert_eq!(
+        divergences(&b, "relay").await.len(),
+        1,
+        "{}",
+        relay.stderr()
+    );
+
+    let js = nats.jetstream().await;
+    // The notice (its head) and the events after it; before it, exactly the lost history.
+    let relayed = || async {
+        let messages = read_stream(&js, "RESTARTED").await;
+        let notices: Vec<&Relayed> = messages
+            .iter()
+            .filter(|m| m.subject == "lifecycle.p.reconcile")
+            .collect();
+        assert_eq!(notices.len(), 1, "one reconciliation notice");
+        assert_eq!(notices[0].body["reason"], "history_diverged");
+        let events = |before: bool| -> Vec<(i64, String)> {
+            messages
+                .iter()
+                .filter(|m| (m.stream_sequence < notices[0].stream_sequence) == before)
+                .filter(|m| m.subject == "lifecycle.p.task_deleted")
+                .map(|m| (m.outbox_sequence, m.msg_id.clone()))
+                .collect()
+        };
+        assert_eq!(events(true), lost, "the lost history, then the notice");
+        (
+            notices[0].body["head_sequence"].as_i64().unwrap(),
+            events(false),
+        )
+    };
+    eventually(FAILOVER_WAIT, "the reconciliation notice", || async {
+        read_stream(&js, "RESTARTED")
+            .await
+            .iter()
+            .any(|m| m.subject == "lifecycle.p.reconcile")
+    })
+    .await;
+    assert_eq!(relayed().await, (210, vec![]));
+
+    // Started again: the stream's last event message is still the lost history's, and the
+    // notice after it says it is reconciled; the next events follow the notice.
+    drop(relay);
+    let relay = spawn_relay(&url, &relay_args);
+    write_many(&b, "after", 5).await;
+    all_at(&b, &["relay"], 215).await;
+    let history = sequenced(&b.connect().await, "p").await;
+    eventually(FAILOVER_WAIT, "the last event relayed", || async {
+        read_stream(&js, "RESTARTED")
+            .await
+            .last()
+            .is_some_and(|m| m.body["event_id"] == history[214].1.as_str())
+    })
+    .await;
+    let (head, after) = relayed().await;
+    covered_after(&after, &history, head, "relay");
+    assert_eq!(
+        divergences(&b, "relay").await.len(),
+        1,
+        "no second divergence: {}",
+        relay.stderr()
+    );
 }
 
 /// The table with an SSE client that leaves at 200, in the lost tail, and comes back
