@@ -237,12 +237,15 @@ async fn a_partial_ack_abandoned_at_shutdown_acknowledges_the_durable_prefix_unc
     );
 }
 
+/// The events of one slice `before_ack_prefix` received: sequence and task.
+type Slice = Vec<(i64, String)>;
+
 /// Records every slice `before_ack_prefix` receives; reports the first event of a task in
 /// `unconfirmed` as failed, everything before it in the slice as durable.
 #[derive(Clone, Default)]
 struct LaneConfirming {
     inner: Confirming,
-    slices: Arc<Mutex<Vec<Vec<(i64, String)>>>>,
+    slices: Arc<Mutex<Vec<Slice>>>,
 }
 
 impl Handler for LaneConfirming {
