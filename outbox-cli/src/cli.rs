@@ -11,7 +11,9 @@ use outbox_core::{ConsumerId, ProjectId, Schema};
 use crate::db::DatabaseUrl;
 
 mod durations;
-pub use durations::{DURATIONS_HELP, human, parse_duration, parse_long_duration, parse_retention};
+pub use durations::{
+    DURATIONS_HELP, human, parse_duration, parse_long_duration, parse_retention, parse_tick_pause,
+};
 
 /// Options shared by every command.
 #[derive(Debug, Args)]
@@ -95,8 +97,9 @@ pub struct MigrateArgs {
 /// `outbox sequence`.
 #[derive(Debug, Args)]
 pub struct SequenceArgs {
-    /// Keep running as a candidate in the sequencer election; while elected, tick back to back
-    /// while events arrive and at most this far apart when idle (e.g. 50ms). Without it, drain
+    /// Keep running as a candidate in the sequencer election; while elected, tick nearly back
+    /// to back while events arrive (see --max-tick-pause) and at most this far apart when idle
+    /// (e.g. 50ms). Without it, drain
     /// once and exit (no election; safe beside a running sequencer).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration)]
     pub every: Option<std::time::Duration>,
@@ -104,6 +107,11 @@ pub struct SequenceArgs {
     /// replaced within 1.25 times this.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s", requires = "every")]
     pub lease_ttl: std::time::Duration,
+    /// With --every: the longest pause after a tick that numbered events, 0s to 100ms (0s:
+    /// tick again at once). The pause is 50µs per event the tick numbered, so a light stream is
+    /// numbered back to back and a saturated one in fewer, larger ticks.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_tick_pause, default_value = "2ms", requires = "every")]
+    pub max_tick_pause: std::time::Duration,
     /// Most events numbered per transaction: 1 to 1000000.
     #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
@@ -455,7 +463,8 @@ pub struct ConsumerOptions {
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "1s")]
     pub poll_interval: Duration,
     /// Slowest tick of this process's sequencer while it is the elected one and idle (after
-    /// a tick that numbered something it ticks again at once); one process at a time sequences.
+    /// a tick that numbered something it ticks again soon: 50µs per event it numbered, at most
+    /// 2ms); one process at a time sequences.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "50ms")]
     pub sequence_interval: Duration,
     /// Length of the sequencer lease (at least 500ms); a dead sequencer is replaced within 1.25

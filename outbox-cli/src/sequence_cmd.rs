@@ -64,7 +64,8 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         owner_token(),
         args.lease_ttl,
         every,
-    );
+    )
+    .with_max_tick_pause(args.max_tick_pause);
     let mut delay = Duration::ZERO;
     loop {
         tokio::select! {

@@ -167,7 +167,7 @@ pub struct Duties {
     pub gauge_interval: Option<Duration>,
     /// Whether this process takes part in the sequencer election, and the slowest tick of its
     /// sequencer while it leads and nothing arrives (after a tick that numbered something it
-    /// ticks again at once, [`outbox_core::FAST_TICK`]); `None` leaves sequencing to other
+    /// ticks again soon, [`outbox_core::Cadence`]); `None` leaves sequencing to other
     /// processes.
     pub sequence_interval: Option<Duration>,
     /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.

@@ -25,11 +25,14 @@
 //! by a process started after it, without waiting for the row to expire: [`holder_is_gone`](crate::owner::holder_is_gone),
 //! the rule the consumer lease uses too.
 //!
-//! The leader's tick is adaptive ([`Cadence`]): right after a tick that numbered something
-//! (so a steady stream is numbered back to back, each tick taking what committed during the
+//! The leader's tick is adaptive ([`Cadence`]): soon after a tick that numbered something (so
+//! a steady stream is numbered nearly back to back, each tick taking what committed during the
 //! last one), then 1 ms, doubling after each tick that found nothing, up to the idle tick. So
 //! a steady stream waits about one tick for its numbers, and an idle leader costs one probe per
-//! idle tick.
+//! idle tick. "Soon" grows with the tick's batch: [`BUSY_PAUSE_PER_EVENT`] per event it
+//! numbered, at most the maximum tick pause ([`DEFAULT_MAX_TICK_PAUSE`]). A light stream
+//! (a few events a tick) is numbered back to back as before; under saturation every tick pays
+//! its fixed cost (a transaction, its commit, the lock, the frontier row) for more events.
 
 use std::time::Duration;
 
@@ -43,11 +46,18 @@ use crate::sequencer::Sequencer;
 use crate::sql;
 use crate::stmt::Unnamed as _;
 
-/// The delay after a tick that numbered something: none. The next tick starts at once and
-/// takes what committed while the last one ran, so the busier the writers, the more each tick
-/// numbers, and an event waits about one tick's duration (a transaction and its commit) for
-/// its number.
-pub const FAST_TICK: Duration = Duration::ZERO;
+/// The pause after a tick, per event it numbered. A tick costs the server about 0.45 ms
+/// however few events it numbers, plus about 30 µs per event (bench/RESULTS-tick-cost.md):
+/// a tick of 2 events waits 0.1 ms before the next, one of 40 the maximum pause.
+pub const BUSY_PAUSE_PER_EVENT: Duration = Duration::from_micros(50);
+
+/// Default longest pause after a tick that numbered something: what a saturated stream adds
+/// to an event's wait for its number, for ticks that each carry their fixed cost for more
+/// events.
+pub const DEFAULT_MAX_TICK_PAUSE: Duration = Duration::from_millis(2);
+
+/// Longest pause `--max-tick-pause` accepts: past this the pause is latency, not pacing.
+pub const MAX_TICK_PAUSE_LIMIT: Duration = Duration::from_millis(100);
 
 /// The first delay after a tick that found nothing; it doubles from here up to the idle tick.
 pub const FIRST_IDLE_STEP: Duration = Duration::from_millis(1);
@@ -62,43 +72,49 @@ pub const DEFAULT_SEQUENCER_LEASE_TTL: Duration = Duration::from_secs(10);
 /// the database and a slow round trip would cost the lease).
 pub const MIN_SEQUENCER_LEASE_TTL: Duration = Duration::from_millis(500);
 
-/// The adaptive tick: [`FAST_TICK`]-fast after activity, then from `FIRST_IDLE_STEP`
+/// The adaptive tick: a pause growing with the batch after a tick that numbered something
+/// ([`BUSY_PAUSE_PER_EVENT`] per event, at most `max_pause`), then from `FIRST_IDLE_STEP`
 /// doubling while idle, capped at the idle tick. A pure state machine.
 ///
-/// With the defaults (0, 50 ms): after a tick that numbered events the next comes at once,
-/// then after 1, 2, 4, 8, 16, 32, 50, 50, ... ms while nothing arrives.
+/// With the defaults (2 ms, 50 ms): after a tick that numbered 4 events the next comes after
+/// 0.2 ms, after one of 100 after 2 ms; then after 1, 2, 4, 8, 16, 32, 50, 50, ... ms while
+/// nothing arrives. A `max_pause` of zero ticks again at once after any tick that numbered
+/// something.
 #[derive(Debug, Clone)]
 pub struct Cadence {
-    /// The delay after a tick that numbered something.
-    fast: Duration,
+    /// The longest pause after a tick that numbered something.
+    max_pause: Duration,
     /// The cap while idle.
     idle: Duration,
-    /// The delay before the next tick.
-    current: Duration,
+    /// The last delay while idle (zero after a tick that numbered something).
+    idle_step: Duration,
 }
 
 impl Cadence {
-    /// A cadence between `fast` and `idle` (`fast` is lowered to `idle` if above it).
-    pub fn new(fast: Duration, idle: Duration) -> Self {
-        let fast = fast.min(idle);
+    /// A cadence pausing at most `max_pause` after a busy tick (lowered to `idle` if above it)
+    /// and at most `idle` while idle.
+    pub fn new(max_pause: Duration, idle: Duration) -> Self {
         Self {
-            fast,
+            max_pause: max_pause.min(idle),
             idle,
-            current: fast,
+            idle_step: Duration::ZERO,
         }
     }
 
     /// The delay before the next tick, after a tick that numbered `numbered` events.
     pub fn after_tick(&mut self, numbered: u64) -> Duration {
-        self.current = if numbered > 0 {
-            self.fast
-        } else {
-            self.current
-                .saturating_mul(2)
-                .max(FIRST_IDLE_STEP)
-                .clamp(self.fast, self.idle)
-        };
-        self.current
+        if numbered > 0 {
+            self.idle_step = Duration::ZERO;
+            return BUSY_PAUSE_PER_EVENT
+                .saturating_mul(u32::try_from(numbered).unwrap_or(u32::MAX))
+                .min(self.max_pause);
+        }
+        self.idle_step = self
+            .idle_step
+            .saturating_mul(2)
+            .max(FIRST_IDLE_STEP)
+            .min(self.idle);
+        self.idle_step
     }
 }
 
@@ -150,7 +166,8 @@ pub struct ElectedSequencer {
 
 impl ElectedSequencer {
     /// An elected sequencer named `owner` (unique per process run), with lease `ttl` (at least
-    /// [`MIN_SEQUENCER_LEASE_TTL`]) and `idle_tick` as the slowest tick while leading.
+    /// [`MIN_SEQUENCER_LEASE_TTL`]) and `idle_tick` as the slowest tick while leading, pausing
+    /// at most [`DEFAULT_MAX_TICK_PAUSE`] after a busy tick ([`Self::with_max_tick_pause`]).
     pub fn new(
         sequencer: Sequencer,
         schema: &Schema,
@@ -167,8 +184,14 @@ impl ElectedSequencer {
             ttl: ttl.max(MIN_SEQUENCER_LEASE_TTL),
             held: None,
             next_check: Instant::now(),
-            cadence: Cadence::new(FAST_TICK, idle_tick),
+            cadence: Cadence::new(DEFAULT_MAX_TICK_PAUSE, idle_tick),
         }
+    }
+
+    /// Sets the longest pause after a tick that numbered something (zero: tick again at once).
+    pub fn with_max_tick_pause(mut self, max_pause: Duration) -> Self {
+        self.cadence = Cadence::new(max_pause, self.cadence.idle);
+        self
     }
 
     /// The generation of the lease while this process leads.
@@ -301,21 +324,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cadence_is_fast_after_activity_and_backs_off_to_idle() {
-        let mut c = Cadence::new(FAST_TICK, DEFAULT_IDLE_TICK);
-        let ms = |d: Duration| d.as_millis();
-        assert_eq!(ms(c.after_tick(3)), 0);
-        let idle: Vec<u128> = (0..9).map(|_| ms(c.after_tick(0))).collect();
+    fn cadence_pauses_with_the_batch_and_backs_off_to_idle() {
+        let mut c = Cadence::new(DEFAULT_MAX_TICK_PAUSE, DEFAULT_IDLE_TICK);
+        let us = |d: Duration| d.as_micros();
+        assert_eq!(us(c.after_tick(1)), 50);
+        assert_eq!(us(c.after_tick(4)), 200);
+        assert_eq!(us(c.after_tick(40)), 2_000);
+        assert_eq!(us(c.after_tick(5_000)), 2_000);
+        assert_eq!(us(c.after_tick(u64::MAX)), 2_000);
+        let idle: Vec<u128> = (0..9).map(|_| us(c.after_tick(0)) / 1000).collect();
         assert_eq!(idle, vec![1, 2, 4, 8, 16, 32, 50, 50, 50]);
-        assert_eq!(ms(c.after_tick(1)), 0);
-        let mut c = Cadence::new(Duration::from_millis(2), Duration::from_millis(50));
-        assert_eq!(ms(c.after_tick(3)), 2);
-        let idle: Vec<u128> = (0..6).map(|_| ms(c.after_tick(0))).collect();
-        assert_eq!(idle, vec![4, 8, 16, 32, 50, 50]);
-        // A fast tick above the idle one is lowered to it.
+        // Activity starts the idle back-off over.
+        assert_eq!(us(c.after_tick(2)), 100);
+        let idle: Vec<u128> = (0..3).map(|_| us(c.after_tick(0)) / 1000).collect();
+        assert_eq!(idle, vec![1, 2, 4]);
+        // No pause at all: back to back after any tick that numbered something.
+        let mut c = Cadence::new(Duration::ZERO, DEFAULT_IDLE_TICK);
+        assert_eq!(us(c.after_tick(500)), 0);
+        assert_eq!(us(c.after_tick(0)), 1_000);
+        // A pause above the idle tick is lowered to it.
         let mut c = Cadence::new(Duration::from_millis(20), Duration::from_millis(5));
-        assert_eq!(ms(c.after_tick(1)), 5);
-        assert_eq!(ms(c.after_tick(0)), 5);
+        assert_eq!(us(c.after_tick(1_000)), 5_000);
+        let idle: Vec<u128> = (0..5).map(|_| us(c.after_tick(0))).collect();
+        assert_eq!(idle, vec![1_000, 2_000, 4_000, 5_000, 5_000]);
     }
 
     #[test]

@@ -90,8 +90,8 @@ pub use contract::{
     EventTypes, FieldSpec, FieldType, Payload, RefError, validate_traceparent,
 };
 pub use election::{
-    Cadence, DEFAULT_IDLE_TICK, DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, FAST_TICK,
-    MIN_SEQUENCER_LEASE_TTL,
+    BUSY_PAUSE_PER_EVENT, Cadence, DEFAULT_IDLE_TICK, DEFAULT_MAX_TICK_PAUSE,
+    DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, MAX_TICK_PAUSE_LIMIT, MIN_SEQUENCER_LEASE_TTL,
 };
 pub use error::{Error, describe, is_retryable_db};
 pub use event::{

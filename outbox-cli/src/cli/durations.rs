@@ -18,8 +18,8 @@ pub fn human(d: Duration) -> String {
 /// The rule of every duration flag, shown after the options of the commands that take them.
 pub const DURATIONS_HELP: &str = "Durations are a number and a unit (250ms, 10s, 5m, 2h, 7d), \
 greater than zero and at most 24h; a retention period (--retention, --max-retention-overrun) \
-is 0s to 36500 days, and --give-up-after at most 36500 days. Anything else, a negative value \
-included, is refused with exit 2 naming the range.";
+is 0s to 36500 days, --max-tick-pause 0s to 100ms, and --give-up-after at most 36500 days. \
+Anything else, a negative value included, is refused with exit 2 naming the range.";
 
 /// The longest time knob a running process takes (a lease, a retry delay, an interval, a
 /// threshold): past a day a value is a typo (`1y` for `1s`), and every such value must also fit
@@ -80,4 +80,39 @@ pub fn parse_retention(text: &str) -> Result<Duration, String> {
         return Err(format!("invalid duration {text:?}: at most 36500 days"));
     }
     Ok(d)
+}
+
+/// Parses the sequencer's longest pause after a busy tick: 0s to 100ms.
+pub fn parse_tick_pause(text: &str) -> Result<Duration, String> {
+    let range = "must be between 0s and 100ms";
+    if text.trim().starts_with('-') {
+        return Err(format!("invalid duration {text:?}: {range}"));
+    }
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 0s, 500us, 2ms)"))?;
+    if d > outbox_core::MAX_TICK_PAUSE_LIMIT {
+        return Err(format!("invalid duration {text:?}: {range}"));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_pauses_are_zero_to_a_tenth_of_a_second() {
+        assert_eq!(parse_tick_pause("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_tick_pause("500us"), Ok(Duration::from_micros(500)));
+        assert_eq!(parse_tick_pause("100ms"), Ok(Duration::from_millis(100)));
+        for bad in ["101ms", "1s", "-1ms", "soon", ""] {
+            let refused = parse_tick_pause(bad).unwrap_err();
+            assert!(refused.contains(&format!("{bad:?}")), "{refused}");
+        }
+        assert!(
+            parse_tick_pause("-2ms")
+                .unwrap_err()
+                .contains("between 0s and 100ms")
+        );
+    }
 }
