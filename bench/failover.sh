@@ -467,7 +467,7 @@ rest in full batches of $batch_size and the writers go on. A third consumer, \`b
 soon as the standby is promoted: a crash across the failover, the case in which a batch can be
 repeated. \`bench-1\` and \`bench-2\` live through the failover: a process that could not write
 an acknowledgement writes it again before it reads anything else, so it never prints an event
-twice (docs/design.md, "Plain dispatch").
+twice (docs/decisions/0003-handled-prefix-acknowledgement.md).
 
 | round | consumer | stop → promoted (ms) | delivered at the stop | delivered twice | warnings | events on the new primary | acknowledged to writers | writers' events/s |
 |---|---|---|---|---|---|---|---|---|
