@@ -90,7 +90,8 @@ kill -0 "$consumer_pid" 2>/dev/null || { cat "$work/consumer.err" >&2; die "the 
 
 cat >"$work/writer.sql" <<'SQL'
 \set k :k + 1
-SELECT outbox.write_task_deleted('p' || ((:client_id + :k) % 8)::text,
+\set p (:client_id + :k) % 8
+SELECT outbox.write_task_deleted('p' || :p::text,
     't' || :run::text || '-' || :client_id::text || '-' || :k::text,
     clock_timestamp(), 'bench-writer', '{"column": "todo", "status": "open"}'::jsonb);
 SQL
