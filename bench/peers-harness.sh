@@ -304,12 +304,12 @@ for system in $systems; do
     case $system in
     ours)
         grep -q . "$work/consumer.err" && { log "$system: the consumer's warnings:"; cat "$work/consumer.err" >&2; }
-        awk '{ printf "%d %d\n", $1, $2 }' "$work/stamps" >"$work/arrivals"
+        awk '{ printf "%.0f %.0f\n", $1, $2 }' "$work/stamps" >"$work/arrivals"
         ;;
     *)
         grep -q 'ERROR' "$work/consumer.log" && { grep ERROR "$work/consumer.log" | head -5 >&2; die "$system: the consumer failed"; }
         sed -n 's/.*ev ts=\([0-9]*\) n=\([0-9]*\) ages=\(.*\)$/\1 \3/p' "$work/consumer.log" | awk '
-            { if ($2 == "") next; n = split($2, a, ","); for (i = 1; i <= n; i++) printf "%d %d\n", $1 * 1000, a[i] * 1000 }' >"$work/arrivals"
+            { if ($2 == "") next; n = split($2, a, ","); for (i = 1; i <= n; i++) printf "%.0f %.0f\n", $1 * 1000, a[i] * 1000 }' >"$work/arrivals"
         ;;
     esac
     consumed_total=$(wc -l <"$work/arrivals")
@@ -320,7 +320,9 @@ for system in $systems; do
         stop=$(awk -v s="$start" '$2 > s { print $2; exit }' "$work/phases")
         produced=$(cat "$work"/producer_agg* | awk -v s="$start" -v e="$stop" '$1 >= s && $1 < e { n += $2 } END { print n + 0 }')
         produced_by_end=$(cat "$work"/producer_agg* | awk -v e="$stop" '$1 < e { n += $2 } END { print n + 0 }')
-        lat=$(cat "$work"/producer_agg* | awk -v s="$start" -v e="$stop" '$1 >= s && $1 < e { n += $2; t += $3 } END { printf "%.2f", (n ? t / n / 1000 : 0) }')
+        # pgbench's latency under -R counts from the scheduled start; the schedule lag (column
+        # 7) taken out leaves the transaction itself.
+        lat=$(cat "$work"/producer_agg* | awk -v s="$start" -v e="$stop" '$1 >= s && $1 < e { n += $2; t += $3 - $7 } END { printf "%.2f", (n ? t / n / 1000 : 0) }')
         consumed=$(awk -v s="$start" -v e="$stop" '$1 >= s * 1000 && $1 < e * 1000' "$work/arrivals" | wc -l)
         consumed_by_end=$(awk -v e="$stop" '$1 < e * 1000' "$work/arrivals" | wc -l)
         read -r p50 p99 < <(awk -v s="$start" -v e="$stop" '$1 >= s * 1000 && $1 < e * 1000 { print $2 }' "$work/arrivals" | sort -n | awk '
@@ -343,11 +345,12 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
     echo "Produced by \`bench/peers-harness.sh\`$([ "$quick" = 1 ] && echo ' with BENCH_QUICK=1') on $(date -u +%Y-%m-%d):"
     echo "PgQue's published method (../shared/peers/pgque/benchmark: pgbench producer at -R $rate, one"
     echo "consumer, clean / held xmin / recovery), here $clean s / $hold s / $recovery s per system, one"
-    echo "system after the other on one cluster. PostgreSQL $(sql -c 'SHOW server_version'), $(nproc) cores;"
+    echo "system after the other on one cluster. PostgreSQL $(psql "$admin_url" -X -q -t -A -c 'SHOW server_version'), $(nproc) cores;"
     echo "load average $load_start at the start, $load_end at the end."
     echo
     echo "- produced, consumed: events per second over the phase; backlog: produced - consumed at its end."
-    echo "- producer ms: pgbench's mean transaction latency (the producer's commit included)."
+    echo "- produced/s below the rate: the one producer client could not keep up (pgbench's schedule lag grew)."
+    echo "- producer ms: pgbench's mean transaction time (its latency less the schedule lag; the commit included)."
     echo "- age p50/p99: the event's age when the consumer has it: from the producer's transaction"
     echo "  (PgQ's and PgQue's \`ev_time\`, this project's \`deleted_at\`) to \`get_batch_events\`"
     echo "  returning it, or to its line on \`outbox consume\`'s stdout."

@@ -96,15 +96,18 @@ SELECT outbox.write_task_deleted('p' || :p::text,
     clock_timestamp(), 'bench-writer', '{"column": "todo", "status": "open"}'::jsonb);
 SQL
 
-# settle: waits until every event written is on the consumer's stdout.
+# settle: waits until the consumer has acknowledged every event written (it acknowledges an
+# event once its line is written; `stamp-lines` buffers its own output until the end, so the
+# stamps are read only after the consumer stops).
 settle() {
     local want i
     want=$(written)
     for i in $(seq 1 1200); do
-        [ "$(wc -l <"$work/stamps")" -ge "$want" ] && return 0
+        [ "$(sql -c "SELECT coalesce(sum(last_acked_sequence), 0) FROM outbox.lifecycle_consumer_cursors
+                     WHERE consumer_id = 'bench'")" -ge "$want" ] && return 0
         sleep 0.25
     done
-    die "the consumer did not catch up ($want written, $(wc -l <"$work/stamps") delivered)"
+    die "the consumer did not catch up ($want written)"
 }
 
 run_no=0
@@ -132,14 +135,11 @@ run() {
     ticks_s=$(awk -v n="$(( $(frontiers) - before_frontiers ))" -v s="$seconds" 'BEGIN { printf "%.0f", n / s }')
     stop_sequencer
     tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$work/pgbench-$run_no.log" | head -n 1)
-    read -r p50 p99 < <(awk -v s="$start_ms" -v e="$end_ms" '$1 >= s && $1 <= e { print $2 }' "$work/stamps" | sort -n | awk '
-        { x[NR] = $1 } END {
-            if (NR == 0) { print "nan nan"; exit }
-            printf "%.2f %.2f\n", x[int(0.50 * NR + 0.999999)] / 1000, x[int(0.99 * NR + 0.999999)] / 1000 }')
-    echo "$pause $rate $rep $tps $p50 $p99 $(( cpu_us / (events > 0 ? events : 1) )) $ticks_s" >>"$work/runs"
-    log "pause $pause, rate $rate, round $rep: $tps TPS, p50 $p50 ms, p99 $p99 ms, $ticks_s ticks/s"
+    echo "$pause $rate $rep $tps $start_ms $end_ms $(( cpu_us / (events > 0 ? events : 1) )) $ticks_s" >>"$work/windows"
+    log "pause $pause, rate $rate, round $rep: $tps TPS, $ticks_s ticks/s"
 }
 
+: >"$work/windows"
 : >"$work/runs"
 for ((rep = 1; rep <= reps; rep++)); do
     for rate in $rates; do
@@ -149,6 +149,20 @@ for ((rep = 1; rep <= reps; rep++)); do
     done
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+kill -TERM "$consumer_pid"
+wait "$consumer_pid" || { cat "$work/consumer.err" >&2; die "the consumer failed"; }
+consumer_pid=
+wait "$stamper_pid" || die "stamp-lines failed"
+stamper_pid=
+
+# Each run's latencies from its window of arrivals.
+while read -r pause rate rep tps start_ms end_ms us ticks; do
+    read -r p50 p99 < <(awk -v s="$start_ms" -v e="$end_ms" '$1 >= s && $1 <= e { print $2 }' "$work/stamps" | sort -n | awk '
+        { x[NR] = $1 } END {
+            if (NR == 0) { print "nan nan"; exit }
+            printf "%.2f %.2f\n", x[int(0.50 * NR + 0.999999)] / 1000, x[int(0.99 * NR + 0.999999)] / 1000 }')
+    echo "$pause $rate $rep $tps $p50 $p99 $us $ticks" >>"$work/runs"
+done <"$work/windows"
 
 # --- the report ----------------------------------------------------------------------------
 
