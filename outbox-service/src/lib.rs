@@ -37,8 +37,11 @@
 //! let settings = ConnectSettings::parse("postgresql://app@localhost/app")?;
 //! let connections = Connections::new(&settings, 4, true)?;
 //! let shutdown = CancellationToken::new();
-//! let metrics = MetricsEndpoint::start(Some("127.0.0.1:9464".parse()?), &shutdown).await?;
 //! let config = ConsumerConfig::new(ProjectId::new("p1")?, ConsumerId::new("printer")?);
+//! // `/readyz` answers from the availability the consumer's duties carry.
+//! let availability = &config.duties.availability;
+//! let metrics = MetricsEndpoint::start(Some("127.0.0.1:9464".parse()?), availability, &shutdown)
+//!     .await?;
 //! connections.consumer(config, Stdout).run(shutdown).await?;
 //! metrics.stop().await;
 //! # Ok(())
