@@ -356,6 +356,31 @@ pub async fn cursor(db: &TestDb, project: &str, consumer: &str) -> Option<i64> {
         .and_then(|row| row.get(0))
 }
 
+/// Waits until no `outbox` process has a session on the test's database. A process killed
+/// with SIGKILL can leave a COMMIT in its socket that the server applies after the process is
+/// gone, so a cursor read right after the kill may not be the durable one yet; it is once the
+/// killed process's sessions have ended. Only for moments when no other `outbox` process runs.
+pub async fn sessions_ended(db: &TestDb) {
+    let client = db.connect().await;
+    eventually(
+        PROCESS_WAIT,
+        "the killed process's sessions to end",
+        || async {
+            let open: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND application_name = 'outbox'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            open == 0
+        },
+    )
+    .await;
+}
+
 /// Writers that commit events until stopped, spread over `projects`, each pausing a random
 /// number of milliseconds from `pause` between commits.
 pub struct Writers {

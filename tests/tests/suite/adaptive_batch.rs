@@ -10,7 +10,7 @@ use std::time::Duration;
 use outbox_consumer::{Handler, HandlerFailure, ObservedEvent};
 use outbox_core::{Schema, Sequencer};
 use outbox_tests::consumer_kit::{
-    PROCESS_WAIT, Recorder, cursor, eventually, fast_config, start_with,
+    PROCESS_WAIT, Recorder, cursor, eventually, fast_config, sessions_ended, start_with,
 };
 use outbox_tests::process_kit::{ConsumeProcess, outbox_on, run_outbox};
 use outbox_tests::{TestDb, fresh_db};
@@ -190,6 +190,7 @@ async fn after_kill_9_mid_catch_up_at_most_one_read_batch_is_repeated() {
         .await;
         process.signal("KILL");
         process.wait().await;
+        sessions_ended(&db).await;
         let printed = process.sequences();
         assert_eq!(
             printed,

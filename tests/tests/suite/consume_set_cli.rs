@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, Writers, cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{
+    PROCESS_WAIT as WAIT, Writers, cursor, eventually, sessions_ended, write_event,
+};
 use outbox_tests::process_kit::{ConsumeProcess, outbox_on};
 use outbox_tests::set_kit::{PairEvents, events_by_pair};
 use outbox_tests::{TestDb, fresh_db};
@@ -173,6 +175,7 @@ async fn kill_9_of_a_consumer_set_then_restart_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(alive)).await;
         process.signal("KILL");
         process.wait().await;
+        sessions_ended(&db).await;
         runs.push(events_by_pair(&process.lines()));
         let mut after = BTreeMap::new();
         for (project, consumer) in &pairs {

@@ -4,7 +4,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, Writers, cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{
+    PROCESS_WAIT as WAIT, Writers, cursor, eventually, sessions_ended, write_event,
+};
 use outbox_tests::process_kit::ConsumeProcess;
 use outbox_tests::{TestDb, fresh_db};
 use rand::Rng;
@@ -61,6 +63,7 @@ async fn kill_9_at_random_moments_never_loses_or_skips_an_event() {
         tokio::time::sleep(Duration::from_millis(alive)).await;
         process.signal("KILL");
         process.wait().await;
+        sessions_ended(&db).await;
         let after = cursor(&db, "p", "k").await;
         runs.push((process.sequences(), process.event_ids(), after));
     }
@@ -139,6 +142,11 @@ async fn two_processes_with_one_id_never_dispatch_together() {
     })
     .await;
     assert!(waiting.lines().is_empty(), "the second process waits");
+    // Killed once idle: the successor's first event is then known to follow the cursor.
+    eventually(WAIT, "the holder's acknowledgements", || async {
+        cursor(&db, "p", "dup").await == Some(8)
+    })
+    .await;
 
     holder.signal("KILL");
     holder.wait().await;
