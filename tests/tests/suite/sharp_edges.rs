@@ -533,19 +533,22 @@ async fn nothing_new_starts_after_a_shutdown_signal() {
 #[tokio::test]
 async fn a_second_signal_ends_at_once_and_the_next_start_takes_the_left_lease_over() {
     let db = fresh_db().await;
-    let (dir, script) = child_script("trap '' TERM INT\nwhile read -r line; do sleep 600; done\n");
+    // The child marks the event it is stuck on, so the signal lands while it is in flight.
+    let (dir, script) = child_script(
+        "trap '' TERM INT\nwhile read -r line; do touch \"$(dirname \"$0\")/in-flight\"; sleep 600; done\n",
+    );
     write_event(&db, "p", "t1").await;
     let mut args = quick("stubborn");
     args.extend(["--child".into(), script]);
     let mut consumer = spawn_consume(&db, &args, Stdio::null());
     let marker = dir.path.display().to_string();
+    let in_flight = dir.path.join("in-flight");
     eventually(
         Duration::from_secs(20),
-        "the child to be running",
-        || async { !processes_with(&marker).is_empty() },
+        "the child to have the event",
+        || async { in_flight.exists() },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = consumer.id().unwrap();
     send_signal(pid, "INT");
     tokio::time::sleep(Duration::from_millis(300)).await;
