@@ -60,6 +60,8 @@ bench_name=peers-harness.sh
 work=$(mktemp -d "${TMPDIR:-/tmp}/outbox-peers-harness.XXXXXX")
 # shellcheck source=bench/lib.sh
 . "$root/bench/lib.sh"
+# shellcheck source=bench/peers-lib.sh
+. "$root/bench/peers-lib.sh"
 
 bench_lock "$pg_dir"
 
@@ -90,29 +92,7 @@ load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 # --- per-system setup, producer, consumer and ticker ------------------------------------
 
 setup() {
-    case $1 in
-    pgq)
-        sql <<'SQL'
-CREATE EXTENSION pgq;
-SELECT pgq.create_queue('bench_queue');
-UPDATE pgq.queue SET queue_rotation_period = '30 seconds' WHERE queue_name = 'bench_queue';
-SELECT pgq.register_consumer('bench_queue', 'bench_consumer');
-SQL
-        ;;
-    pgque)
-        sql -f "$peers/sql/pgque.sql" >/dev/null
-        sql <<'SQL'
-SELECT pgque.create_queue('bench_queue');
-UPDATE pgque.queue SET queue_rotation_period = '30 seconds' WHERE queue_name = 'bench_queue';
-SELECT pgque.register_consumer('bench_queue', 'bench_consumer');
-SQL
-        ;;
-    ours)
-        "$outbox" migrate >&2
-        # The table `outbox consume`'s default live-set query reads when it reconciles.
-        sql -c "CREATE TABLE tasks (id text PRIMARY KEY, project_id text NOT NULL, deleted_at timestamptz)"
-        ;;
-    esac
+    peer_setup "$1"
     # The maintenance loops: one procedure, a transaction per step.
     sql <<SQL
 CREATE PROCEDURE bench_ticker(kind text) LANGUAGE plpgsql AS \$\$
@@ -153,21 +133,6 @@ BEGIN
     END LOOP;
 END \$\$;
 SQL
-}
-
-# The producer's statement (the authors' producer.sql for the peers).
-producer_sql() {
-    case $1 in
-    pgq) echo "SELECT pgq.insert_event('bench_queue', 'bench', repeat('x', 200));" ;;
-    pgque) echo "SELECT pgque.send('bench_queue', json_build_object('data', repeat('x', 200))::jsonb);" ;;
-    ours)
-        cat <<'SQL'
-\set k :k + 1
-SELECT outbox.write_task_deleted('p0', lpad(:k::text, 64, 't'), clock_timestamp(), 'bench-writer',
-    jsonb_build_object('column', repeat('c', 64), 'status', repeat('s', 64)));
-SQL
-        ;;
-    esac
 }
 
 # The authors' consumer.sql, schema swapped, with each event's age in milliseconds added to

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for bench in writer contracts consumer lanes pooler prune relay scale serve multi peers peers-harness tick-cost tick-pacing scaling old-snapshot numbering-prototypes failover; do
+for bench in writer contracts consumer lanes pooler prune relay scale serve multi peers equal-latency peers-harness tick-cost tick-pacing scaling old-snapshot numbering-prototypes failover; do
     script=bench/$bench.sh
     [ -f "$script" ] || continue
     echo

@@ -1,0 +1,47 @@
+# What the peer benchmarks (peers-harness.sh, equal-latency.sh) share: each system's schema
+# and its producer's statement. Sourced after bench/lib.sh, never run; `peers` names the
+# directory of PgQue's SQL when the pgque system is used.
+
+# peer_setup SYSTEM: the system's schema in $DATABASE_URL: PgQ's or PgQue's queue
+# `bench_queue` (rotation every 30 s, as the peers' harness) with the consumer `bench_consumer`,
+# or this project's migrations.
+peer_setup() {
+    case $1 in
+    pgq)
+        sql <<'SQL'
+CREATE EXTENSION pgq;
+SELECT pgq.create_queue('bench_queue');
+UPDATE pgq.queue SET queue_rotation_period = '30 seconds' WHERE queue_name = 'bench_queue';
+SELECT pgq.register_consumer('bench_queue', 'bench_consumer');
+SQL
+        ;;
+    pgque)
+        sql -f "$peers/sql/pgque.sql" >/dev/null
+        sql <<'SQL'
+SELECT pgque.create_queue('bench_queue');
+UPDATE pgque.queue SET queue_rotation_period = '30 seconds' WHERE queue_name = 'bench_queue';
+SELECT pgque.register_consumer('bench_queue', 'bench_consumer');
+SQL
+        ;;
+    ours)
+        "$outbox" migrate >&2
+        # The table `outbox consume`'s default live-set query reads when it reconciles.
+        sql -c "CREATE TABLE tasks (id text PRIMARY KEY, project_id text NOT NULL, deleted_at timestamptz)"
+        ;;
+    esac
+}
+
+# The producer's statement (the authors' producer.sql for the peers).
+producer_sql() {
+    case $1 in
+    pgq) echo "SELECT pgq.insert_event('bench_queue', 'bench', repeat('x', 200));" ;;
+    pgque) echo "SELECT pgque.send('bench_queue', json_build_object('data', repeat('x', 200))::jsonb);" ;;
+    ours)
+        cat <<'SQL'
+\set k :k + 1
+SELECT outbox.write_task_deleted('p0', lpad(:k::text, 64, 't'), clock_timestamp(), 'bench-writer',
+    jsonb_build_object('column', repeat('c', 64), 'status', repeat('s', 64)));
+SQL
+        ;;
+    esac
+}
