@@ -23,7 +23,7 @@
 //!
 //! The same racing rounds with `--fence subject` on a 2.9.10 R3 cluster (a server that checks
 //! the per-subject expectation against applied messages only, fixed in 2.9.21) run too
-//! (`subject_fence_race_on_2_9_r3`, 8 rounds each). What runs of 12 rounds found: in each round the resumed
+//! (`subject_fence_race_on_2_9_r3`, 6 racing rounds per test). What runs of 12 rounds found: in each round the resumed
 //! holder's held publish was refused, and the stream held every event once, in order, through
 //! every node (the relays publish the same event at a position, so a pair both accepted by
 //! that server would be one event, absorbed by the duplicate window).
@@ -484,7 +484,7 @@ async fn zombie_race_on_r3_repeats_and_reorders_nothing() {
     race(Race {
         replicas: 3,
         fence: "stream",
-        rounds: 8,
+        rounds: 5,
         racing: false,
     })
     .await;
@@ -498,7 +498,7 @@ async fn two_holders_publishing_at_once_on_r3_store_every_event_once_in_order() 
     let outcome = race(Race {
         replicas: 3,
         fence: "stream",
-        rounds: 8,
+        rounds: 6,
         racing: true,
     })
     .await;
@@ -520,7 +520,7 @@ async fn subject_fence_race_on_2_9_r3() {
         race(Race {
             replicas: 3,
             fence: "subject",
-            rounds: 8,
+            rounds: 6,
             racing: true,
         }),
     )
