@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # No library source file over the limit (600 lines): the crates' `src/` trees, not their tests
-# (`tests/`, the test kit) nor the benchmarks (`bench/`). A file that grows past it is split by
-# responsibility, not cut mechanically.
+# (`outbox-cli/tests/`, the test kit in `tests/`) nor the benchmarks (`bench/`). A file that
+# grows past it is split by responsibility, not cut mechanically.
 #
 #   scripts/file-length.sh    list every file over the limit and exit 1, or exit 0 when none is
 set -euo pipefail

@@ -6,7 +6,7 @@
 #                              $OUTBOX_TOOLS (default ~/.cache/lifecycle-outbox/tools: outside
 #                              the checkout, so a fresh clone on the same machine reuses it)
 #   scripts/mdbook.sh build    build the book into docs/book/, failing on any warning
-#   scripts/mdbook.sh check    build, then the book's tests (outbox-cli/tests/docs_book.rs): no
+#   scripts/mdbook.sh check    build, then the book's tests (outbox-cli/tests/docs_book/): no
 #                              dead relative link in the book or README.md, every page in
 #                              SUMMARY.md, the CLI reference what `outbox --help` prints;
 #                              and the benchmark plots what bench/plots.sh draws

@@ -35,7 +35,6 @@ echo "promtool: $OUTBOX_PROMTOOL"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo build --workspace --bins
 # The docs book builds without a warning, has no dead relative link and its CLI reference is
 # current (mdBook is installed the first time, see scripts/mdbook.sh).
 bash scripts/mdbook.sh check

@@ -111,7 +111,8 @@ impl Writer {
     /// fields) records nothing new: [`WriteOutcome::AlreadyRecorded`], told apart by a second
     /// statement (an indexed read) since the SQL writer returns only the ID.
     ///
-    /// The example (the book's, run against a real database by `tests/tests/suite/embedding.rs`):
+    /// The example (the book's, run against a real database by
+    /// `outbox-cli/tests/suite/embedding.rs`):
     #[doc = concat!("```\n", include_str!("../doc/record_event.rs"), "```")]
     pub async fn record_event<C>(&self, client: &C, event: &Event) -> Result<WriteOutcome, Error>
     where

@@ -2,8 +2,8 @@
 //! of its project to a NATS JetStream stream, so that many downstream services fan out from
 //! JetStream instead of each polling the application's database. `outbox relay nats` is this
 //! crate behind command-line options; an application can run it inside its own tokio
-//! service, as this function does (`tests/tests/suite/embedding.rs` runs it against a real database
-//! and nats-server):
+//! service, as this function does (`outbox-cli/tests/suite/embedding.rs` runs it against a
+//! real database and nats-server):
 //!
 #![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!

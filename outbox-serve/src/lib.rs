@@ -2,7 +2,7 @@
 //! over HTTP, Server-Sent Events for ephemeral clients, with Prometheus metrics, Kubernetes
 //! probes and an operator dashboard. `outbox serve` is this crate behind command-line
 //! options; an application can run it inside its own tokio service, as this function does
-//! (`tests/tests/suite/embedding.rs` runs it against a real database and an SSE client):
+//! (`outbox-cli/tests/suite/embedding.rs` runs it against a real database and an SSE client):
 //!
 #![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!

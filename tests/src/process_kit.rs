@@ -8,94 +8,37 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// The `outbox` binary Cargo builds from the sources as they are now, for this test process.
+/// The `outbox` binary Cargo built for this test process, from the sources as they are now.
 ///
-/// Cargo sets `CARGO_BIN_EXE_<name>` only for the tests of the package that owns the binary,
-/// and `cargo test -p outbox-tests` builds no binary of another package: a kit that ran
-/// `target/debug/outbox` as found would test whatever was built last. So the first call asks
-/// Cargo to build it (a no-op when it is current) and uses the path Cargo reports. Cargo
-/// holds its build lock only while compiling, not while tests run, so the nested build does
-/// not wait on the `cargo test` that started this process.
+/// Cargo names it only to the integration tests of the package that owns it (`outbox-cli`),
+/// as `CARGO_BIN_EXE_outbox` at compile time, which this library never sees. Those tests are
+/// the suite that runs it, and Cargo builds the package's binaries before it runs them, into
+/// the directory above the test binary's own (`target/<profile>/outbox` beside
+/// `target/<profile>/deps/suite-<hash>`): so the kit finds it from where this process runs,
+/// without building anything (a nested `cargo build`, as this kit once ran, held the first test
+/// that ran the binary for as long as that build took). The suite checks that this is the path Cargo names
+/// (`the_kit_runs_the_outbox_binary_cargo_built_for_this_suite`), so a change of that layout
+/// fails one test by name instead of every test that runs the binary.
 pub fn outbox_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(build_outbox_binary).clone()
+    BINARY.get_or_init(binary_beside_this_test).clone()
 }
 
-/// Runs `cargo build --bin outbox` in this workspace, with the profile this test binary was
-/// built with, and returns the executable Cargo reports.
-fn build_outbox_binary() -> PathBuf {
-    // The Cargo running the tests, else the one that compiled them.
-    let cargo = std::env::var_os("CARGO")
-        .or_else(|| option_env!("CARGO").map(Into::into))
-        .unwrap_or_else(|| "cargo".into());
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the test kit lives in the workspace");
-    let mut command = std::process::Command::new(cargo);
-    // Without the variables Cargo sets for this test process: build scripts that watch one
-    // (ring's watches `CARGO_MANIFEST_DIR`) would otherwise see it change between this build
-    // and the `cargo test` one, and each would rebuild what the other built.
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(set_by_cargo_for_tests) {
-            command.env_remove(name);
-        }
-    }
-    let output = command
-        .current_dir(workspace)
-        // `--workspace` resolves features as `cargo build --workspace` does, so a binary
-        // built that way is reused, not rebuilt with other features.
-        .args(["build", "--workspace", "--bin", "outbox"])
-        .args(["--message-format", "json-render-diagnostics"])
-        .args(["--profile", &test_profile()])
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run cargo build for the outbox binary");
-    assert!(
-        output.status.success(),
-        "cargo build of the outbox binary failed (its errors are above)"
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| {
-            message["reason"] == "compiler-artifact" && message["target"]["name"] == "outbox"
-        })
-        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
-        .expect("cargo build reported no outbox executable")
-}
-
-/// Whether `name` is one of the variables Cargo sets for a test process it runs (as opposed to
-/// the user's configuration, such as `CARGO_HOME` or `CARGO_TARGET_DIR`, which must stay).
-fn set_by_cargo_for_tests(name: &str) -> bool {
-    name.starts_with("CARGO_PKG_")
-        || name.starts_with("CARGO_BIN_")
-        || matches!(
-            name,
-            "CARGO_MANIFEST_DIR"
-                | "CARGO_MANIFEST_PATH"
-                | "CARGO_CRATE_NAME"
-                | "CARGO_PRIMARY_PACKAGE"
-                | "CARGO_TARGET_TMPDIR"
-                | "CARGO_RUSTC_CURRENT_DIR"
-                | "OUT_DIR"
-        )
-}
-
-/// The Cargo profile this test binary was built with, read from where it lives
-/// (`target/<profile directory>/deps/<test>`): `debug` is the `dev` profile.
-fn test_profile() -> String {
+/// `outbox` in the directory above this test binary's (`target/<profile>/deps/<test>`).
+fn binary_beside_this_test() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let directory = exe
+    let binary = exe
         .parent()
         .and_then(Path::parent)
-        .and_then(Path::file_name)
-        .and_then(|name| name.to_str())
-        .unwrap_or("debug");
-    match directory {
-        "debug" => "dev".to_owned(),
-        other => other.to_owned(),
-    }
+        .expect("a test binary lives in target/<profile>/deps")
+        .join(format!("outbox{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        binary.is_file(),
+        "no outbox binary at {}: tests that run it belong to outbox-cli's suite \
+         (`cargo test -p outbox-cli --test suite`), for which Cargo builds it",
+        binary.display()
+    );
+    binary
 }
 
 /// Runs `outbox ARGS` to completion; returns (exit code, stdout, stderr).

@@ -1,9 +1,11 @@
 //! A consumer of project `p` with a transactional handler in lanes, for the kill -9 test of
-//! `tests/lanes_transactional.rs`: each event's effect is a row of `lane_effects`, written in
+//! `lanes_transactional.rs`: each event's effect is a row of `lane_effects`, written in
 //! the handler's transaction after a random 0-3 ms (so a kill lands inside transactions).
 //!
-//! Usage: `lanes_tx_consumer URL LANES MAX_AHEAD [--exit-when-caught-up]`; it runs until it is
-//! killed, or until it has caught up with the flag.
+//! Arguments: `URL LANES MAX_AHEAD [--exit-when-caught-up]`, one a line in [`ARGS`]; it runs
+//! until it is killed, or until it has caught up with the flag. Its process is this test
+//! binary started again for the ignored test [`TEST`] alone: a binary target of its own would
+//! be a binary of `outbox-cli`.
 
 use std::time::Duration;
 
@@ -32,17 +34,28 @@ impl TransactionalHandler for Effects {
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let url = &args[1];
+/// The variable that carries the arguments, one a line (libtest reads the command line).
+pub const ARGS: &str = "OUTBOX_LANES_TX_CONSUMER_ARGS";
+
+/// The consumer's test, as the command that starts its process names it.
+pub const TEST: &str = "lanes_tx_consumer::consumer_process";
+
+/// The consumer, in a process started with [`ARGS`] set; nothing in any other run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the consumer process of lanes_transactional's kill -9 test, started by it"]
+async fn consumer_process() {
+    let Ok(args) = std::env::var(ARGS) else {
+        return;
+    };
+    let args: Vec<&str> = args.lines().collect();
+    let url = args[0];
     let config: tokio_postgres::Config = url.parse().expect("a database URL");
     let mut consumer_config = fast_config("p", "c");
-    consumer_config.delivery.lanes = args[2].parse().expect("lanes");
-    consumer_config.delivery.max_ahead = args[3].parse().expect("max-ahead");
+    consumer_config.delivery.lanes = args[1].parse().expect("lanes");
+    consumer_config.delivery.max_ahead = args[2].parse().expect("max-ahead");
     consumer_config.delivery.batch_size = 50;
     consumer_config.delivery.max_batch_size = 200;
-    consumer_config.delivery.exit_when_caught_up = args.get(4).is_some();
+    consumer_config.delivery.exit_when_caught_up = args.get(3).is_some();
     let lanes = consumer_config.delivery.lanes;
     let pool = ConnectSettings::from_config(config.clone())
         .pool(lanes + 4)

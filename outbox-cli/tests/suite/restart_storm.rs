@@ -21,7 +21,7 @@ use outbox_core::{Writer, WriterProcessId};
 use outbox_tests::cluster_kit::{PrivateCluster, try_write};
 use outbox_tests::consumer_kit::eventually;
 use outbox_tests::nats_kit::{NatsServer, read_stream};
-use outbox_tests::process_kit::{OutboxProcess, outbox_binary, run_outbox};
+use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::serve_kit::{Metrics, free_port, get};
 use rand::Rng;
 use tokio_postgres::Config;
@@ -580,8 +580,6 @@ async fn a_process_started_while_postgres_is_down_begins_when_it_comes_up() {
 async fn fails_at_once(url: &str, args: &[&str], within: Duration) -> (i32, String) {
     let mut all = vec!["--database-url", url];
     all.extend_from_slice(args);
-    // Built (when needed) before the clock starts.
-    outbox_binary();
     let (code, _, stderr) = tokio::time::timeout(within, run_outbox(&all))
         .await
         .unwrap_or_else(|_| panic!("`outbox {args:?}` did not exit within {within:?}"));

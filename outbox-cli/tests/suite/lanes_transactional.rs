@@ -17,6 +17,8 @@ use outbox_tests::process_kit::outbox_json;
 use outbox_tests::{TestDb, fresh_db};
 use tokio::sync::Notify;
 
+use crate::lanes_tx_consumer;
+
 /// Inserts `events` events of project `p`, event `g` for task `t-(g % tasks)`, and numbers them.
 async fn seed(db: &TestDb, events: i64, tasks: i64) {
     let client = db.connect().await;
@@ -108,17 +110,26 @@ async fn kill_9_with_a_transactional_handler_in_lanes_applies_every_effect_exact
     let events: i64 = 6_000;
     seed(&db, events, 300).await;
     let max_ahead: i64 = 400;
-    let binary = env!("CARGO_BIN_EXE_lanes_tx_consumer");
+    // The consumer's process: this test binary again, running the consumer's test alone.
+    let binary = std::env::current_exe().expect("the test binary's path");
     let spawn = |last: bool| {
-        let mut command = tokio::process::Command::new(binary);
-        command
-            .args([db.url.as_str(), "16", &max_ahead.to_string()])
-            .kill_on_drop(true)
-            .stdout(std::process::Stdio::null());
+        let mut args = vec![db.url.clone(), "16".to_owned(), max_ahead.to_string()];
         if last {
-            command.arg("--exit-when-caught-up");
+            args.push("--exit-when-caught-up".to_owned());
         }
-        command.spawn().expect("the consumer starts")
+        let only = [
+            lanes_tx_consumer::TEST,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ];
+        tokio::process::Command::new(&binary)
+            .args(only)
+            .env(lanes_tx_consumer::ARGS, args.join("\n"))
+            .kill_on_drop(true)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("the consumer starts")
     };
     let count = |db: &TestDb| {
         let db = db.clone();
