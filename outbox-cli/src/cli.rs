@@ -29,7 +29,7 @@ pub struct Global {
     pub database_url: Option<String>,
     /// Schema holding the outbox tables: 1 to 40 characters from a-z, 0-9 and _, starting with
     /// a letter or _ (an empty OUTBOX_SCHEMA means the default).
-    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = outbox_core::DEFAULT_SCHEMA, value_parser = parse_schema)]
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = outbox_core::schema::DEFAULT_SCHEMA, value_parser = parse_schema)]
     pub schema: Schema,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -51,11 +51,11 @@ pub enum PoolerArg {
     Transaction,
 }
 
-impl From<PoolerArg> for outbox_core::Pooler {
+impl From<PoolerArg> for outbox_core::connect::Pooler {
     fn from(arg: PoolerArg) -> Self {
         match arg {
-            PoolerArg::None => outbox_core::Pooler::None,
-            PoolerArg::Transaction => outbox_core::Pooler::Transaction,
+            PoolerArg::None => outbox_core::connect::Pooler::None,
+            PoolerArg::Transaction => outbox_core::connect::Pooler::Transaction,
         }
     }
 }
@@ -113,7 +113,7 @@ pub struct SequenceArgs {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_tick_pause, default_value = "2ms", requires = "every")]
     pub max_tick_pause: std::time::Duration,
     /// Most events numbered per transaction: 1 to 1000000.
-    #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    #[arg(long, default_value_t = outbox_core::sequencer::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
     /// Output format of a single drain (with --every nothing is printed; logs go to stderr).
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -199,8 +199,8 @@ impl Global {
                 .map_err(crate::failure::Failure::usage)?,
             None => DatabaseUrl::from_libpq_env(env)?,
         };
-        if let Some(path) = outbox_core::libpq_env::passfile_path(env) {
-            outbox_core::libpq_env::apply_passfile(&mut database.settings.config, &path);
+        if let Some(path) = outbox_core::connect::libpq_env::passfile_path(env) {
+            outbox_core::connect::libpq_env::apply_passfile(&mut database.settings.config, &path);
         }
         database.check_schema = Some(self.schema.clone());
         Ok(database.with_pooler(self.pooler.into()))
@@ -313,11 +313,11 @@ impl ConsumerOptions {
                 human(self.lease_ttl / 2),
             ));
         }
-        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+        if self.sequencer_lease_ttl < outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL {
             return Err(format!(
                 "{} is too short: the sequencer lease lasts at least {}",
                 flag_value("sequencer_lease_ttl", &human(self.sequencer_lease_ttl)),
-                human(outbox_core::MIN_SEQUENCER_LEASE_TTL)
+                human(outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL)
             ));
         }
         Ok(())
@@ -413,7 +413,7 @@ pub struct ConsumerOptions {
     /// (counted in outbox_events_skipped_total); one of a named type in another major is
     /// parked at once as a contract_mismatch dead letter. Each must be registered.
     #[arg(long, value_name = "TYPE@MAJOR,...", default_value = "task:deleted@1")]
-    pub event_types: outbox_core::EventTypes,
+    pub event_types: outbox_core::contract::EventTypes,
     /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,

@@ -100,12 +100,12 @@ fn status_prune_and_sequence_with_no_options_are_the_library_defaults() {
     };
     assert_eq!(
         crate::status_cmd::thresholds(&args),
-        outbox_core::HealthThresholds::default()
+        outbox_core::admin::HealthThresholds::default()
     );
     let Command::Prune(args) = parse(&["prune"]).command else {
         panic!("prune")
     };
-    let library = outbox_core::PruneOptions::default();
+    let library = outbox_core::retention::PruneOptions::default();
     assert_eq!(
         (args.retention, args.batch_size),
         (library.retention, library.batch_size)
@@ -116,8 +116,8 @@ fn status_prune_and_sequence_with_no_options_are_the_library_defaults() {
     assert_eq!(
         (args.lease_ttl, args.batch_size),
         (
-            outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
-            outbox_core::DEFAULT_BATCH
+            outbox_core::sequencer::DEFAULT_SEQUENCER_LEASE_TTL,
+            outbox_core::sequencer::DEFAULT_BATCH
         )
     );
     assert_eq!(

@@ -10,7 +10,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{ElectedSequencer, MIN_SEQUENCER_LEASE_TTL, Sequencer, owner_token};
+use outbox_core::internal::owner_token;
+use outbox_core::sequencer::{ElectedSequencer, MIN_SEQUENCER_LEASE_TTL, Sequencer};
 use serde::Serialize;
 
 use crate::cli::{Global, SequenceArgs};

@@ -130,7 +130,7 @@ pub struct DeliverySettings {
     /// `outbox_events_skipped_total`); an event of a declared type in another major is parked
     /// at once as a `contract_mismatch` dead letter, replayable once the declaration names
     /// it. Each must be registered: the consumer refuses to start otherwise.
-    pub event_types: outbox_core::EventTypes,
+    pub event_types: outbox_core::contract::EventTypes,
     /// How many events of the project are handled at once, each of a different key (the
     /// event's subject, its task ID): a key's events are never handled concurrently nor out
     /// of sequence order. 1 (the default) handles the stream one event at a time, in order.
@@ -156,10 +156,10 @@ pub struct Duties {
     /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
     pub listen: bool,
     /// Whether a transaction-mode pooler sits in front of PostgreSQL (see
-    /// [`outbox_core::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
+    /// [`outbox_core::connect::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
     /// consumers poll every [`DeliverySettings::poll_interval`], which then bounds their
     /// latency.
-    pub pooler: outbox_core::Pooler,
+    pub pooler: outbox_core::connect::Pooler,
     /// How often the gauges (`outbox_consumer_lag_events`, `outbox_dead_letters`, the
     /// unsequenced backlog) are sampled, one statement each time; `None` samples nothing, for
     /// a process that exports no metrics. `outbox consume --metrics-addr` and `outbox serve`
@@ -167,7 +167,7 @@ pub struct Duties {
     pub gauge_interval: Option<Duration>,
     /// Whether this process takes part in the sequencer election, and the slowest tick of its
     /// sequencer while it leads and nothing arrives (after a tick that numbered something it
-    /// ticks again soon, [`outbox_core::Cadence`]); `None` leaves sequencing to other
+    /// ticks again soon, [`outbox_core::sequencer::Cadence`]); `None` leaves sequencing to other
     /// processes.
     pub sequence_interval: Option<Duration>,
     /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
@@ -223,7 +223,7 @@ impl Default for DeliverySettings {
             existing_only: false,
             exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
-            event_types: outbox_core::EventTypes::default(),
+            event_types: outbox_core::contract::EventTypes::default(),
             lanes: 1,
             max_ahead: DEFAULT_MAX_AHEAD,
         }
@@ -294,12 +294,12 @@ impl Default for Duties {
         Self {
             schema: Schema::default(),
             listen: true,
-            pooler: outbox_core::Pooler::None,
+            pooler: outbox_core::connect::Pooler::None,
             gauge_interval: None,
-            sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
-            sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
+            sequence_interval: Some(outbox_core::sequencer::DEFAULT_IDLE_TICK),
+            sequencer_lease_ttl: outbox_core::sequencer::DEFAULT_SEQUENCER_LEASE_TTL,
             prune_interval: Some(Duration::from_secs(3600)),
-            retention: outbox_core::DEFAULT_RETENTION,
+            retention: outbox_core::retention::DEFAULT_RETENTION,
             availability: crate::Availability::new(),
         }
     }
@@ -311,17 +311,17 @@ impl Duties {
         if self.sequence_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("sequence interval must be positive".into()));
         }
-        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+        if self.sequencer_lease_ttl < outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL {
             return Err(ConfigError(format!(
                 "sequencer lease TTL {:?} is below the minimum of {:?}",
                 self.sequencer_lease_ttl,
-                outbox_core::MIN_SEQUENCER_LEASE_TTL
+                outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL
             )));
         }
         if self.prune_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("prune interval must be positive".into()));
         }
-        if self.retention > outbox_core::MAX_RETENTION {
+        if self.retention > outbox_core::retention::MAX_RETENTION {
             return Err(ConfigError(format!(
                 "retention {:?} exceeds the limit of 36500 days",
                 self.retention
@@ -420,7 +420,7 @@ mod tests {
         c.duties.sequencer_lease_ttl = Duration::from_millis(100);
         assert!(c.validate().unwrap_err().0.contains("sequencer lease"));
         let mut c = config();
-        c.duties.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
+        c.duties.retention = outbox_core::retention::MAX_RETENTION + Duration::from_secs(1);
         assert!(c.validate().unwrap_err().0.contains("retention"));
     }
 }

@@ -50,7 +50,7 @@
 //!   connection, with one statement renewing every lease and one polling every project's
 //!   head; with [`Projects::All`] it follows projects that appear later.
 //! - **Retention.** The runtime also runs the retention sweep of its project
-//!   ([`outbox_core::Pruner`]) at start and every [`Duties::prune_interval`]; a failed
+//!   ([`outbox_core::retention::Pruner`]) at start and every [`Duties::prune_interval`]; a failed
 //!   sweep is logged and retried at the next interval.
 
 #![forbid(unsafe_code)]

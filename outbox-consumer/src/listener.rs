@@ -31,7 +31,7 @@ pub(crate) struct Target {
     pub config: Config,
     /// The pool's TLS connector, so that the listener verifies the server the same way;
     /// `None` connects without TLS.
-    pub tls: Option<outbox_core::Connector>,
+    pub tls: Option<outbox_core::connect::Connector>,
 }
 
 /// Where the listener's wake-ups go.
@@ -108,8 +108,8 @@ struct SessionError {
 impl SessionError {
     fn new(step: &str, e: &tokio_postgres::Error) -> Self {
         Self {
-            message: format!("{step}: {}", outbox_core::describe(e)),
-            outage: outbox_core::is_outage(e),
+            message: format!("{step}: {}", outbox_core::error::describe(e)),
+            outage: outbox_core::connect::is_outage(e),
         }
     }
 }
@@ -130,7 +130,7 @@ impl crate::outage::MaybeOutage for SessionError {
 /// LISTEN succeeded), `Err` when it could not be set up.
 async fn session(
     config: &Config,
-    tls: Option<&outbox_core::Connector>,
+    tls: Option<&outbox_core::connect::Connector>,
     channel: &str,
     wake: &dyn Wake,
     availability: &crate::Availability,

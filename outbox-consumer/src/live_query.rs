@@ -2,7 +2,8 @@
 //! prepared, so a wrong query is refused before anything is claimed, and read without
 //! trusting its rows.
 
-use outbox_core::{Unnamed as _, describe, is_retryable_db};
+use outbox_core::error::{describe, is_retryable_db};
+use outbox_core::internal::Unnamed as _;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, GenericClient};

@@ -11,15 +11,15 @@
 use crate::error::ConsumerError;
 
 /// Whether `e` means the database is unavailable for now (see
-/// [`outbox_core::is_outage`]), including a pool that could not make a connection.
+/// [`outbox_core::connect::is_outage`]), including a pool that could not make a connection.
 pub fn is_outage(e: &ConsumerError) -> bool {
     use deadpool_postgres::{HookError, PoolError, TimeoutType};
     match e {
-        ConsumerError::Database(e) => outbox_core::is_outage(e),
+        ConsumerError::Database(e) => outbox_core::connect::is_outage(e),
         ConsumerError::Core(e) => e.is_outage(),
         ConsumerError::Pool(PoolError::Backend(e))
         | ConsumerError::Pool(PoolError::PostCreateHook(HookError::Backend(e))) => {
-            outbox_core::is_outage(e)
+            outbox_core::connect::is_outage(e)
         }
         ConsumerError::Pool(PoolError::Timeout(TimeoutType::Create | TimeoutType::Recycle)) => true,
         _ => false,

@@ -121,7 +121,7 @@ impl Publisher {
                 let delay = outbox_consumer::backoff(state.connect_failures - 1, rand::random());
                 tracing::warn!(
                     error = %e,
-                    retry_in = %outbox_core::Readable(delay),
+                    retry_in = %outbox_core::internal::Readable(delay),
                     "NATS unavailable"
                 );
                 state.retry_connect_at = Some(Instant::now() + delay);

@@ -134,7 +134,7 @@ impl Relay {
         } else {
             tracing::debug!(
                 error,
-                retry_in = %outbox_core::Readable(delay),
+                retry_in = %outbox_core::internal::Readable(delay),
                 "NATS still does not answer"
             );
         }

@@ -9,7 +9,8 @@ use outbox_consumer::{
     Consumer, ConsumerConfig, ConsumerSet, DeliverySettings, Duties, Handler, PairFactory, Plain,
     Projects, Reconciler,
 };
-use outbox_core::{ConnectError, ConnectSettings, Connector, ConsumerId};
+use outbox_core::ConsumerId;
+use outbox_core::connect::{ConnectError, ConnectSettings, Connector};
 
 /// The `application_name` of the LISTEN connection, so operators can tell it apart.
 const LISTENER_APPLICATION: &str = "outbox-listener";

@@ -15,7 +15,8 @@
 //! use outbox_consumer::{
 //!     ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
 //! };
-//! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
+//! use outbox_core::connect::ConnectSettings;
+//! use outbox_core::{ConsumerId, ProjectId};
 //! use outbox_service::{Connections, MetricsEndpoint, lines};
 //! use tokio_util::sync::CancellationToken;
 //!

@@ -70,7 +70,7 @@ pub fn start_set(
 ) -> RunningSet {
     let mut config = db.config.clone();
     config.application_name(SET_APPLICATION);
-    let pool = outbox_core::ConnectSettings::from_config(config.clone())
+    let pool = outbox_core::connect::ConnectSettings::from_config(config.clone())
         .pool(pool_size)
         .expect("pool builds");
     config.application_name(SET_LISTENER);

@@ -148,8 +148,8 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     }
     // Like `outbox consume`: a pool of 4.
     let pool = match &args.pooler_url {
-        Some(url) => outbox_core::ConnectSettings::parse(url)?
-            .with_pooler(outbox_core::Pooler::Transaction)
+        Some(url) => outbox_core::connect::ConnectSettings::parse(url)?
+            .with_pooler(outbox_core::connect::Pooler::Transaction)
             .pool(4)?,
         None => db::pool(&config, 4)?,
     };
@@ -160,7 +160,7 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     );
     consumer_config.duties.listen = false;
     if args.pooler_url.is_some() {
-        consumer_config.duties.pooler = outbox_core::Pooler::Transaction;
+        consumer_config.duties.pooler = outbox_core::connect::Pooler::Transaction;
     }
     consumer_config.delivery.start_from = StartFrom::Earliest;
     consumer_config.delivery.batch_size = args.batch_size;
@@ -619,7 +619,7 @@ pub async fn bare_loop(
             let _writer: String = row.get(5);
             let _occurred_at: chrono::DateTime<chrono::Utc> = row.get(6);
             let _version: i32 = row.get(7);
-            let outbox_core::PayloadText(payload) = row.get(8);
+            let outbox_core::event::PayloadText(payload) = row.get(8);
             let _prior: Prior = serde_json::from_slice(payload)?;
             decoded += 1;
         }

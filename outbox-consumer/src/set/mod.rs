@@ -16,7 +16,8 @@ mod shared;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use outbox_core::{ConsumerId, ProjectId, PruneOptions};
+use outbox_core::retention::PruneOptions;
+use outbox_core::{ConsumerId, ProjectId};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_postgres::Config;
@@ -46,7 +47,7 @@ pub enum Projects {
     /// that appears while the set runs is delivered from its first event, as
     /// [`StartFrom::Earliest`](crate::StartFrom::Earliest) does: its whole history is retained,
     /// so its first deletions arrive as events rather than folded into a reconciliation.
-    /// Probe projects ([`outbox_core::PROBE_PROJECT_PREFIX`], `outbox verify`'s) are not
+    /// Probe projects ([`outbox_core::ids::PROBE_PROJECT_PREFIX`], `outbox verify`'s) are not
     /// followed.
     All,
 }
@@ -111,7 +112,7 @@ pub struct ConsumerSet<F> {
     /// Makes each pair's handler and reconciler.
     factory: Arc<F>,
     /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
-    listen_tls: Option<outbox_core::Connector>,
+    listen_tls: Option<outbox_core::connect::Connector>,
     /// Every started pair's probe.
     probes: PairProbes,
     /// Whether the first pair to end with an error stops every other pair.
@@ -161,7 +162,7 @@ impl<F: PairFactory> ConsumerSet<F> {
     /// Opens the LISTEN connection through `connector`, as [`Consumer::listen_tls`] does.
     ///
     /// [`Consumer::listen_tls`]: crate::Consumer::listen_tls
-    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+    pub fn listen_tls(mut self, connector: outbox_core::connect::Connector) -> Self {
         self.listen_tls = Some(connector);
         self
     }

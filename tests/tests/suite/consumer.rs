@@ -136,7 +136,7 @@ async fn a_cursor_below_the_retention_floor_reconciles() {
         write_event(&db, "p", &format!("t{i}")).await;
     }
     let mut client = db.connect().await;
-    outbox_core::Sequencer::new(&Schema::default())
+    outbox_core::sequencer::Sequencer::new(&Schema::default())
         .drain(&mut client)
         .await
         .unwrap();

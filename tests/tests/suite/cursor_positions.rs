@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use outbox_consumer::{Consumer, Duties};
-use outbox_core::{Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, eventually_count, fast_config, fast_delivery, fast_duties, start,
 };
