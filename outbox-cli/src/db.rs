@@ -146,7 +146,7 @@ impl std::fmt::Display for ConnectFailed {
 /// `None` when `shutdown` came first. Any other failure is returned at once.
 pub async fn connect_waiting(
     database: &DatabaseUrl,
-    availability: &outbox_consumer::Availability,
+    availability: &outbox_consumer::outage::Availability,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<Option<Client>, Failure> {
     let mut failures: u32 = 0;
@@ -173,7 +173,7 @@ pub async fn connect_waiting(
         failures = failures.saturating_add(1);
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
-            _ = tokio::time::sleep(outbox_consumer::outage_backoff(failures)) => {}
+            _ = tokio::time::sleep(outbox_consumer::backoff::outage_backoff(failures)) => {}
         }
     }
 }

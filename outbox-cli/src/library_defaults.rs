@@ -50,19 +50,25 @@ fn the_consumer_ranges_end_at_the_library_ceilings() {
         ])
     };
     let ceilings = [
-        ("--batch-size", outbox_consumer::MAX_BATCH_SIZE_CEILING),
-        ("--max-batch-size", outbox_consumer::MAX_BATCH_SIZE_CEILING),
-        ("--lanes", outbox_consumer::MAX_LANES as i64),
+        (
+            "--batch-size",
+            outbox_consumer::config::MAX_BATCH_SIZE_CEILING,
+        ),
+        (
+            "--max-batch-size",
+            outbox_consumer::config::MAX_BATCH_SIZE_CEILING,
+        ),
+        ("--lanes", outbox_consumer::config::MAX_LANES as i64),
         (
             "--max-attempts",
-            i64::from(outbox_consumer::MAX_ATTEMPTS_CEILING),
+            i64::from(outbox_consumer::retry::MAX_ATTEMPTS_CEILING),
         ),
     ];
     for (option, ceiling) in ceilings {
         assert!(!consume(option, ceiling.to_string()), "{option} {ceiling}");
         assert!(consume(option, (ceiling + 1).to_string()), "{option} above");
     }
-    let floor = outbox_consumer::MIN_POOL_SIZE;
+    let floor = outbox_consumer::config::MIN_POOL_SIZE;
     assert!(!consume("--pool-size", floor.to_string()));
     assert!(consume("--pool-size", (floor - 1).to_string()));
 }

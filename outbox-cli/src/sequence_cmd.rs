@@ -53,7 +53,7 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         return print(args.output, &Drained { numbered });
     };
     let shutdown = Shutdown::install()?;
-    let availability = outbox_consumer::Availability::new();
+    let availability = outbox_consumer::outage::Availability::new();
     availability.set_give_up_after(args.give_up_after);
     let Some(mut client) = connect_waiting(&database, &availability, &shutdown.token()).await?
     else {

@@ -141,7 +141,7 @@ async fn run_sequencer(
     pool: Pool,
     mut elected: ElectedSequencer,
     interval: Duration,
-    availability: crate::Availability,
+    availability: crate::outage::Availability,
     stop: CancellationToken,
 ) {
     let mut repeat = crate::repeat::Repeat::new(&stop, &availability, "sequencer step", interval);
@@ -166,7 +166,7 @@ async fn run_pruner(
     pool: Pool,
     pruners: Vec<Pruner>,
     interval: Duration,
-    availability: crate::Availability,
+    availability: crate::outage::Availability,
     stop: CancellationToken,
 ) {
     // The projects named up front have their series from the start, at 0, rather than after
@@ -199,7 +199,7 @@ async fn sweep_and_report(
     pool: &Pool,
     pruner: &Pruner,
     interval: Duration,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
     stop: &CancellationToken,
 ) {
     match sweep_once(pool, pruner, stop).await {

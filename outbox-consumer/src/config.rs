@@ -1,10 +1,15 @@
-//! Consumer configuration: a pair's identity, its delivery settings, the process's duties.
+//! Consumer configuration: a pair's identity, its delivery settings, the process's duties,
+//! and the defaults and ceilings of each setting. The pool's floor and the poll interval's
+//! factor while listening ([`MIN_POOL_SIZE`], [`LISTENING_POLL_FACTOR`]) are the runtime's,
+//! re-exported here.
 
 use std::time::Duration;
 
 use outbox_core::{ConsumerId, ProjectId, Schema};
 
 use crate::retry::RetrySchedule;
+
+pub use crate::runtime::{LISTENING_POLL_FACTOR, MIN_POOL_SIZE};
 
 /// Default live-set query: the project's tasks that are not deleted. `$1` is the project ID.
 pub const DEFAULT_LIVE_QUERY: &str =
@@ -101,9 +106,9 @@ pub struct DeliverySettings {
     /// How often the lease is renewed, on its own timer.
     pub heartbeat_interval: Duration,
     /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`). While the
-    /// LISTEN connection is up, notifications carry the news and the poll is only a safety
-    /// net (and how replay requests are found): a lone consumer then polls
-    /// [`LISTENING_POLL_FACTOR`](crate::LISTENING_POLL_FACTOR) times less often.
+    /// LISTEN connection is up, notifications carry the news and the poll is only a safety net
+    /// (and how replay requests are found): a lone consumer then polls
+    /// [`LISTENING_POLL_FACTOR`] times less often.
     pub poll_interval: Duration,
     /// Retry schedule for failed events.
     pub retry: RetrySchedule,
@@ -182,7 +187,7 @@ pub struct Duties {
     /// it goes, one when it is back; `outbox_database_up`; readiness), and how long an outage
     /// may last before the process gives up. A handle: clones share one view, so give the
     /// same one to everything that serves the process's readiness.
-    pub availability: crate::Availability,
+    pub availability: crate::outage::Availability,
 }
 
 /// How a lone consumer runs: the pair it is, how it delivers, and the process's duties.
@@ -288,8 +293,8 @@ impl DeliverySettings {
 impl Default for Duties {
     /// The default schema, no pooler, LISTEN on, no gauges, an elected sequencer (10 s lease)
     /// ticking back to back while events arrive and every 50 ms when idle, a retention sweep at
-    /// start and hourly with 30 days' retention, a new [`Availability`](crate::Availability)
-    /// that never gives up.
+    /// start and hourly with 30 days' retention, a new
+    /// [`Availability`](crate::outage::Availability) that never gives up.
     fn default() -> Self {
         Self {
             schema: Schema::default(),
@@ -300,7 +305,7 @@ impl Default for Duties {
             sequencer_lease_ttl: outbox_core::sequencer::DEFAULT_SEQUENCER_LEASE_TTL,
             prune_interval: Some(Duration::from_secs(3600)),
             retention: outbox_core::retention::DEFAULT_RETENTION,
-            availability: crate::Availability::new(),
+            availability: crate::outage::Availability::new(),
         }
     }
 }

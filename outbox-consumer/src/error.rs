@@ -90,7 +90,7 @@ pub enum ConsumerError {
         existing_only: bool,
     },
     /// The database stayed unavailable longer than the process was told to wait
-    /// ([`crate::Availability::set_give_up_after`]).
+    /// ([`crate::outage::Availability::set_give_up_after`]).
     #[error(
         "giving up: the database has been unavailable for longer than {} (--give-up-after); \
          last error: {error}",

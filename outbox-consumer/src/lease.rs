@@ -463,7 +463,7 @@ pub(crate) async fn heartbeat(
     lease: &Lease,
     statement: String,
     interval: Duration,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
     stop: CancellationToken,
 ) {
     let ttl_secs = lease.ttl.as_secs_f64();

@@ -75,7 +75,7 @@ pub(crate) async fn listen(
     target: Target,
     channel: String,
     wake: Arc<dyn Wake>,
-    availability: crate::Availability,
+    availability: crate::outage::Availability,
     stop: CancellationToken,
 ) {
     let Target { mut config, tls } = target;
@@ -133,7 +133,7 @@ async fn session(
     tls: Option<&outbox_core::connect::Connector>,
     channel: &str,
     wake: &dyn Wake,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
 ) -> Result<(), SessionError> {
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let connect_error = |e: tokio_postgres::Error| SessionError::new("connect", &e);

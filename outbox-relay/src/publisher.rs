@@ -41,9 +41,8 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
-use outbox_consumer::{
-    FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, PartialAck, Reconciler,
-};
+use outbox_consumer::handler::PartialAck;
+use outbox_consumer::{FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio::time::error::Elapsed;

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, PartialAck, Reconciler};
+use outbox_consumer::handler::PartialAck;
+use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use outbox_core::ProjectId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

@@ -4,9 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use outbox_consumer::{
-    ConsumerError, ConsumerSet, DeliverySettings, Duties, PairOutcome, Projects,
-};
+use outbox_consumer::set::PairOutcome;
+use outbox_consumer::{ConsumerError, ConsumerSet, DeliverySettings, Duties, Projects};
 use outbox_core::{ConsumerId, ProjectId};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -166,7 +166,7 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     consumer_config.delivery.batch_size = args.batch_size;
     consumer_config.delivery.max_batch_size = args
         .max_batch_size
-        .unwrap_or(outbox_consumer::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size));
+        .unwrap_or(outbox_consumer::config::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size));
     if args.fail_every.is_some() {
         consumer_config.delivery.retry =
             RetrySchedule::new(vec![Duration::from_millis(args.retry_delay_ms)], 10)?;
@@ -261,7 +261,7 @@ impl Variant {
     pub const DEFAULT: Variant = Variant {
         fail_every: None,
         batch_size: 500,
-        max_batch_size: outbox_consumer::DEFAULT_MAX_BATCH_SIZE,
+        max_batch_size: outbox_consumer::config::DEFAULT_MAX_BATCH_SIZE,
         async_commit: false,
     };
 

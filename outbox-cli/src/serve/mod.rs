@@ -166,7 +166,7 @@ fn admin_auth(args: &ServeArgs, listen: SocketAddr) -> Result<Option<AdminAuth>,
 async fn open_answering_probes(
     global: &Global,
     consume: &crate::cli::ConsumerOptions,
-    availability: &outbox_consumer::Availability,
+    availability: &outbox_consumer::outage::Availability,
     listener: tokio::net::TcpListener,
     args: &ServeArgs,
 ) -> Result<Option<(Started, tokio::net::TcpListener)>, Failure> {

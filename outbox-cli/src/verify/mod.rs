@@ -348,7 +348,7 @@ fn consumer_config(
     // so the live set is empty.
     config.delivery.start_from = StartFrom::Reconcile;
     config.delivery.live_query =
-        outbox_consumer::LiveQuery::Custom("SELECT $1::text WHERE false".to_owned());
+        outbox_consumer::config::LiveQuery::Custom("SELECT $1::text WHERE false".to_owned());
     config.duties.prune_interval = None;
     config.delivery.wait_for_lease = false;
     config
@@ -357,7 +357,7 @@ fn consumer_config(
 /// Waits for the probe consumer's first successful poll: from then on its cursor is set, and
 /// every probe event comes after it.
 async fn wait_until_polling(
-    probe: &outbox_consumer::Probe,
+    probe: &outbox_consumer::probe::Probe,
     timeout: Duration,
     progress: &mut watch::Progress,
 ) -> Result<(), Failure> {

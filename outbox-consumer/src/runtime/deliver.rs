@@ -345,7 +345,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
 async fn wait(
     lease: &Lease,
     shutdown: &CancellationToken,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
     signals: Option<&Signals>,
     deadline: Instant,
 ) -> Woken {

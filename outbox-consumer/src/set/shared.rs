@@ -65,7 +65,7 @@ pub(crate) struct Shared {
     /// Where newly discovered projects go, when the set follows every project.
     discovered: Option<mpsc::UnboundedSender<String>>,
     /// When [`Shared::poll_once`] last succeeded: a member waiting idle counts it as its own
-    /// poll (see [`crate::Probe`]).
+    /// poll (see [`crate::probe::Probe`]).
     pub poll_clock: Arc<PollClock>,
     /// Each project's latest read, shared by its consumers.
     pub reads: SharedReads,
@@ -80,7 +80,7 @@ pub(crate) struct Shared {
     /// (they could deadlock).
     row_writes: Arc<tokio::sync::Mutex<()>>,
     /// The process's view of its database, which the set's heartbeat and poll report to.
-    pub availability: crate::Availability,
+    pub availability: crate::outage::Availability,
 }
 
 impl Shared {
@@ -89,7 +89,7 @@ impl Shared {
     pub fn new(
         schema: &Schema,
         pooler: outbox_core::connect::Pooler,
-        availability: crate::Availability,
+        availability: crate::outage::Availability,
         listed: Option<Vec<String>>,
         consumer_ids: Vec<String>,
         discovered: Option<mpsc::UnboundedSender<String>>,

@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_consumer::config::LiveQuery;
+use outbox_consumer::handler::ReconcileReason;
 use outbox_consumer::{
-    Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, LiveQuery, ObservedEvent,
-    ReconcileReason, RetrySchedule, StartFrom, TransactionalHandler,
+    Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, ObservedEvent, RetrySchedule,
+    StartFrom, TransactionalHandler,
 };
 use outbox_core::{Schema, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outbox_consumer::{ConsumerConfig, ReconcileReason};
+use outbox_consumer::ConsumerConfig;
+use outbox_consumer::handler::ReconcileReason;
 use outbox_core::Schema;
 use outbox_core::sequencer::Sequencer;
 use outbox_tests::cluster_kit::try_write;

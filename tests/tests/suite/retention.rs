@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use outbox_consumer::{Handler, HandlerFailure, ObservedEvent, ReconcileReason};
+use outbox_consumer::handler::ReconcileReason;
+use outbox_consumer::{Handler, HandlerFailure, ObservedEvent};
 use outbox_core::retention::{HoldBack, PruneOptions, PruneReport, Pruner};
 use outbox_core::sequencer::Sequencer;
 use outbox_core::{ProjectId, Schema};
