@@ -55,7 +55,7 @@ pub fn validate_stream_name(name: &str) -> Result<(), String> {
 /// `<prefix>.*.task_deleted` would miss it while `<prefix>.acme.>` caught it). Project IDs
 /// cannot contain `%` (nor `*`, `>` or whitespace), so replacing `%2E` by `.` gives the ID
 /// back, and an ID without a dot is its own token.
-pub fn project_token(project: &str) -> String {
+pub(crate) fn project_token(project: &str) -> String {
     project.replace('.', "%2E")
 }
 
@@ -155,19 +155,19 @@ impl EventSubjects {
 
 /// Whether `subject` (one of a project's, see [`project_prefix`]) carries reconciliation
 /// notices rather than events: an event type's token always holds a `_`, `reconcile` none.
-pub fn is_reconcile_subject(subject: &str) -> bool {
+pub(crate) fn is_reconcile_subject(subject: &str) -> bool {
     subject.ends_with(".reconcile")
 }
 
 /// The subject of a project's reconciliation notices.
-pub fn reconcile_subject(prefix: &str, project: &str) -> String {
+pub(crate) fn reconcile_subject(prefix: &str, project: &str) -> String {
     format!("{prefix}.{}.reconcile", project_token(project))
 }
 
 /// Whether the stream subject `pattern` matches every subject under `<prefix>.>`: token by
 /// token, a literal must equal the prefix's token and `>` covers the rest; `*` covers one
 /// token but can never cover the open-ended tail.
-pub fn covers(pattern: &str, prefix: &str) -> bool {
+pub(crate) fn covers(pattern: &str, prefix: &str) -> bool {
     let mut want = prefix.split('.');
     for token in pattern.split('.') {
         match token {
