@@ -9,8 +9,9 @@
 #     `pub trait`, `pub type`, `pub const`, `pub static`, `pub async fn`, `pub union`),
 # where "root" means a statement starting in the first column (rustfmt's layout), so items
 # inside inline modules or functions are not counted. `pub(crate)` and narrower are not
-# public. Comments are ignored. Items under `#[doc(hidden)]` count like any other and are also
-# shown apart, since they are reachable but not documented.
+# public. Line comments are ignored. Items behind a `#[cfg(...)]` (a feature) count as if it
+# were on. Items under `#[doc(hidden)]` count like any other and are also shown apart, since
+# they are reachable but not documented (a crate's `internal` module: one name).
 #
 #   scripts/public-surface.sh            one line per crate: crate, root names, of which hidden
 #   scripts/public-surface.sh -v         also list the names
