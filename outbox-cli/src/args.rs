@@ -2,7 +2,8 @@
 //! option reads and validates the same way everywhere.
 
 use clap::Args;
-use outbox_core::{ConsumerId, OperatorName, ProjectId, Reason};
+use outbox_core::admin::Reason;
+use outbox_core::{ConsumerId, OperatorName, ProjectId};
 
 /// Which consumer a command is about: `--project` and `--consumer-id`.
 #[derive(Debug, Clone, Args)]

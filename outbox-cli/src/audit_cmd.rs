@@ -2,7 +2,9 @@
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use outbox_core::{Admin, AuditEntry, AuditFilter, AuditKind, EventId, Listing, MAX_LIMIT};
+use outbox_core::EventId;
+use outbox_core::admin::{Admin, AuditEntry, AuditFilter, Listing, MAX_LIMIT};
+use outbox_core::states::AuditKind;
 use serde::Serialize;
 
 use crate::args::ConsumerFilter;
@@ -233,7 +235,7 @@ impl Render for AuditList {
 
 #[cfg(test)]
 mod tests {
-    use outbox_core::AuditKind;
+    use outbox_core::states::AuditKind;
 
     use super::FOLLOW_WIDTHS;
 

@@ -29,7 +29,7 @@ pub struct Global {
     pub database_url: Option<String>,
     /// Schema holding the outbox tables: 1 to 40 characters from a-z, 0-9 and _, starting with
     /// a letter or _ (an empty OUTBOX_SCHEMA means the default).
-    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = outbox_core::DEFAULT_SCHEMA, value_parser = parse_schema)]
+    #[arg(long, env = "OUTBOX_SCHEMA", global = true, default_value = outbox_core::schema::DEFAULT_SCHEMA, value_parser = parse_schema)]
     pub schema: Schema,
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -51,11 +51,11 @@ pub enum PoolerArg {
     Transaction,
 }
 
-impl From<PoolerArg> for outbox_core::Pooler {
+impl From<PoolerArg> for outbox_core::connect::Pooler {
     fn from(arg: PoolerArg) -> Self {
         match arg {
-            PoolerArg::None => outbox_core::Pooler::None,
-            PoolerArg::Transaction => outbox_core::Pooler::Transaction,
+            PoolerArg::None => outbox_core::connect::Pooler::None,
+            PoolerArg::Transaction => outbox_core::connect::Pooler::Transaction,
         }
     }
 }
@@ -113,7 +113,7 @@ pub struct SequenceArgs {
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_tick_pause, default_value = "2ms", requires = "every")]
     pub max_tick_pause: std::time::Duration,
     /// Most events numbered per transaction: 1 to 1000000.
-    #[arg(long, default_value_t = outbox_core::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+    #[arg(long, default_value_t = outbox_core::sequencer::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
     /// Output format of a single drain (with --every nothing is printed; logs go to stderr).
     #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -199,8 +199,8 @@ impl Global {
                 .map_err(crate::failure::Failure::usage)?,
             None => DatabaseUrl::from_libpq_env(env)?,
         };
-        if let Some(path) = outbox_core::libpq_env::passfile_path(env) {
-            outbox_core::libpq_env::apply_passfile(&mut database.settings.config, &path);
+        if let Some(path) = outbox_core::connect::libpq_env::passfile_path(env) {
+            outbox_core::connect::libpq_env::apply_passfile(&mut database.settings.config, &path);
         }
         database.check_schema = Some(self.schema.clone());
         Ok(database.with_pooler(self.pooler.into()))
@@ -313,11 +313,11 @@ impl ConsumerOptions {
                 human(self.lease_ttl / 2),
             ));
         }
-        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+        if self.sequencer_lease_ttl < outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL {
             return Err(format!(
                 "{} is too short: the sequencer lease lasts at least {}",
                 flag_value("sequencer_lease_ttl", &human(self.sequencer_lease_ttl)),
-                human(outbox_core::MIN_SEQUENCER_LEASE_TTL)
+                human(outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL)
             ));
         }
         Ok(())
@@ -368,12 +368,12 @@ pub struct LaneOptions {
     /// Events of one project handled at once, each of a different task (the event's subject):
     /// a task's events are never handled concurrently nor out of order. 1 (the default)
     /// handles the stream one event at a time. 1 to 256.
-    #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(1..=outbox_consumer::MAX_LANES as i64))]
+    #[arg(long, default_value_t = 1, value_name = "N", allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(1..=outbox_consumer::config::MAX_LANES as i64))]
     pub lanes: u16,
     /// With --lanes above 1: how far beyond the cursor lanes may run, in events. The cursor
     /// moves only over events all handled (or parked); a crash repeats at most this many.
     /// At least --batch-size, at most 100000.
-    #[arg(long, default_value_t = outbox_consumer::DEFAULT_MAX_AHEAD, value_name = "EVENTS", allow_negative_numbers = true)]
+    #[arg(long, default_value_t = outbox_consumer::config::DEFAULT_MAX_AHEAD, value_name = "EVENTS", allow_negative_numbers = true)]
     pub max_ahead: i64,
 }
 
@@ -388,12 +388,12 @@ impl LaneOptions {
                     self.max_ahead, delivery.batch_size
                 ));
             }
-            if self.max_ahead > outbox_consumer::MAX_AHEAD_CEILING {
+            if self.max_ahead > outbox_consumer::config::MAX_AHEAD_CEILING {
                 return Err(format!(
                     "--max-ahead {} is above the ceiling of {}: the events ahead are held in \
                      memory",
                     self.max_ahead,
-                    outbox_consumer::MAX_AHEAD_CEILING
+                    outbox_consumer::config::MAX_AHEAD_CEILING
                 ));
             }
         }
@@ -413,13 +413,13 @@ pub struct ConsumerOptions {
     /// (counted in outbox_events_skipped_total); one of a named type in another major is
     /// parked at once as a contract_mismatch dead letter. Each must be registered.
     #[arg(long, value_name = "TYPE@MAJOR,...", default_value = "task:deleted@1")]
-    pub event_types: outbox_core::EventTypes,
+    pub event_types: outbox_core::contract::EventTypes,
     /// Poll only; no LISTEN connection (implied by `--pooler transaction`).
     #[arg(long)]
     pub no_listen: bool,
     /// Connections in the pool, shared by every consumer of the process (which holds one
     /// more, for LISTEN): 3 to 100.
-    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(outbox_consumer::MIN_POOL_SIZE as i64..=100))]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = clap::value_parser!(u16).range(outbox_consumer::config::MIN_POOL_SIZE as i64..=100))]
     pub pool_size: u16,
     /// Exit at once (code 4) if another process holds this consumer's lease.
     #[arg(long)]
@@ -442,7 +442,7 @@ pub struct ConsumerOptions {
     #[arg(long, value_enum, default_value_t = StartFromArg::Reconcile)]
     pub start_from: StartFromArg,
     /// Events per batch: 1 to 10000.
-    #[arg(long, default_value_t = outbox_consumer::DEFAULT_BATCH_SIZE, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=outbox_consumer::MAX_BATCH_SIZE_CEILING))]
+    #[arg(long, default_value_t = outbox_consumer::config::DEFAULT_BATCH_SIZE, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=outbox_consumer::config::MAX_BATCH_SIZE_CEILING))]
     pub batch_size: i64,
     /// Most events per read while catching up, 1..=10000 and at least --batch-size (default
     /// 4000, or --batch-size when larger). While reads come back full, each asks for twice the
@@ -451,7 +451,7 @@ pub struct ConsumerOptions {
     /// Equal to --batch-size: fixed batches. Reads of a single consumer (`consume` of one
     /// project and ID, `relay`); the consumers of a set (`consume` of several, `serve`) share
     /// reads of --batch-size.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=outbox_consumer::MAX_BATCH_SIZE_CEILING))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=outbox_consumer::config::MAX_BATCH_SIZE_CEILING))]
     pub max_batch_size: Option<i64>,
     /// Lease length: at least 1s.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "60s")]
@@ -478,7 +478,7 @@ pub struct ConsumerOptions {
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, value_delimiter = ',', default_value = "1s,5s,30s,5m,15m")]
     pub retry_delays: Vec<Duration>,
     /// Attempts before an event is parked as a dead letter: 1 to 1000.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=outbox_consumer::MAX_ATTEMPTS_CEILING as i64))]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=outbox_consumer::retry::MAX_ATTEMPTS_CEILING as i64))]
     pub max_attempts: u32,
     /// Live-set query for reconciliation ($1 = project ID; one text column of task IDs; it
     /// must only read). Checked at start, exit 2 if it does not fit. Default: SELECT id::text

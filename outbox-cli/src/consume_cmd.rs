@@ -141,7 +141,7 @@ pub(crate) fn finish(
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
-                cursor = %outbox_consumer::ShownCursor(summary.cursor),
+                cursor = %outbox_consumer::internal::ShownCursor(summary.cursor),
                 generation = summary.generation,
                 "{what} stopped"
             );
@@ -166,7 +166,7 @@ pub(crate) fn classify(e: ConsumerError, custom_live_query: bool, command: &str)
             return Failure::usage(format!(
                 "the default live query ({}) does not fit this database: {problem}; give the \
                  query of your schema with --live-query",
-                outbox_consumer::DEFAULT_LIVE_QUERY
+                outbox_consumer::config::DEFAULT_LIVE_QUERY
             ));
         }
         ConsumerError::Config(_) => ExitCode::Usage,
@@ -221,7 +221,7 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
             )));
         }
         Some(max) => max,
-        None => outbox_consumer::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size),
+        None => outbox_consumer::config::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size),
     };
     let mut delivery = DeliverySettings {
         batch_size: args.batch_size,
@@ -244,7 +244,7 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
         ..DeliverySettings::default()
     };
     if let Some(query) = &args.live_query {
-        let live_query = outbox_consumer::LiveQuery::Custom(query.clone());
+        let live_query = outbox_consumer::config::LiveQuery::Custom(query.clone());
         if let Some(problem) = live_query.problem() {
             return Err(Failure::usage(format!("invalid --live-query: {problem}")));
         }
@@ -257,9 +257,9 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
 }
 
 /// What a process running consumers with `args` does beside delivering, checked, with the
-/// process's one [`Availability`](outbox_consumer::Availability) (`--give-up-after`).
+/// process's one [`Availability`](outbox_consumer::outage::Availability) (`--give-up-after`).
 pub fn duties(global: &Global, args: &ConsumerOptions) -> Result<Duties, Failure> {
-    let availability = outbox_consumer::Availability::new();
+    let availability = outbox_consumer::outage::Availability::new();
     availability.set_give_up_after(args.give_up_after);
     let duties = Duties {
         schema: global.schema.clone(),

@@ -1,9 +1,9 @@
 //! `outbox consumers list|retire|reactivate|delete`.
 
 use clap::{Args, Subcommand, ValueEnum};
-use outbox_core::{
-    Admin, ConsumerInfo, ConsumerState, Deletion, ProjectId, Reactivation, Retirement,
-};
+use outbox_core::ProjectId;
+use outbox_core::admin::{Admin, ConsumerInfo, Deletion, Reactivation, Retirement};
+use outbox_core::states::ConsumerState;
 use serde::Serialize;
 
 use crate::args::{ConsumerRef, Operator};

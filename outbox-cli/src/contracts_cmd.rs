@@ -3,8 +3,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
+use outbox_core::OperatorName;
+use outbox_core::admin::Admin;
 use outbox_core::admin::{RegisteredContract, Registration};
-use outbox_core::{Admin, Contract, ContractRef, OperatorName};
+use outbox_core::contract::{Contract, ContractRef};
 use serde::Serialize;
 
 use crate::args::Operator;
@@ -287,7 +289,7 @@ impl Render for Shown {
 }
 
 fn field_rows(table: &mut Table, prefix: &str, fields: &outbox_core::contract::Fields) {
-    use outbox_core::FieldType;
+    use outbox_core::contract::FieldType;
     for (name, spec) in fields {
         let rule = match &spec.field_type {
             FieldType::Identifier { max_length } => format!("at most {max_length} characters"),

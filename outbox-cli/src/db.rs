@@ -1,10 +1,11 @@
 //! Database URLs and connections: a thin shell over outbox-core's connection factory
-//! ([`outbox_core::ConnectSettings`]), which handles TLS and the pooler mode.
+//! ([`outbox_core::connect::ConnectSettings`]), which handles TLS and the pooler mode.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_core::{ConnectError, ConnectSettings, Pooler, Schema};
+use outbox_core::Schema;
+use outbox_core::connect::{ConnectError, ConnectSettings, Pooler};
 use tokio_postgres::Client;
 
 use crate::failure::Failure;
@@ -39,9 +40,9 @@ impl FromStr for DatabaseUrl {
 }
 
 /// Replaces every password in a URL or key=value string (see
-/// [`outbox_core::redact_connection_string`]).
+/// [`outbox_core::internal::redact_connection_string`]).
 pub fn redact(text: &str) -> String {
-    outbox_core::redact_connection_string(text)
+    outbox_core::internal::redact_connection_string(text)
 }
 
 impl DatabaseUrl {
@@ -49,7 +50,7 @@ impl DatabaseUrl {
     /// PGPASSWORD, PGSSLMODE, PGSSLROOTCERT, ...), or a usage error naming every way to give
     /// a database.
     pub fn from_libpq_env(var: impl Fn(&str) -> Option<String>) -> Result<Self, Failure> {
-        let found = outbox_core::libpq_env::config_from_env(&var)
+        let found = outbox_core::connect::libpq_env::config_from_env(&var)
             .map_err(|e| Failure::usage(e.to_string()))?;
         let Some(found) = found else {
             return Err(Failure::usage(
@@ -103,7 +104,7 @@ impl DatabaseUrl {
             failure: self.failure(e),
         })?;
         if let Some(schema) = &self.check_schema {
-            outbox_core::check_schema_version(&client, schema)
+            outbox_core::migrate::check_schema_version(&client, schema)
                 .await
                 .map_err(|e| ConnectFailed {
                     outage: e.is_outage(),
@@ -130,7 +131,7 @@ impl DatabaseUrl {
 pub struct ConnectFailed {
     /// The command's failure, naming the database and the cause.
     pub failure: Failure,
-    /// Whether the database was unavailable for now ([`outbox_core::is_outage`]).
+    /// Whether the database was unavailable for now ([`outbox_core::connect::is_outage`]).
     pub outage: bool,
 }
 
@@ -145,7 +146,7 @@ impl std::fmt::Display for ConnectFailed {
 /// `None` when `shutdown` came first. Any other failure is returned at once.
 pub async fn connect_waiting(
     database: &DatabaseUrl,
-    availability: &outbox_consumer::Availability,
+    availability: &outbox_consumer::outage::Availability,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> Result<Option<Client>, Failure> {
     let mut failures: u32 = 0;
@@ -172,7 +173,7 @@ pub async fn connect_waiting(
         failures = failures.saturating_add(1);
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
-            _ = tokio::time::sleep(outbox_consumer::outage_backoff(failures)) => {}
+            _ = tokio::time::sleep(outbox_consumer::backoff::outage_backoff(failures)) => {}
         }
     }
 }

@@ -1,10 +1,12 @@
 //! `outbox dead-letters list|show|replay|resolve`.
 
 use clap::{ArgGroup, Args, Subcommand};
-use outbox_core::{
-    Admin, DeadLetter, DeadLetterDetail, DeadLetterFilter, DeliveryState, EventId, Listing,
-    MAX_LIMIT, ReplayRequest, ReplayTarget, Resolution,
+use outbox_core::EventId;
+use outbox_core::admin::{
+    Admin, DeadLetter, DeadLetterDetail, DeadLetterFilter, Listing, MAX_LIMIT, ReplayRequest,
+    ReplayTarget, Resolution,
 };
+use outbox_core::states::DeliveryState;
 use serde::Serialize;
 
 use crate::args::{ConsumerFilter, ConsumerRef, Operator};
@@ -287,7 +289,10 @@ impl Render for DeadLetterDetail {
             Some(e) => pairs.extend([
                 ("event_type", e.event_type.clone()),
                 ("task_id", e.task_id.clone()),
-                ("deleted_at", outbox_core::format_timestamp(e.deleted_at)),
+                (
+                    "deleted_at",
+                    outbox_core::event::format_timestamp(e.deleted_at),
+                ),
                 ("writer_process_id", e.writer_process_id.clone()),
                 ("occurred_at", time(Some(e.occurred_at))),
                 ("payload_version", e.payload_version.to_string()),

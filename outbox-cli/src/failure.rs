@@ -149,13 +149,16 @@ impl From<tokio_postgres::Error> for Failure {
         if let Some(denied) = permission_denied(&e) {
             return denied;
         }
-        Failure::runtime(format!("database error: {}", outbox_core::describe(&e)))
+        Failure::runtime(format!(
+            "database error: {}",
+            outbox_core::error::describe(&e)
+        ))
     }
 }
 
-impl From<outbox_core::AdminError> for Failure {
-    fn from(e: outbox_core::AdminError) -> Self {
-        use outbox_core::AdminError;
+impl From<outbox_core::admin::AdminError> for Failure {
+    fn from(e: outbox_core::admin::AdminError) -> Self {
+        use outbox_core::admin::AdminError;
         if let Some(denied) = permission_denied(&e) {
             return denied;
         }

@@ -50,19 +50,25 @@ fn the_consumer_ranges_end_at_the_library_ceilings() {
         ])
     };
     let ceilings = [
-        ("--batch-size", outbox_consumer::MAX_BATCH_SIZE_CEILING),
-        ("--max-batch-size", outbox_consumer::MAX_BATCH_SIZE_CEILING),
-        ("--lanes", outbox_consumer::MAX_LANES as i64),
+        (
+            "--batch-size",
+            outbox_consumer::config::MAX_BATCH_SIZE_CEILING,
+        ),
+        (
+            "--max-batch-size",
+            outbox_consumer::config::MAX_BATCH_SIZE_CEILING,
+        ),
+        ("--lanes", outbox_consumer::config::MAX_LANES as i64),
         (
             "--max-attempts",
-            i64::from(outbox_consumer::MAX_ATTEMPTS_CEILING),
+            i64::from(outbox_consumer::retry::MAX_ATTEMPTS_CEILING),
         ),
     ];
     for (option, ceiling) in ceilings {
         assert!(!consume(option, ceiling.to_string()), "{option} {ceiling}");
         assert!(consume(option, (ceiling + 1).to_string()), "{option} above");
     }
-    let floor = outbox_consumer::MIN_POOL_SIZE;
+    let floor = outbox_consumer::config::MIN_POOL_SIZE;
     assert!(!consume("--pool-size", floor.to_string()));
     assert!(consume("--pool-size", (floor - 1).to_string()));
 }
@@ -100,12 +106,12 @@ fn status_prune_and_sequence_with_no_options_are_the_library_defaults() {
     };
     assert_eq!(
         crate::status_cmd::thresholds(&args),
-        outbox_core::HealthThresholds::default()
+        outbox_core::admin::HealthThresholds::default()
     );
     let Command::Prune(args) = parse(&["prune"]).command else {
         panic!("prune")
     };
-    let library = outbox_core::PruneOptions::default();
+    let library = outbox_core::retention::PruneOptions::default();
     assert_eq!(
         (args.retention, args.batch_size),
         (library.retention, library.batch_size)
@@ -116,8 +122,8 @@ fn status_prune_and_sequence_with_no_options_are_the_library_defaults() {
     assert_eq!(
         (args.lease_ttl, args.batch_size),
         (
-            outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
-            outbox_core::DEFAULT_BATCH
+            outbox_core::sequencer::DEFAULT_SEQUENCER_LEASE_TTL,
+            outbox_core::sequencer::DEFAULT_BATCH
         )
     );
     assert_eq!(

@@ -1,6 +1,7 @@
 //! `outbox migrate`.
 
-use outbox_core::{MigrationReport, Schema, SchemaVersion};
+use outbox_core::Schema;
+use outbox_core::migrate::{MigrationReport, SchemaVersion};
 use serde::Serialize;
 
 use crate::cli::{Global, MigrateArgs};
@@ -131,7 +132,7 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
         // Lists what `migrate` would apply, without taking its lock or changing anything;
         // refuses, as `migrate` would, a schema migrated by a newer build or with an altered
         // migration.
-        let version = outbox_core::schema_version(&client, &global.schema).await?;
+        let version = outbox_core::migrate::schema_version(&client, &global.schema).await?;
         return print(
             args.output,
             &DryRun {
@@ -142,9 +143,9 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), Failure> {
     }
     let report = outbox_core::migrate(&mut client, &global.schema).await?;
     if args.row_security {
-        outbox_core::enable_row_security(&mut client, &global.schema).await?;
+        outbox_core::migrate::enable_row_security(&mut client, &global.schema).await?;
     }
-    let row_security = outbox_core::row_security_enabled(&client, &global.schema).await?;
+    let row_security = outbox_core::migrate::row_security_enabled(&client, &global.schema).await?;
     print(
         args.output,
         &Migrated {

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use outbox_core::{ProjectId, PruneOptions, PruneReport, Pruner, SweepProgress};
+use outbox_core::ProjectId;
+use outbox_core::retention::{PruneOptions, PruneReport, Pruner, SweepProgress};
 
 use crate::cli::{Global, Output, parse_retention};
 use crate::failure::Failure;
@@ -17,8 +18,8 @@ pub struct PruneArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Events (or dead letters) removed per transaction: 1 to 100000.
-    #[arg(long, default_value_t = outbox_core::DEFAULT_PRUNE_BATCH, allow_negative_numbers = true,
-          value_parser = clap::value_parser!(i64).range(1..=outbox_core::MAX_PRUNE_BATCH))]
+    #[arg(long, default_value_t = outbox_core::retention::DEFAULT_PRUNE_BATCH, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(1..=outbox_core::retention::MAX_PRUNE_BATCH))]
     pub batch_size: i64,
     /// Only this project (default: every project).
     #[arg(long)]
@@ -44,7 +45,7 @@ pub async fn run(global: &Global, args: PruneArgs) -> Result<(), Failure> {
     let pruner = Pruner::new(&global.schema, options).map_err(|e| Failure::usage(e.to_string()))?;
     let mut client = global.database()?.connect().await?;
     if let Some(project) = &args.project {
-        outbox_core::Admin::new(&global.schema)
+        outbox_core::admin::Admin::new(&global.schema)
             .require_project(&client, project)
             .await?;
     }

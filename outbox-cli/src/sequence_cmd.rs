@@ -10,7 +10,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{ElectedSequencer, MIN_SEQUENCER_LEASE_TTL, Sequencer, owner_token};
+use outbox_core::internal::owner_token;
+use outbox_core::sequencer::{ElectedSequencer, MIN_SEQUENCER_LEASE_TTL, Sequencer};
 use serde::Serialize;
 
 use crate::cli::{Global, SequenceArgs};
@@ -52,7 +53,7 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         return print(args.output, &Drained { numbered });
     };
     let shutdown = Shutdown::install()?;
-    let availability = outbox_consumer::Availability::new();
+    let availability = outbox_consumer::outage::Availability::new();
     availability.set_give_up_after(args.give_up_after);
     let Some(mut client) = connect_waiting(&database, &availability, &shutdown.token()).await?
     else {

@@ -5,7 +5,7 @@
 //! wrong password, an unknown database, a schema that does not match this build). Then the
 //! consumers' connections; once running, the consumers ride out outages the same way.
 
-use outbox_consumer::Availability;
+use outbox_consumer::outage::Availability;
 use outbox_service::{Connections, MetricsEndpoint, MetricsError};
 
 use crate::cli::{ConsumerOptions, Global};

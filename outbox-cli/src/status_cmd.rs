@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use clap::Args;
-use outbox_core::{Admin, HealthThresholds, ProjectId, Status};
+use outbox_core::ProjectId;
+use outbox_core::admin::{Admin, HealthThresholds, Status};
 
 use crate::cli::{Global, Output, parse_duration, parse_retention};
 use crate::failure::{ExitCode, Failure};
@@ -93,10 +94,10 @@ pub async fn run(global: &Global, args: StatusArgs) -> Result<(), Failure> {
 
 /// Every health code that is not `ok`, with what it is about.
 fn problems(status: &Status) -> Vec<String> {
-    let unhealthy = |health: &[outbox_core::Health]| {
+    let unhealthy = |health: &[outbox_core::states::Health]| {
         health
             .iter()
-            .any(|h| *h != outbox_core::Health::Ok)
+            .any(|h| *h != outbox_core::states::Health::Ok)
             .then(|| codes(health))
     };
     let projects = status.projects.iter().filter_map(|p| {
@@ -123,7 +124,7 @@ impl Render for Status {
     }
 }
 
-fn codes(health: &[outbox_core::Health]) -> String {
+fn codes(health: &[outbox_core::states::Health]) -> String {
     health
         .iter()
         .map(|h| h.as_str())

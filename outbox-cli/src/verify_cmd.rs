@@ -18,7 +18,7 @@ pub struct VerifyArgs {
     /// The dedicated probe project, named `outbox-verify` or `outbox-verify<anything>` (the
     /// probe projects, which `--all-projects` consumers never follow): it must hold nothing but
     /// probe events (refused with exit 2 otherwise); it is left empty.
-    #[arg(long, default_value = outbox_core::PROBE_PROJECT_PREFIX, value_parser = probe_project)]
+    #[arg(long, default_value = outbox_core::ids::PROBE_PROJECT_PREFIX, value_parser = probe_project)]
     pub project: ProjectId,
     /// Probe transactions in all (committed, committed with several events, rolled back,
     /// committed late, in turn): 4 to 10000.
@@ -52,7 +52,7 @@ fn probe_project(value: &str) -> Result<ProjectId, String> {
         false => Err(format!(
             "{value} is not a probe project: its ID must start with {prefix} (e.g. \
              {prefix}-{value}), so that consumers following every project leave it alone",
-            prefix = outbox_core::PROBE_PROJECT_PREFIX
+            prefix = outbox_core::ids::PROBE_PROJECT_PREFIX
         )),
     }
 }

@@ -92,7 +92,7 @@ impl Availability {
         if let Some((since, _)) = down.take() {
             self.inner.up.store(true, Ordering::Relaxed);
             tracing::info!(
-                unavailable_for = %outbox_core::Readable(since.elapsed()),
+                unavailable_for = %outbox_core::internal::Readable(since.elapsed()),
                 "the database is available again; resuming"
             );
             self.publish();

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::{ElectedSequencer, PruneOptions, PruneReport, Pruner, Sequencer};
+use outbox_core::retention::{PruneOptions, PruneReport, Pruner};
+use outbox_core::sequencer::{ElectedSequencer, Sequencer};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConsumerConfig, Duties};
@@ -97,7 +98,7 @@ pub(crate) fn spawn_sequencer(
     let elected = ElectedSequencer::new(
         sequencer,
         &duties.schema,
-        outbox_core::owner_token(),
+        outbox_core::internal::owner_token(),
         ttl,
         interval,
     );
@@ -140,7 +141,7 @@ async fn run_sequencer(
     pool: Pool,
     mut elected: ElectedSequencer,
     interval: Duration,
-    availability: crate::Availability,
+    availability: crate::outage::Availability,
     stop: CancellationToken,
 ) {
     let mut repeat = crate::repeat::Repeat::new(&stop, &availability, "sequencer step", interval);
@@ -165,7 +166,7 @@ async fn run_pruner(
     pool: Pool,
     pruners: Vec<Pruner>,
     interval: Duration,
-    availability: crate::Availability,
+    availability: crate::outage::Availability,
     stop: CancellationToken,
 ) {
     // The projects named up front have their series from the start, at 0, rather than after
@@ -198,7 +199,7 @@ async fn sweep_and_report(
     pool: &Pool,
     pruner: &Pruner,
     interval: Duration,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
     stop: &CancellationToken,
 ) {
     match sweep_once(pool, pruner, stop).await {
@@ -227,7 +228,7 @@ async fn sweep_and_report(
         }
         Err(e) if availability.noted(crate::outage::is_outage(&e), &e) => {}
         Err(e) => tracing::warn!(
-            error = %e, retry_in = %outbox_core::Readable(interval),
+            error = %e, retry_in = %outbox_core::internal::Readable(interval),
             "retention sweep failed; will try again at the next interval"
         ),
     }

@@ -1,10 +1,15 @@
-//! Consumer configuration: a pair's identity, its delivery settings, the process's duties.
+//! Consumer configuration: a pair's identity, its delivery settings, the process's duties,
+//! and the defaults and ceilings of each setting. The pool's floor and the poll interval's
+//! factor while listening ([`MIN_POOL_SIZE`], [`LISTENING_POLL_FACTOR`]) are the runtime's,
+//! re-exported here.
 
 use std::time::Duration;
 
 use outbox_core::{ConsumerId, ProjectId, Schema};
 
 use crate::retry::RetrySchedule;
+
+pub use crate::runtime::{LISTENING_POLL_FACTOR, MIN_POOL_SIZE};
 
 /// Default live-set query: the project's tasks that are not deleted. `$1` is the project ID.
 pub const DEFAULT_LIVE_QUERY: &str =
@@ -101,9 +106,9 @@ pub struct DeliverySettings {
     /// How often the lease is renewed, on its own timer.
     pub heartbeat_interval: Duration,
     /// Fallback poll when no wake-up arrives (lost notifications, `listen = false`). While the
-    /// LISTEN connection is up, notifications carry the news and the poll is only a safety
-    /// net (and how replay requests are found): a lone consumer then polls
-    /// [`LISTENING_POLL_FACTOR`](crate::LISTENING_POLL_FACTOR) times less often.
+    /// LISTEN connection is up, notifications carry the news and the poll is only a safety net
+    /// (and how replay requests are found): a lone consumer then polls
+    /// [`LISTENING_POLL_FACTOR`] times less often.
     pub poll_interval: Duration,
     /// Retry schedule for failed events.
     pub retry: RetrySchedule,
@@ -130,7 +135,7 @@ pub struct DeliverySettings {
     /// `outbox_events_skipped_total`); an event of a declared type in another major is parked
     /// at once as a `contract_mismatch` dead letter, replayable once the declaration names
     /// it. Each must be registered: the consumer refuses to start otherwise.
-    pub event_types: outbox_core::EventTypes,
+    pub event_types: outbox_core::contract::EventTypes,
     /// How many events of the project are handled at once, each of a different key (the
     /// event's subject, its task ID): a key's events are never handled concurrently nor out
     /// of sequence order. 1 (the default) handles the stream one event at a time, in order.
@@ -156,10 +161,10 @@ pub struct Duties {
     /// LISTEN for wake-ups on a dedicated connection (off for transaction-mode poolers).
     pub listen: bool,
     /// Whether a transaction-mode pooler sits in front of PostgreSQL (see
-    /// [`outbox_core::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
+    /// [`outbox_core::connect::Pooler`]). `Transaction` implies no LISTEN whatever `listen` says: the
     /// consumers poll every [`DeliverySettings::poll_interval`], which then bounds their
     /// latency.
-    pub pooler: outbox_core::Pooler,
+    pub pooler: outbox_core::connect::Pooler,
     /// How often the gauges (`outbox_consumer_lag_events`, `outbox_dead_letters`, the
     /// unsequenced backlog) are sampled, one statement each time; `None` samples nothing, for
     /// a process that exports no metrics. `outbox consume --metrics-addr` and `outbox serve`
@@ -167,7 +172,7 @@ pub struct Duties {
     pub gauge_interval: Option<Duration>,
     /// Whether this process takes part in the sequencer election, and the slowest tick of its
     /// sequencer while it leads and nothing arrives (after a tick that numbered something it
-    /// ticks again soon, [`outbox_core::Cadence`]); `None` leaves sequencing to other
+    /// ticks again soon, [`outbox_core::sequencer::Cadence`]); `None` leaves sequencing to other
     /// processes.
     pub sequence_interval: Option<Duration>,
     /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
@@ -182,7 +187,7 @@ pub struct Duties {
     /// it goes, one when it is back; `outbox_database_up`; readiness), and how long an outage
     /// may last before the process gives up. A handle: clones share one view, so give the
     /// same one to everything that serves the process's readiness.
-    pub availability: crate::Availability,
+    pub availability: crate::outage::Availability,
 }
 
 /// How a lone consumer runs: the pair it is, how it delivers, and the process's duties.
@@ -223,7 +228,7 @@ impl Default for DeliverySettings {
             existing_only: false,
             exit_when_caught_up: false,
             shutdown_grace: Duration::from_secs(10),
-            event_types: outbox_core::EventTypes::default(),
+            event_types: outbox_core::contract::EventTypes::default(),
             lanes: 1,
             max_ahead: DEFAULT_MAX_AHEAD,
         }
@@ -288,19 +293,19 @@ impl DeliverySettings {
 impl Default for Duties {
     /// The default schema, no pooler, LISTEN on, no gauges, an elected sequencer (10 s lease)
     /// ticking back to back while events arrive and every 50 ms when idle, a retention sweep at
-    /// start and hourly with 30 days' retention, a new [`Availability`](crate::Availability)
-    /// that never gives up.
+    /// start and hourly with 30 days' retention, a new
+    /// [`Availability`](crate::outage::Availability) that never gives up.
     fn default() -> Self {
         Self {
             schema: Schema::default(),
             listen: true,
-            pooler: outbox_core::Pooler::None,
+            pooler: outbox_core::connect::Pooler::None,
             gauge_interval: None,
-            sequence_interval: Some(outbox_core::DEFAULT_IDLE_TICK),
-            sequencer_lease_ttl: outbox_core::DEFAULT_SEQUENCER_LEASE_TTL,
+            sequence_interval: Some(outbox_core::sequencer::DEFAULT_IDLE_TICK),
+            sequencer_lease_ttl: outbox_core::sequencer::DEFAULT_SEQUENCER_LEASE_TTL,
             prune_interval: Some(Duration::from_secs(3600)),
-            retention: outbox_core::DEFAULT_RETENTION,
-            availability: crate::Availability::new(),
+            retention: outbox_core::retention::DEFAULT_RETENTION,
+            availability: crate::outage::Availability::new(),
         }
     }
 }
@@ -311,17 +316,17 @@ impl Duties {
         if self.sequence_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("sequence interval must be positive".into()));
         }
-        if self.sequencer_lease_ttl < outbox_core::MIN_SEQUENCER_LEASE_TTL {
+        if self.sequencer_lease_ttl < outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL {
             return Err(ConfigError(format!(
                 "sequencer lease TTL {:?} is below the minimum of {:?}",
                 self.sequencer_lease_ttl,
-                outbox_core::MIN_SEQUENCER_LEASE_TTL
+                outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL
             )));
         }
         if self.prune_interval.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError("prune interval must be positive".into()));
         }
-        if self.retention > outbox_core::MAX_RETENTION {
+        if self.retention > outbox_core::retention::MAX_RETENTION {
             return Err(ConfigError(format!(
                 "retention {:?} exceeds the limit of 36500 days",
                 self.retention
@@ -420,7 +425,7 @@ mod tests {
         c.duties.sequencer_lease_ttl = Duration::from_millis(100);
         assert!(c.validate().unwrap_err().0.contains("sequencer lease"));
         let mut c = config();
-        c.duties.retention = outbox_core::MAX_RETENTION + Duration::from_secs(1);
+        c.duties.retention = outbox_core::retention::MAX_RETENTION + Duration::from_secs(1);
         assert!(c.validate().unwrap_err().0.contains("retention"));
     }
 }

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use outbox_core::{Acceptance, EventTypes, observe};
+use outbox_core::contract::{Acceptance, EventTypes};
+use outbox_core::internal::observe;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::ConsumerError;

@@ -13,7 +13,7 @@ pub enum ConsumerError {
     #[error(transparent)]
     Core(#[from] outbox_core::Error),
     /// A statement failed.
-    #[error("database error: {}", outbox_core::describe(.0))]
+    #[error("database error: {}", outbox_core::error::describe(.0))]
     Database(#[from] tokio_postgres::Error),
     /// No pooled connection could be had.
     #[error("no database connection: {}", describe_pool(.0))]
@@ -90,7 +90,7 @@ pub enum ConsumerError {
         existing_only: bool,
     },
     /// The database stayed unavailable longer than the process was told to wait
-    /// ([`crate::Availability::set_give_up_after`]).
+    /// ([`crate::outage::Availability::set_give_up_after`]).
     #[error(
         "giving up: the database has been unavailable for longer than {} (--give-up-after); \
          last error: {error}",
@@ -137,10 +137,10 @@ impl ConsumerError {
     /// True for transient failures the runtime rides out by waiting and retrying.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ConsumerError::Database(e) => outbox_core::is_retryable_db(e),
+            ConsumerError::Database(e) => outbox_core::error::is_retryable_db(e),
             ConsumerError::Core(e) => e.is_retryable(),
             ConsumerError::Pool(e) => match e {
-                deadpool_postgres::PoolError::Backend(e) => outbox_core::is_retryable_db(e),
+                deadpool_postgres::PoolError::Backend(e) => outbox_core::error::is_retryable_db(e),
                 deadpool_postgres::PoolError::Timeout(_) => true,
                 _ => false,
             },
@@ -161,7 +161,7 @@ fn describe_pool(e: &deadpool_postgres::PoolError) -> String {
     use deadpool_postgres::{HookError, PoolError, TimeoutType};
     match e {
         PoolError::Backend(e) | PoolError::PostCreateHook(HookError::Backend(e)) => {
-            outbox_core::describe(e)
+            outbox_core::error::describe(e)
         }
         PoolError::PostCreateHook(HookError::Message(message)) => message.to_string(),
         PoolError::Timeout(TimeoutType::Wait) => {

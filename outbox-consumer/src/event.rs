@@ -60,7 +60,7 @@ pub struct ObservedEvent {
 }
 
 fn rfc3339_micros<S: serde::Serializer>(at: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&outbox_core::format_timestamp(*at))
+    s.serialize_str(&outbox_core::event::format_timestamp(*at))
 }
 
 fn rfc3339_micros_opt<S: serde::Serializer>(

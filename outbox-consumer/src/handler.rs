@@ -1,10 +1,16 @@
 //! The application's side: handlers that observe events and a reconciler for the fallback.
+//!
+//! A consumer dispatches in one of two modes ([`DispatchMode`], sealed): [`Plain`], a
+//! [`Handler`] called outside any transaction, or [`InTransaction`], a
+//! [`TransactionalHandler`] whose writes commit with the acknowledgement.
 
 use std::future::Future;
 
 use tokio_postgres::Transaction;
 
 use crate::event::{HandlerFailure, ObservedEvent};
+
+pub use crate::dispatch::{DispatchMode, InTransaction, Plain};
 
 /// Receives events in sequence order, at least once.
 ///

@@ -15,7 +15,7 @@ use crate::store;
 #[derive(Debug, Clone)]
 pub struct History {
     /// The types a read returns.
-    event_types: outbox_core::EventTypes,
+    event_types: outbox_core::contract::EventTypes,
     /// [`sql::READ_RANGE`], rendered.
     read_range: String,
     /// [`sql::PROJECT_BOUNDS`], rendered.
@@ -42,12 +42,12 @@ pub struct ResumePoint {
 impl History {
     /// Statements for `schema`.
     pub fn new(schema: &Schema) -> Self {
-        Self::for_types(schema, outbox_core::EventTypes::default())
+        Self::for_types(schema, outbox_core::contract::EventTypes::default())
     }
 
     /// History statements whose reads return only events of `event_types` (the types the
     /// consumer being served declared: it passed the others without a call).
-    pub fn for_types(schema: &Schema, event_types: outbox_core::EventTypes) -> Self {
+    pub fn for_types(schema: &Schema, event_types: outbox_core::contract::EventTypes) -> Self {
         Self {
             event_types,
             read_range: schema.render(sql::READ_RANGE),
@@ -137,7 +137,7 @@ impl History {
             match store::decode(row, project, consumer, false, 1)? {
                 (event, None)
                     if self.event_types.accept(&event.event_type, event.type_major)
-                        == outbox_core::Acceptance::Deliver =>
+                        == outbox_core::contract::Acceptance::Deliver =>
                 {
                     events.push(event)
                 }
@@ -157,7 +157,7 @@ impl History {
         live_query: &str,
         reason: ReconcileReason,
     ) -> Result<LiveSet, ConsumerError> {
-        let tx = outbox_core::read_only_snapshot(client).await?;
+        let tx = outbox_core::internal::read_only_snapshot(client).await?;
         let (head, _) = self.bounds(&tx, project).await?;
         let head_event_id = match tx
             .query_opt(&self.event_at, &[&project.as_str(), &head])

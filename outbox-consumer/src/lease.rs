@@ -14,7 +14,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use outbox_core::{ConsumerId, ConsumerState, ProjectId, Unnamed as _};
+use outbox_core::internal::Unnamed as _;
+use outbox_core::states::ConsumerState;
+use outbox_core::{ConsumerId, ProjectId};
 use tokio_postgres::GenericClient;
 use tokio_util::sync::CancellationToken;
 
@@ -208,7 +210,7 @@ impl Lease {
             Ok(None) => Loss::Other("the consumer row is gone".into()),
             Err(e) => Loss::Other(format!(
                 "a fenced write was rejected ({})",
-                outbox_core::describe(&e)
+                outbox_core::error::describe(&e)
             )),
         };
         self.lose(loss);
@@ -461,7 +463,7 @@ pub(crate) async fn heartbeat(
     lease: &Lease,
     statement: String,
     interval: Duration,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
     stop: CancellationToken,
 ) {
     let ttl_secs = lease.ttl.as_secs_f64();

@@ -50,71 +50,67 @@
 //!   connection, with one statement renewing every lease and one polling every project's
 //!   head; with [`Projects::All`] it follows projects that appear later.
 //! - **Retention.** The runtime also runs the retention sweep of its project
-//!   ([`outbox_core::Pruner`]) at start and every [`Duties::prune_interval`]; a failed
-//!   sweep is logged and retried at the next interval.
+//!   ([`outbox_core::retention::Pruner`]) at start and every [`Duties::prune_interval`]; a
+//!   failed sweep is logged and retried at the next interval.
+//!
+//! ## Modules
+//! The root holds what a service that consumes needs first: [`Consumer`] and [`ConsumerSet`],
+//! their configuration, the handler traits, the event and its failures. The rest, one public
+//! module per noun:
+//! - [`config`]: [`ConsumerConfig`], [`DeliverySettings`], [`Duties`], [`StartFrom`], the live
+//!   query, and the defaults and ceilings of every setting.
+//! - [`handler`]: the handler traits, what they are given ([`LiveSet`], the reconciliation's
+//!   reason), a partial acknowledgement, and the dispatch modes (plain or in a transaction).
+//! - [`event`]: [`ObservedEvent`], its payload, and [`HandlerFailure`] with its
+//!   [`FailureClass`].
+//! - [`retry`]: [`RetrySchedule`] and its ceiling.
+//! - [`set`]: many (project, consumer) pairs in one process ([`ConsumerSet`], [`Projects`],
+//!   the pair factory, outcomes and probes).
+//! - [`probe`]: what a running consumer tells its process for readiness.
+//! - [`history`]: read-only retained history, for followers that own no cursor.
+//! - [`outage`]: riding out an unavailable database (which failures are an outage, the
+//!   process's availability); [`backoff`]: the delays between attempts.
+//! - [`metric`]: the names and help text of what the runtime records.
+//!
+//! The workspace's own crates and tests also reach a few items through `internal` (the
+//! statements whose plans the tests check, the cursor as logs show it). It is hidden from the
+//! documentation and not a stable API.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod availability;
 mod background;
-mod backoff;
-mod config;
+pub mod backoff;
+pub mod config;
 mod cursor;
 mod dispatch;
 mod error;
-mod event;
+pub mod event;
 mod gauges;
-mod handler;
-mod history;
+pub mod handler;
+pub mod history;
+#[doc(hidden)]
+pub mod internal;
 mod lease;
 mod listener;
 mod live_query;
 pub mod metric;
-mod outage;
-mod probe;
+pub mod outage;
+pub mod probe;
 mod repeat;
-mod retry;
+pub mod retry;
 mod runtime;
-mod set;
+pub mod set;
 mod signals;
 mod sql;
 mod store;
 mod task;
 
-pub use availability::Availability;
-pub use backoff::{backoff, outage_backoff};
-pub use config::{
-    ConfigError, ConsumerConfig, DEFAULT_BATCH_SIZE, DEFAULT_LIVE_QUERY, DEFAULT_MAX_AHEAD,
-    DEFAULT_MAX_BATCH_SIZE, DeliverySettings, Duties, LiveQuery, MAX_AHEAD_CEILING,
-    MAX_BATCH_SIZE_CEILING, MAX_LANES, StartFrom,
-};
-pub use cursor::ShownCursor;
-pub use dispatch::{DispatchMode, InTransaction, Plain};
+pub use config::{ConsumerConfig, DeliverySettings, Duties, StartFrom};
 pub use error::ConsumerError;
-pub use event::{EventPayload, FailureClass, FailureClassError, HandlerFailure, ObservedEvent};
-pub use handler::{
-    Handler, LiveSet, PartialAck, ReconcileReason, Reconciler, TransactionalHandler,
-};
-pub use history::{History, ResumePoint};
-pub use outage::is_outage;
-pub use probe::Probe;
-pub use repeat::wait_out;
-pub use retry::{MAX_ATTEMPTS_CEILING, RetrySchedule, ScheduleError};
-pub use runtime::{Consumer, LISTENING_POLL_FACTOR, MIN_POOL_SIZE, RunSummary};
-pub use set::{ConsumerSet, PairFactory, PairOutcome, PairProbes, Projects};
-/// The acknowledgement statement (a template over `{{schema}}`; `$1` project, `$2` consumer,
-/// `$3` lease owner, `$4` generation, `$5` new cursor, `$6` the cursor it replaces): the
-/// position write of every delivered batch, whose plan the tests check under a held snapshot.
-pub use sql::ACK as ACK_STATEMENT;
-/// A consumer set's grouped acknowledgement (a template over `{{schema}}`; `$1` projects, `$2`
-/// consumers, `$3` generations, `$4` new cursors, `$5` the set's lease owner, `$6` the cursors
-/// they replace), checked by the same tests.
-pub use sql::ACK_SET as ACK_SET_STATEMENT;
-/// A consumer's lease renewal (a template over `{{schema}}`; `$1` project, `$2` consumer, `$3`
-/// lease owner, `$4` generation, `$5` lease seconds), checked by the same tests.
-pub use sql::HEARTBEAT as HEARTBEAT_STATEMENT;
-/// A consumer set's renewal of every lease it holds (a template over `{{schema}}`; `$1`
-/// projects, `$2` consumers, `$3` generations, `$4` the set's lease owner, `$5` lease
-/// seconds), checked by the same tests.
-pub use sql::HEARTBEAT_SET as HEARTBEAT_SET_STATEMENT;
+pub use event::{FailureClass, HandlerFailure, ObservedEvent};
+pub use handler::{Handler, LiveSet, Reconciler, TransactionalHandler};
+pub use retry::RetrySchedule;
+pub use runtime::{Consumer, RunSummary};
+pub use set::{ConsumerSet, Projects};

@@ -31,7 +31,7 @@ pub(crate) struct Target {
     pub config: Config,
     /// The pool's TLS connector, so that the listener verifies the server the same way;
     /// `None` connects without TLS.
-    pub tls: Option<outbox_core::Connector>,
+    pub tls: Option<outbox_core::connect::Connector>,
 }
 
 /// Where the listener's wake-ups go.
@@ -75,7 +75,7 @@ pub(crate) async fn listen(
     target: Target,
     channel: String,
     wake: Arc<dyn Wake>,
-    availability: crate::Availability,
+    availability: crate::outage::Availability,
     stop: CancellationToken,
 ) {
     let Target { mut config, tls } = target;
@@ -108,8 +108,8 @@ struct SessionError {
 impl SessionError {
     fn new(step: &str, e: &tokio_postgres::Error) -> Self {
         Self {
-            message: format!("{step}: {}", outbox_core::describe(e)),
-            outage: outbox_core::is_outage(e),
+            message: format!("{step}: {}", outbox_core::error::describe(e)),
+            outage: outbox_core::connect::is_outage(e),
         }
     }
 }
@@ -130,10 +130,10 @@ impl crate::outage::MaybeOutage for SessionError {
 /// LISTEN succeeded), `Err` when it could not be set up.
 async fn session(
     config: &Config,
-    tls: Option<&outbox_core::Connector>,
+    tls: Option<&outbox_core::connect::Connector>,
     channel: &str,
     wake: &dyn Wake,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
 ) -> Result<(), SessionError> {
     let (tx, mut notifications) = mpsc::unbounded_channel();
     let connect_error = |e: tokio_postgres::Error| SessionError::new("connect", &e);

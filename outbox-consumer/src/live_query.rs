@@ -2,7 +2,8 @@
 //! prepared, so a wrong query is refused before anything is claimed, and read without
 //! trusting its rows.
 
-use outbox_core::{Unnamed as _, describe, is_retryable_db};
+use outbox_core::error::{describe, is_retryable_db};
+use outbox_core::internal::Unnamed as _;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, GenericClient};
@@ -199,10 +200,10 @@ mod tests {
             text_problem("SELECT id::text FROM tasks"),
             Some(ONE_PARAMETER)
         );
-        assert_eq!(text_problem(crate::DEFAULT_LIVE_QUERY), None);
+        assert_eq!(text_problem(crate::config::DEFAULT_LIVE_QUERY), None);
         let prepared = shape_problem(&[], vec![("id", &Type::TEXT)]).unwrap();
         assert!(prepared.starts_with(ONE_PARAMETER), "{prepared}");
-        let config = crate::LiveQuery::Custom("SELECT 1".into());
+        let config = crate::config::LiveQuery::Custom("SELECT 1".into());
         assert_eq!(config.problem(), Some(ONE_PARAMETER));
     }
 }

@@ -5,8 +5,8 @@
 //! last poll. A member of a consumer set waits idle without a timer: the set's shared poll
 //! reads every project's head on its behalf and wakes the members whose head moved. While a
 //! member waits idle after a successful round, each successful shared poll therefore counts as
-//! its poll ([`PollClock`]); a member busy in a step (a handler that hangs, say) or backing
-//! off after a failed round does not wait idle, and its poll time ages as it should.
+//! its poll (the crate's `PollClock`); a member busy in a step (a handler that hangs, say) or
+//! backing off after a failed round does not wait idle, and its poll time ages as it should.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -7,8 +7,8 @@ use tokio::sync::Notify;
 
 /// Whether a process may LISTEN: asked to, and not behind a transaction pooler, where a
 /// LISTEN would be lost with its server session (the process then polls only).
-pub(crate) fn may_listen(listen: bool, pooler: outbox_core::Pooler) -> bool {
-    listen && pooler == outbox_core::Pooler::None
+pub(crate) fn may_listen(listen: bool, pooler: outbox_core::connect::Pooler) -> bool {
+    listen && pooler == outbox_core::connect::Pooler::None
 }
 
 /// How the delivery loop of one run is reached from outside.
@@ -31,8 +31,8 @@ mod tests {
 
     #[test]
     fn only_a_direct_connection_listens() {
-        assert!(may_listen(true, outbox_core::Pooler::None));
-        assert!(!may_listen(false, outbox_core::Pooler::None));
-        assert!(!may_listen(true, outbox_core::Pooler::Transaction));
+        assert!(may_listen(true, outbox_core::connect::Pooler::None));
+        assert!(!may_listen(false, outbox_core::connect::Pooler::None));
+        assert!(!may_listen(true, outbox_core::connect::Pooler::Transaction));
     }
 }

@@ -301,7 +301,7 @@ mod statements_file;
 
 #[cfg(test)]
 mod tests {
-    use outbox_core::{AuditKind, ConsumerState, DeliveryState};
+    use outbox_core::states::{AuditKind, ConsumerState, DeliveryState};
 
     /// The runtime's statements match and write only values of the shared enums.
     #[test]

@@ -5,8 +5,11 @@
 //! moving the cursor; reading and decoding events in `events`, failed deliveries in
 //! `failures`, the database's side of the identity check in `position`.
 
+use outbox_core::Schema;
 use outbox_core::admin::{AuditLog, AuditRecord};
-use outbox_core::{AuditKind, Pooler, Schema, Unnamed as _};
+use outbox_core::connect::Pooler;
+use outbox_core::internal::Unnamed as _;
+use outbox_core::states::AuditKind;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{GenericClient, Row, Transaction};
 

@@ -25,7 +25,7 @@ pub struct AuditRecord<'a> {
     pub event_id: Option<&'a str>,
     /// The operator (or sweep) that acted; `None` for the consumer runtime's own rows.
     pub actor: Option<&'a str>,
-    /// Attempts, events or tasks, depending on the kind (see [`AuditEntry::count`](crate::AuditEntry::count)).
+    /// Attempts, events or tasks, depending on the kind (see [`AuditEntry::count`](crate::admin::AuditEntry::count)).
     pub count: Option<i64>,
     /// The operator's reason, for the actions that take one.
     pub reason: Option<&'a str>,

@@ -60,7 +60,7 @@ pub const DEFAULT_MAX_TICK_PAUSE: Duration = Duration::from_millis(2);
 pub const MAX_TICK_PAUSE_LIMIT: Duration = Duration::from_millis(100);
 
 /// The first delay after a tick that found nothing; it doubles from here up to the idle tick.
-pub const FIRST_IDLE_STEP: Duration = Duration::from_millis(1);
+const FIRST_IDLE_STEP: Duration = Duration::from_millis(1);
 
 /// Default slowest tick of an idle leader.
 pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(50);
@@ -119,14 +119,14 @@ impl Cadence {
 }
 
 /// The interval of renewals (leader) and looks at the row (followers): a quarter of the TTL.
-pub fn check_interval(ttl: Duration) -> Duration {
+fn check_interval(ttl: Duration) -> Duration {
     ttl / 4
 }
 
 /// How long after sending a successful claim or renewal the leader regards the lease as its
 /// own: the TTL less a fifth, so it steps down before the row expires on the server even if
 /// its clock runs slow or its renewals fail.
-pub fn local_validity(ttl: Duration) -> Duration {
+fn local_validity(ttl: Duration) -> Duration {
     ttl - ttl / 5
 }
 

@@ -63,7 +63,7 @@ fn allowed(c: char) -> bool {
 }
 
 /// Checks `value` against the identifier rule, naming `field` in the error.
-pub fn validate_identifier(field: &str, value: &str, max: usize) -> Result<(), IdError> {
+pub(crate) fn validate_identifier(field: &str, value: &str, max: usize) -> Result<(), IdError> {
     if value.is_empty() {
         return Err(IdError::Empty {
             field: field.to_owned(),

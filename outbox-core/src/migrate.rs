@@ -4,6 +4,9 @@
 //! migrating at once serialise and the second finds nothing to do, and a failure leaves the
 //! schema as it was. An applied migration whose checksum differs from the embedded file is
 //! refused: the code would otherwise run against a schema it was not written for.
+//!
+//! Per-project row security ([`enable_row_security`]) is here too: a deployment step taken
+//! beside migrating (`outbox migrate --row-security`), not a schema version.
 
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, Row};
@@ -12,6 +15,8 @@ use crate::error::Error;
 use crate::schema::Schema;
 use crate::sql;
 use crate::stmt::Unnamed;
+
+pub use crate::row_security::{ROW_SECURITY_TABLES, enable_row_security, row_security_enabled};
 
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]

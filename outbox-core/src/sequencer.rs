@@ -15,6 +15,11 @@
 //! trip whether it finds work or not, and its statements' plans kept by each server session,
 //! behind a transaction pooler as well as on a direct connection. The function's planner
 //! settings leave those plans no choice that depends on the statistics or the table's size.
+//!
+//! Which process ticks, and how often, is the election's ([`ElectedSequencer`], [`Cadence`] and
+//! the cadence's constants, re-exported here from the crate's `election` module, which keeps
+//! its own log target): one sequencer is one noun, whether it is ticked by hand or elected
+//! among many processes.
 
 use std::time::Duration;
 
@@ -25,6 +30,11 @@ use tokio_postgres::Client;
 use crate::error::Error;
 use crate::schema::Schema;
 use crate::sql;
+
+pub use crate::election::{
+    BUSY_PAUSE_PER_EVENT, Cadence, DEFAULT_IDLE_TICK, DEFAULT_MAX_TICK_PAUSE,
+    DEFAULT_SEQUENCER_LEASE_TTL, ElectedSequencer, MAX_TICK_PAUSE_LIMIT, MIN_SEQUENCER_LEASE_TTL,
+};
 
 /// Default number of events one tick numbers.
 pub const DEFAULT_BATCH: i64 = 10_000;

@@ -2,7 +2,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::stream::RetentionPolicy;
 use outbox_consumer::ConsumerConfig;
-use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::{ConsumerId, ProjectId};
 use outbox_relay::parse_nats_urls;
 use outbox_relay::{Credentials, Fence, PublisherSettings, Relay, Security, StreamSpec, Tls};
 use outbox_service::Connections;

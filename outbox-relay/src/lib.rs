@@ -7,6 +7,11 @@
 //!
 #![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!
+//! The root holds what the example uses; the rest of the public surface is in [`settings`]
+//! (the NATS URLs as given), [`subjects`] (the rules of the subject prefix and the stream
+//! name, and each type's subject), [`stream`] (the stream's specification, and creating or
+//! verifying it) and [`metric`].
+//!
 //! Modules, base first: `settings` (the NATS URLs), `subjects` (the prefix, the stream name
 //! and each type's subject), `security` (credentials and TLS) and [`metric`] (the names and
 //! help text of what it records) import nothing of the crate; `tail` (each subject's last
@@ -28,17 +33,14 @@ mod provenance;
 mod publisher;
 mod relay;
 mod security;
-mod settings;
-mod stream;
-mod subjects;
+pub mod settings;
+pub mod stream;
+pub mod subjects;
 mod tail;
 
-pub use fence::{Fence, check_server};
+pub use fence::Fence;
 pub use publisher::{Publisher, PublisherSettings};
 pub use relay::{Relay, RelayError};
 pub use security::{Credentials, Security, Tls};
-pub use settings::{NatsServer, NatsUrls, UserInfo, parse_nats_urls};
-pub use stream::{Ensured, StreamError, StreamSpec, ensure};
-pub use subjects::{
-    event_subject, event_subjects, project_prefix, validate_stream_name, validate_subject_prefix,
-};
+pub use settings::parse_nats_urls;
+pub use stream::StreamSpec;

@@ -118,10 +118,11 @@ impl Publisher {
                 state.connect_failures = state.connect_failures.saturating_add(1);
                 // The consumers' one backoff: doubling, capped, with jitter so that restarted
                 // relays do not reconnect in lock-step.
-                let delay = outbox_consumer::backoff(state.connect_failures - 1, rand::random());
+                let delay =
+                    outbox_consumer::backoff::backoff(state.connect_failures - 1, rand::random());
                 tracing::warn!(
                     error = %e,
-                    retry_in = %outbox_core::Readable(delay),
+                    retry_in = %outbox_core::internal::Readable(delay),
                     "NATS unavailable"
                 );
                 state.retry_connect_at = Some(Instant::now() + delay);

@@ -31,7 +31,8 @@
 
 use deadpool_postgres::Pool;
 use outbox_consumer::HandlerFailure;
-use outbox_core::{Schema, Unnamed as _};
+use outbox_core::Schema;
+use outbox_core::internal::Unnamed as _;
 
 use outbox_core::contract::subject_token;
 

@@ -41,9 +41,8 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
-use outbox_consumer::{
-    FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, PartialAck, Reconciler,
-};
+use outbox_consumer::handler::PartialAck;
+use outbox_consumer::{FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio::time::error::Elapsed;
@@ -77,7 +76,7 @@ pub struct PublisherSettings {
     /// The event types the consumer declares (`DeliverySettings::event_types`): each is
     /// published to a subject of its own, `<prefix>.<project>.<type token>`, and each of
     /// those subjects is probed at start.
-    pub event_types: outbox_core::EventTypes,
+    pub event_types: outbox_core::contract::EventTypes,
     /// The consumer ID, named in reconciliation notices.
     pub consumer: String,
     /// Most publishes awaiting their PubAck.
@@ -366,7 +365,7 @@ impl Publisher {
     fn event_headers(&self, event: &ObservedEvent) -> HeaderMap {
         let mut headers = self.headers(event.sequence);
         let source = provenance::event_source(&self.settings.project);
-        let time = outbox_core::format_timestamp(event.occurred_at);
+        let time = outbox_core::event::format_timestamp(event.occurred_at);
         let sequence = format!("{:020}", event.sequence);
         let schema = outbox_core::contract::schema_urn(&event.event_type, event.type_major.into());
         for (name, value) in [

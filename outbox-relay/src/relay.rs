@@ -125,7 +125,7 @@ impl Relay {
     /// Logs the first of a run of unanswered start-up checks (the rest at debug level),
     /// sleeps the consumers' backoff, and returns the new count.
     async fn wait_before_asking_again(unanswered: u32, error: &str) -> u32 {
-        let delay = outbox_consumer::backoff(unanswered, rand::random());
+        let delay = outbox_consumer::backoff::backoff(unanswered, rand::random());
         if unanswered == 0 {
             tracing::warn!(
                 error,
@@ -134,7 +134,7 @@ impl Relay {
         } else {
             tracing::debug!(
                 error,
-                retry_in = %outbox_core::Readable(delay),
+                retry_in = %outbox_core::internal::Readable(delay),
                 "NATS still does not answer"
             );
         }

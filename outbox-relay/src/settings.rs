@@ -185,7 +185,7 @@ fn percent_decode(text: &str) -> Option<String> {
 /// to print whatever the text: everything between the scheme and the *last* `@` is masked
 /// (in a list with credentials, the hosts before the last one are masked too), and a user
 /// name is kept only when it cannot hold a piece of anything else.
-pub fn redact_nats_urls(text: &str) -> String {
+pub(crate) fn redact_nats_urls(text: &str) -> String {
     let Some(at) = text.rfind('@') else {
         return text.to_owned();
     };

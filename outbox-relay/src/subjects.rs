@@ -55,7 +55,7 @@ pub fn validate_stream_name(name: &str) -> Result<(), String> {
 /// `<prefix>.*.task_deleted` would miss it while `<prefix>.acme.>` caught it). Project IDs
 /// cannot contain `%` (nor `*`, `>` or whitespace), so replacing `%2E` by `.` gives the ID
 /// back, and an ID without a dot is its own token.
-pub fn project_token(project: &str) -> String {
+pub(crate) fn project_token(project: &str) -> String {
     project.replace('.', "%2E")
 }
 
@@ -84,7 +84,7 @@ pub fn event_subject(prefix: &str, project: &str, event_type: &str) -> String {
 pub fn event_subjects(
     prefix: &str,
     project: &str,
-    types: &outbox_core::EventTypes,
+    types: &outbox_core::contract::EventTypes,
 ) -> Result<Vec<(String, String)>, String> {
     let mut subjects: Vec<(String, String)> = Vec::new();
     for reference in types.refs() {
@@ -116,7 +116,11 @@ pub(crate) struct EventSubjects {
 
 impl EventSubjects {
     /// The subjects of `types` (a type's majors share one).
-    pub(crate) fn new(prefix: &str, project: &str, types: &outbox_core::EventTypes) -> Self {
+    pub(crate) fn new(
+        prefix: &str,
+        project: &str,
+        types: &outbox_core::contract::EventTypes,
+    ) -> Self {
         let mut by_type: Vec<(String, String)> = Vec::new();
         for reference in types.refs() {
             let event_type = reference.event_type.as_str();
@@ -151,19 +155,19 @@ impl EventSubjects {
 
 /// Whether `subject` (one of a project's, see [`project_prefix`]) carries reconciliation
 /// notices rather than events: an event type's token always holds a `_`, `reconcile` none.
-pub fn is_reconcile_subject(subject: &str) -> bool {
+pub(crate) fn is_reconcile_subject(subject: &str) -> bool {
     subject.ends_with(".reconcile")
 }
 
 /// The subject of a project's reconciliation notices.
-pub fn reconcile_subject(prefix: &str, project: &str) -> String {
+pub(crate) fn reconcile_subject(prefix: &str, project: &str) -> String {
     format!("{prefix}.{}.reconcile", project_token(project))
 }
 
 /// Whether the stream subject `pattern` matches every subject under `<prefix>.>`: token by
 /// token, a literal must equal the prefix's token and `>` covers the rest; `*` covers one
 /// token but can never cover the open-ended tail.
-pub fn covers(pattern: &str, prefix: &str) -> bool {
+pub(crate) fn covers(pattern: &str, prefix: &str) -> bool {
     let mut want = prefix.split('.');
     for token in pattern.split('.') {
         match token {
@@ -248,9 +252,10 @@ mod tests {
 
     #[test]
     fn each_declared_type_has_a_subject_of_its_own() {
-        let types: outbox_core::EventTypes = "task:deleted@1,task:archived@1,task:archived@2"
-            .parse()
-            .unwrap();
+        let types: outbox_core::contract::EventTypes =
+            "task:deleted@1,task:archived@1,task:archived@2"
+                .parse()
+                .unwrap();
         assert_eq!(
             event_subjects("lifecycle", "p1", &types).unwrap(),
             vec![
@@ -264,7 +269,7 @@ mod tests {
                 ),
             ]
         );
-        let clash: outbox_core::EventTypes = "a_b:c@1,a:b_c@1".parse().unwrap();
+        let clash: outbox_core::contract::EventTypes = "a_b:c@1,a:b_c@1".parse().unwrap();
         let err = event_subjects("lifecycle", "p1", &clash).unwrap_err();
         assert!(
             err.contains("a_b:c and a:b_c would both be relayed to lifecycle.p1.a_b_c"),

@@ -1,5 +1,6 @@
 use outbox_consumer::{DeliverySettings, Duties};
-use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::{ConsumerId, ProjectId};
 use outbox_serve::{Server, ServerSettings};
 use outbox_service::Connections;
 use tokio::net::TcpListener;

@@ -3,6 +3,10 @@
 //! (counted in events), and a client whose queue would overflow is dropped (it receives a
 //! final `event: lagged` and its connection is closed), so a slow client can delay neither
 //! the durable consumer nor any other client.
+//!
+//! A frame's id is a [`StreamId`] (the SSE `id:` field: a sequence and a [`Tag`] of the event
+//! it names; [`MalformedId`] when a client's `Last-Event-ID` does not parse), re-exported here
+//! from the crate's `sse_id` module.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -10,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, PartialAck, Reconciler};
+use outbox_consumer::handler::PartialAck;
+use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use outbox_core::ProjectId;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +24,8 @@ use outbox_service::lines::{event_line, reconcile_line};
 
 use crate::metric;
 use crate::sse;
-use crate::sse_id::StreamId;
+
+pub use crate::sse_id::{MalformedId, StreamId, Tag};
 
 /// One SSE message, rendered once and shared by every client.
 #[derive(Debug, Clone)]

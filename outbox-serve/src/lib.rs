@@ -9,11 +9,15 @@
 //! All served projects run as one [`outbox_consumer::ConsumerSet`]: one pool, one LISTEN
 //! connection and one place in the sequencer election, however many projects it serves. Each
 //! project's consumer is the ordinary runtime, with lease, retries and all; its sink
-//! publishes to the project's [`FanOut`]. SSE clients own no cursor: they resume from the
+//! publishes to the project's [`FanOut`](fan_out::FanOut). SSE clients own no cursor: they resume from the
 //! fan-out's ring, from retained history (read-only) or from a reconciliation. Their ids
-//! ([`StreamId`]) carry the identity of the event they name, so a client resuming with an id
+//! ([`StreamId`](fan_out::StreamId)) carry the identity of the event they name, so a client resuming with an id
 //! from another history (the lost tail of a failover) is sent a reconciliation rather than
 //! the events after a number that names another event here.
+//!
+//! The root holds the server, its settings and what they take ([`AdminAuth`],
+//! [`AllowedHosts`]); the fan-out and its SSE ids are in [`fan_out`], the metrics' names in
+//! [`metric`].
 //!
 //! Modules, base first: `sse` (the wire format of a message and a comment), `sse_id` (the
 //! form of the SSE `id:` field), [`metric`] (the names and help text of what it records) and
@@ -27,6 +31,8 @@ mod auth;
 mod dashboard;
 pub mod fan_out;
 mod host;
+#[doc(hidden)]
+pub mod internal;
 pub mod metric;
 mod routes;
 mod server;
@@ -36,8 +42,5 @@ mod state;
 mod stream;
 
 pub use auth::AdminAuth;
-pub use fan_out::{FanOut, FanOutSink};
 pub use host::{AllowedHosts, InvalidAllowedHost};
-pub use routes::waiting_router;
 pub use server::{Direct, ServeError, Server, ServerSettings};
-pub use sse_id::{MalformedId, StreamId, Tag};

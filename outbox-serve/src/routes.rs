@@ -39,7 +39,10 @@ pub(crate) fn router(state: Arc<AppState>, hosts: AllowedHosts) -> Router {
 /// `database_unavailable`, while the database does not answer; `starting` once it does).
 /// Every other path is a 503. Requests naming another `Host` are refused as the server's
 /// own are ([`AllowedHosts`]).
-pub fn waiting_router(hosts: AllowedHosts, availability: outbox_consumer::Availability) -> Router {
+pub fn waiting_router(
+    hosts: AllowedHosts,
+    availability: outbox_consumer::outage::Availability,
+) -> Router {
     Router::new()
         .route(
             "/healthz",
@@ -57,7 +60,7 @@ pub fn waiting_router(hosts: AllowedHosts, availability: outbox_consumer::Availa
 }
 
 /// `/readyz` before the server has started.
-fn waiting_readyz(availability: &outbox_consumer::Availability) -> Response {
+fn waiting_readyz(availability: &outbox_consumer::outage::Availability) -> Response {
     let reason = match availability.is_up() {
         true => "starting",
         false => outbox_service::metrics::DATABASE_UNAVAILABLE,

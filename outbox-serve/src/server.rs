@@ -8,9 +8,10 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
+use outbox_consumer::history::History;
 use outbox_consumer::{
-    ConsumerError, DeliverySettings, Duties, Handler, HandlerFailure, History, ObservedEvent,
-    Projects, Reconciler,
+    ConsumerError, DeliverySettings, Duties, Handler, HandlerFailure, ObservedEvent, Projects,
+    Reconciler,
 };
 use outbox_core::{ConsumerId, ProjectId};
 use outbox_service::{Connections, MetricsError};

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use outbox_consumer::{History, PairProbes};
+use outbox_consumer::history::History;
+use outbox_consumer::set::PairProbes;
 use outbox_core::{ConsumerId, ProjectId, Schema};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -38,7 +39,7 @@ pub struct AppState {
     /// Renders `/metrics` (and keeps the recorder's upkeep running while the server does).
     pub metrics: outbox_service::metrics::Recorder,
     /// Whether the database is up, for `/readyz` (the consumers' duties carry the same).
-    pub availability: outbox_consumer::Availability,
+    pub availability: outbox_consumer::outage::Availability,
     /// SSE clients connected now, over all projects.
     pub clients: AtomicUsize,
     /// `--max-clients`.

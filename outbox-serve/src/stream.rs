@@ -16,7 +16,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
-use outbox_consumer::ReconcileReason;
+use outbox_consumer::handler::ReconcileReason;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::watch;

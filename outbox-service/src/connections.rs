@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
+use outbox_consumer::handler::Plain;
+use outbox_consumer::set::PairFactory;
 use outbox_consumer::{
-    Consumer, ConsumerConfig, ConsumerSet, DeliverySettings, Duties, Handler, PairFactory, Plain,
-    Projects, Reconciler,
+    Consumer, ConsumerConfig, ConsumerSet, DeliverySettings, Duties, Handler, Projects, Reconciler,
 };
-use outbox_core::{ConnectError, ConnectSettings, Connector, ConsumerId};
+use outbox_core::ConsumerId;
+use outbox_core::connect::{ConnectError, ConnectSettings, Connector};
 
 /// The `application_name` of the LISTEN connection, so operators can tell it apart.
 const LISTENER_APPLICATION: &str = "outbox-listener";

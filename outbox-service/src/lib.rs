@@ -4,18 +4,22 @@
 //!
 //! - [`Connections`]: the consumers' pool, LISTEN connection and TLS, and the one place that
 //!   builds a lone consumer or a consumer set on them;
-//! - [`metrics`]: the Prometheus recorder, `/metrics`, and the `--metrics-addr` endpoint;
-//! - [`http`]: binding and the accept loop with per-connection close and drain;
-//! - [`lines`]: the JSON lines that describe events and reconciliations.
+//! - [`lines`]: the JSON lines that describe events and reconciliations;
+//! - with the `http` feature (on by default): `metrics`, the Prometheus recorder, `/metrics`
+//!   and the `--metrics-addr` endpoint, and `http`, binding and the accept loop with
+//!   per-connection close and drain. The relay serves no HTTP of its own and builds this crate
+//!   without them, so it does not pull in axum; the workspace's dependency entry has the
+//!   default off, and outbox-serve and outbox-cli turn it on.
 //!
 //! A service of one's own, printing what `outbox consume` prints, with `/metrics` and
-//! `/readyz` beside it:
+//! `/readyz` beside it (the `http` feature):
 //!
 //! ```no_run
 //! use outbox_consumer::{
 //!     ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
 //! };
-//! use outbox_core::{ConnectSettings, ConsumerId, ProjectId};
+//! use outbox_core::connect::ConnectSettings;
+//! use outbox_core::{ConsumerId, ProjectId};
 //! use outbox_service::{Connections, MetricsEndpoint, lines};
 //! use tokio_util::sync::CancellationToken;
 //!
@@ -51,9 +55,12 @@
 #![forbid(unsafe_code)]
 
 mod connections;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod lines;
+#[cfg(feature = "http")]
 pub mod metrics;
 
 pub use connections::Connections;
+#[cfg(feature = "http")]
 pub use metrics::{MetricsEndpoint, MetricsError};

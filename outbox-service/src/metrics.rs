@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use outbox_consumer::Availability;
+use outbox_consumer::outage::Availability;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::{BindError, bind, serve};

@@ -5,9 +5,8 @@
 use std::process::Command;
 
 use chrono::Utc;
-use outbox_core::{
-    ConnectSettings, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
-};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
 use tokio_postgres::Config;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");

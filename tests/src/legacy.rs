@@ -1,7 +1,9 @@
 //! What builds of earlier migrations did, for upgrade tests that must leave a database as such
 //! a build left it.
 
-use outbox_core::{MIGRATIONS, Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::migrate::MIGRATIONS;
+use outbox_core::sequencer::Sequencer;
 use tokio_postgres::Client;
 
 /// The numbering of builds before migration 10: every committed, unsequenced row in arrival

@@ -25,7 +25,8 @@ use std::process::Command;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use outbox_core::{ConnectSettings, Schema};
+use outbox_core::Schema;
+use outbox_core::connect::ConnectSettings;
 use tokio::sync::OnceCell;
 use tokio_postgres::{Client, Config};
 

@@ -4,9 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use outbox_consumer::{
-    ConsumerError, ConsumerSet, DeliverySettings, Duties, PairOutcome, Projects,
-};
+use outbox_consumer::set::PairOutcome;
+use outbox_consumer::{ConsumerError, ConsumerSet, DeliverySettings, Duties, Projects};
 use outbox_core::{ConsumerId, ProjectId};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -70,7 +69,7 @@ pub fn start_set(
 ) -> RunningSet {
     let mut config = db.config.clone();
     config.application_name(SET_APPLICATION);
-    let pool = outbox_core::ConnectSettings::from_config(config.clone())
+    let pool = outbox_core::connect::ConnectSettings::from_config(config.clone())
         .pool(pool_size)
         .expect("pool builds");
     config.application_name(SET_LISTENER);

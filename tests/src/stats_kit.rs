@@ -11,7 +11,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 
 use crate::TestDb;
 use crate::consumer_kit::eventually;

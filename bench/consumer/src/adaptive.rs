@@ -39,7 +39,7 @@ fn row(out: &mut String, label: &str, runs: &[Run], fixed_rate: f64) -> std::fmt
 
 /// The section and its goals.
 pub fn write(out: &mut String, r: &Results) -> std::fmt::Result {
-    let default_max = outbox_consumer::DEFAULT_MAX_BATCH_SIZE;
+    let default_max = outbox_consumer::config::DEFAULT_MAX_BATCH_SIZE;
     writeln!(out, "## Adaptive read batch against fixed batches")?;
     writeln!(out)?;
     writeln!(

@@ -148,8 +148,8 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     }
     // Like `outbox consume`: a pool of 4.
     let pool = match &args.pooler_url {
-        Some(url) => outbox_core::ConnectSettings::parse(url)?
-            .with_pooler(outbox_core::Pooler::Transaction)
+        Some(url) => outbox_core::connect::ConnectSettings::parse(url)?
+            .with_pooler(outbox_core::connect::Pooler::Transaction)
             .pool(4)?,
         None => db::pool(&config, 4)?,
     };
@@ -160,13 +160,13 @@ pub async fn worker(args: WorkerArgs) -> BoxResult<()> {
     );
     consumer_config.duties.listen = false;
     if args.pooler_url.is_some() {
-        consumer_config.duties.pooler = outbox_core::Pooler::Transaction;
+        consumer_config.duties.pooler = outbox_core::connect::Pooler::Transaction;
     }
     consumer_config.delivery.start_from = StartFrom::Earliest;
     consumer_config.delivery.batch_size = args.batch_size;
     consumer_config.delivery.max_batch_size = args
         .max_batch_size
-        .unwrap_or(outbox_consumer::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size));
+        .unwrap_or(outbox_consumer::config::DEFAULT_MAX_BATCH_SIZE.max(args.batch_size));
     if args.fail_every.is_some() {
         consumer_config.delivery.retry =
             RetrySchedule::new(vec![Duration::from_millis(args.retry_delay_ms)], 10)?;
@@ -261,7 +261,7 @@ impl Variant {
     pub const DEFAULT: Variant = Variant {
         fail_every: None,
         batch_size: 500,
-        max_batch_size: outbox_consumer::DEFAULT_MAX_BATCH_SIZE,
+        max_batch_size: outbox_consumer::config::DEFAULT_MAX_BATCH_SIZE,
         async_commit: false,
     };
 
@@ -619,7 +619,7 @@ pub async fn bare_loop(
             let _writer: String = row.get(5);
             let _occurred_at: chrono::DateTime<chrono::Utc> = row.get(6);
             let _version: i32 = row.get(7);
-            let outbox_core::PayloadText(payload) = row.get(8);
+            let outbox_core::event::PayloadText(payload) = row.get(8);
             let _prior: Prior = serde_json::from_slice(payload)?;
             decoded += 1;
         }

@@ -3,7 +3,8 @@
 use std::str::FromStr;
 use std::time::Instant;
 
-use outbox_core::{ConnectSettings, Schema};
+use outbox_core::Schema;
+use outbox_core::connect::ConnectSettings;
 use tokio_postgres::{Client, Config};
 
 use crate::BoxResult;

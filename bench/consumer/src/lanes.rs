@@ -161,7 +161,7 @@ async fn latency_run(
     let consumer = Consumer::new(
         db::pool(&pg, 4)?,
         Some(pg.clone()),
-        config("lat", lanes, outbox_consumer::DEFAULT_MAX_AHEAD)?,
+        config("lat", lanes, outbox_consumer::config::DEFAULT_MAX_AHEAD)?,
         handler.clone(),
         NoReconcile,
     );
@@ -262,7 +262,7 @@ pub async fn run(args: LanesArgs) -> BoxResult<String> {
                 drain(
                     url,
                     lanes,
-                    outbox_consumer::DEFAULT_MAX_AHEAD,
+                    outbox_consumer::config::DEFAULT_MAX_AHEAD,
                     events,
                     Duration::from_millis(10),
                 )
@@ -287,8 +287,8 @@ pub async fn run(args: LanesArgs) -> BoxResult<String> {
     // lanes given as much room ahead as that are measured too.
     let mut one_lane = f64::NAN;
     for (lanes, max_ahead) in [
-        (1_usize, outbox_consumer::DEFAULT_MAX_AHEAD),
-        (16, outbox_consumer::DEFAULT_MAX_AHEAD),
+        (1_usize, outbox_consumer::config::DEFAULT_MAX_AHEAD),
+        (16, outbox_consumer::config::DEFAULT_MAX_AHEAD),
         (16, 12_000),
     ] {
         let mut rates = Vec::with_capacity(reps);

@@ -16,8 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use outbox_consumer::handler::Plain;
 use outbox_consumer::{
-    Consumer, ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Plain, Reconciler,
+    Consumer, ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
     StartFrom,
 };
 use outbox_core::{
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{BoxResult, db, stats};
 
 /// Connections per consumer's pool: the runtime's minimum (delivery, heartbeat, sequencer).
-const POOL: usize = outbox_consumer::MIN_POOL_SIZE;
+const POOL: usize = outbox_consumer::config::MIN_POOL_SIZE;
 /// Writer tasks (each with its own connection) in `scale-latency`.
 const WRITERS: usize = 8;
 

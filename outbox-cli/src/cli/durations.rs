@@ -76,7 +76,7 @@ pub fn parse_retention(text: &str) -> Result<Duration, String> {
     }
     let d = humantime::parse_duration(text)
         .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 30d, 12h, 0s)"))?;
-    if d > outbox_core::MAX_RETENTION {
+    if d > outbox_core::retention::MAX_RETENTION {
         return Err(format!("invalid duration {text:?}: at most 36500 days"));
     }
     Ok(d)
@@ -90,7 +90,7 @@ pub fn parse_tick_pause(text: &str) -> Result<Duration, String> {
     }
     let d = humantime::parse_duration(text.trim())
         .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 0s, 500us, 2ms)"))?;
-    if d > outbox_core::MAX_TICK_PAUSE_LIMIT {
+    if d > outbox_core::sequencer::MAX_TICK_PAUSE_LIMIT {
         return Err(format!("invalid duration {text:?}: {range}"));
     }
     Ok(d)

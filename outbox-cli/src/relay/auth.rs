@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use async_nats::ConnectOptions;
 use clap::Args;
 
-use outbox_relay::{Credentials, NatsUrls, Security, Tls, UserInfo};
+use outbox_relay::settings::{NatsUrls, UserInfo};
+use outbox_relay::{Credentials, Security, Tls};
 
 /// The relay's NATS authentication and TLS flags.
 #[derive(Args)]

@@ -16,9 +16,13 @@ use crate::failure::Failure;
 use crate::shutdown::Shutdown;
 use crate::start::Started;
 
+use outbox_relay::settings::NatsServer;
+use outbox_relay::stream::StreamError;
+use outbox_relay::subjects::{
+    event_subjects, project_prefix, validate_stream_name, validate_subject_prefix,
+};
 use outbox_relay::{
-    Fence, NatsServer, PublisherSettings, Relay, RelayError, Security, StreamError, StreamSpec,
-    event_subjects, parse_nats_urls, project_prefix, validate_stream_name, validate_subject_prefix,
+    Fence, PublisherSettings, Relay, RelayError, Security, StreamSpec, parse_nats_urls,
 };
 
 pub use auth::NatsAuthArgs;

@@ -161,12 +161,12 @@ fn admin_auth(args: &ServeArgs, listen: SocketAddr) -> Result<Option<AdminAuth>,
 }
 
 /// [`Started::open`], with `listener` answering the probes meanwhile
-/// ([`outbox_serve::waiting_router`]: `/readyz` is 503 `database_unavailable` while the
+/// ([`outbox_serve::internal::waiting_router`]: `/readyz` is 503 `database_unavailable` while the
 /// database is awaited); the listener is handed back for the server once the database answers.
 async fn open_answering_probes(
     global: &Global,
     consume: &crate::cli::ConsumerOptions,
-    availability: &outbox_consumer::Availability,
+    availability: &outbox_consumer::outage::Availability,
     listener: tokio::net::TcpListener,
     args: &ServeArgs,
 ) -> Result<Option<(Started, tokio::net::TcpListener)>, Failure> {
@@ -189,7 +189,7 @@ async fn open_answering_probes(
     .map_err(|e| Failure::usage(e.to_string()))?;
     let answering = tokio::spawn(outbox_service::http::serve(
         probes,
-        outbox_serve::waiting_router(hosts, availability.clone()),
+        outbox_serve::internal::waiting_router(hosts, availability.clone()),
         stop.clone(),
         std::time::Duration::from_secs(1),
         args.header_read_timeout,

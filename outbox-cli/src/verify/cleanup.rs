@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use outbox_core::{
-    Admin, ConsumerId, OperatorName, ProjectId, PruneOptions, Pruner, Reason, Schema, Unnamed,
-};
+use outbox_core::admin::{Admin, Reason};
+use outbox_core::internal::Unnamed;
+use outbox_core::retention::{PruneOptions, Pruner};
+use outbox_core::{ConsumerId, OperatorName, ProjectId, Schema};
 use tokio_postgres::Client;
 
 use super::checks::Check;

@@ -31,7 +31,9 @@ use outbox_consumer::{
     Consumer, ConsumerConfig, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler,
     StartFrom,
 };
-use outbox_core::{ConsumerId, Pooler, ProjectId, Schema, Unnamed};
+use outbox_core::connect::Pooler;
+use outbox_core::internal::Unnamed;
+use outbox_core::{ConsumerId, ProjectId, Schema};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -269,7 +271,10 @@ async fn clean_up_after(
     if let Err(e) = wait_out_running_transactions(client, options.late_commit).await {
         tracing::warn!(error = %e, "could not wait out the probe transactions still running");
     }
-    if let Err(e) = outbox_core::Sequencer::new(schema).drain(client).await {
+    if let Err(e) = outbox_core::sequencer::Sequencer::new(schema)
+        .drain(client)
+        .await
+    {
         tracing::warn!(error = %e, "could not number the probe events before pruning them");
     }
     let cleaned = cleanup::retire_and_prune(client, schema, &options.project, consumer_id).await;
@@ -343,7 +348,7 @@ fn consumer_config(
     // so the live set is empty.
     config.delivery.start_from = StartFrom::Reconcile;
     config.delivery.live_query =
-        outbox_consumer::LiveQuery::Custom("SELECT $1::text WHERE false".to_owned());
+        outbox_consumer::config::LiveQuery::Custom("SELECT $1::text WHERE false".to_owned());
     config.duties.prune_interval = None;
     config.delivery.wait_for_lease = false;
     config
@@ -352,7 +357,7 @@ fn consumer_config(
 /// Waits for the probe consumer's first successful poll: from then on its cursor is set, and
 /// every probe event comes after it.
 async fn wait_until_polling(
-    probe: &outbox_consumer::Probe,
+    probe: &outbox_consumer::probe::Probe,
     timeout: Duration,
     progress: &mut watch::Progress,
 ) -> Result<(), Failure> {

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
-use outbox_core::{ProjectId, Schema, Unnamed};
+use outbox_core::internal::Unnamed;
+use outbox_core::{ProjectId, Schema};
 
 use super::checks::{Ending, ProbeTx};
 use super::sql;

@@ -5,7 +5,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use outbox_core::{Pooler, Unnamed};
+use outbox_core::connect::Pooler;
+use outbox_core::internal::Unnamed;
 use serde::Serialize;
 use tokio_postgres::AsyncMessage;
 

@@ -6,7 +6,7 @@ use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant};
 
 use outbox_consumer::ConsumerError;
-use outbox_core::Pooler;
+use outbox_core::connect::Pooler;
 use tokio_postgres::error::SqlState;
 
 use crate::failure::{Failure, permission_denied};

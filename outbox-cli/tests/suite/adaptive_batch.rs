@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use outbox_consumer::{Handler, HandlerFailure, ObservedEvent};
-use outbox_core::{Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{
     PROCESS_WAIT, Recorder, cursor, eventually, fast_config, sessions_ended, start_with,
 };

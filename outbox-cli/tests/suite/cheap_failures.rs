@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_consumer::{FailureClass, Handler, HandlerFailure, ObservedEvent, RetrySchedule};
-use outbox_core::Sequencer;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{Recorder, WAIT, cursor, eventually, fast_config, start_with};
 use outbox_tests::fresh_db;
 

@@ -396,7 +396,7 @@ async fn help_of_live_query_shows_the_default_query() {
     assert_eq!(code, 0, "{err}");
     let flattened = out.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        flattened.contains(outbox_consumer::DEFAULT_LIVE_QUERY),
+        flattened.contains(outbox_consumer::config::DEFAULT_LIVE_QUERY),
         "{out}"
     );
 }

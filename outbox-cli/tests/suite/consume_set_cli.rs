@@ -428,7 +428,7 @@ async fn all_projects_never_follows_the_probe_project_of_outbox_verify() {
         .filter(|l| {
             l.value["project_id"]
                 .as_str()
-                .is_some_and(|p| p.starts_with(outbox_core::PROBE_PROJECT_PREFIX))
+                .is_some_and(|p| p.starts_with(outbox_core::ids::PROBE_PROJECT_PREFIX))
         })
         .collect();
     assert!(probe_lines.is_empty(), "{probe_lines:?}");

@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_consumer::config::LiveQuery;
+use outbox_consumer::handler::ReconcileReason;
 use outbox_consumer::{
-    Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, LiveQuery, ObservedEvent,
-    ReconcileReason, RetrySchedule, StartFrom, TransactionalHandler,
+    Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, ObservedEvent, RetrySchedule,
+    StartFrom, TransactionalHandler,
 };
 use outbox_core::{Schema, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{
@@ -136,7 +138,7 @@ async fn a_cursor_below_the_retention_floor_reconciles() {
         write_event(&db, "p", &format!("t{i}")).await;
     }
     let mut client = db.connect().await;
-    outbox_core::Sequencer::new(&Schema::default())
+    outbox_core::sequencer::Sequencer::new(&Schema::default())
         .drain(&mut client)
         .await
         .unwrap();

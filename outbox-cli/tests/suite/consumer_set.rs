@@ -229,7 +229,7 @@ async fn a_lost_lease_stops_only_its_pair() {
 async fn all_projects_follows_a_project_that_appears_later(listen: bool) {
     let db = fresh_db().await;
     write_event(&db, "early", "e1").await;
-    outbox_core::Sequencer::new(&outbox_core::Schema::default())
+    outbox_core::sequencer::Sequencer::new(&outbox_core::Schema::default())
         .drain(&mut db.connect().await)
         .await
         .unwrap();

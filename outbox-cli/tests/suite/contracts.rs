@@ -7,9 +7,10 @@ use outbox_consumer::{
     Consumer, ConsumerError, HandlerFailure, ObservedEvent, TransactionalHandler,
 };
 use outbox_core::admin::Admin;
+use outbox_core::connect::ConnectSettings;
+use outbox_core::contract::Contract;
 use outbox_core::{
-    ConnectSettings, Contract, Event, Payload, ProjectId, Schema, TaskId, WriteOutcome, Writer,
-    WriterProcessId,
+    Event, Payload, ProjectId, Schema, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
 use outbox_tests::consumer_kit::{
     PROCESS_WAIT, Recorder, WAIT, cursor, eventually, fast_config, seed_consumer, start,
@@ -632,7 +633,7 @@ async fn a_consumer_receives_only_the_types_it_declares_and_its_cursor_passes_th
     let deleted: serde_json::Value = events[0].payload.parse().unwrap();
     assert_eq!(
         deleted["deleted_at"].as_str(),
-        Some(outbox_core::format_timestamp(events[0].deleted_at.unwrap()).as_str())
+        Some(outbox_core::event::format_timestamp(events[0].deleted_at.unwrap()).as_str())
     );
 
     // A transactional handler passes undeclared types too, the trailing one included.

@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use outbox_consumer::{Consumer, Duties};
-use outbox_core::{Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, eventually_count, fast_config, fast_delivery, fast_duties, start,
 };
@@ -123,8 +124,8 @@ fn delete_buffers(node: &serde_json::Value) -> i64 {
 async fn ack_costs(client: &mut Client, at: i64) -> Vec<(String, i64, i64)> {
     let schema = Schema::default();
     let (ack, ack_set) = (
-        schema.render(outbox_consumer::ACK_STATEMENT),
-        schema.render(outbox_consumer::ACK_SET_STATEMENT),
+        schema.render(outbox_consumer::internal::ACK_STATEMENT),
+        schema.render(outbox_consumer::internal::ACK_SET_STATEMENT),
     );
     let next = at + 1;
     let statements = [

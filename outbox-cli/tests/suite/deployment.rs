@@ -14,7 +14,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outbox_core::{ConnectSettings, Schema, Unnamed as _};
+use outbox_core::Schema;
+use outbox_core::connect::ConnectSettings;
+use outbox_core::internal::Unnamed as _;
 use outbox_tests::consumer_kit::eventually;
 use outbox_tests::nats_kit::{NatsServer, read_stream};
 use outbox_tests::pgbouncer::PgBouncer;

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outbox_consumer::{ConsumerConfig, ReconcileReason};
-use outbox_core::{Schema, Sequencer};
+use outbox_consumer::ConsumerConfig;
+use outbox_consumer::handler::ReconcileReason;
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::cluster_kit::try_write;
 use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_delivery, fast_duties, start, write_event,
@@ -260,7 +262,7 @@ async fn a_synchronous_failover_under_live_writers_loses_nothing() {
 
     let client = b.connect().await;
     // Number whatever committed last, then wait for both consumers to reach the head.
-    outbox_core::Sequencer::new(&outbox_core::Schema::default())
+    outbox_core::sequencer::Sequencer::new(&outbox_core::Schema::default())
         .drain(&mut b.connect().await)
         .await
         .unwrap();

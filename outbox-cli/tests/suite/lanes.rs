@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outbox_consumer::handler::PartialAck;
 use outbox_consumer::{
-    ConsumerError, FailureClass, Handler, HandlerFailure, ObservedEvent, PartialAck, RetrySchedule,
+    ConsumerError, FailureClass, Handler, HandlerFailure, ObservedEvent, RetrySchedule,
 };
-use outbox_core::Sequencer;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{Recorder, WAIT, cursor, eventually, fast_config, start_with};
 use outbox_tests::{TestDb, fresh_db};
 use tokio::sync::Notify;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use outbox_consumer::{
     FailureClass, Handler, HandlerFailure, ObservedEvent, RetrySchedule, TransactionalHandler,
 };
-use outbox_core::Sequencer;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{PROCESS_WAIT, Recorder, WAIT, cursor, eventually, fast_config};
 use outbox_tests::process_kit::outbox_json;
 use outbox_tests::{TestDb, fresh_db};

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use outbox_consumer::{Consumer, HandlerFailure, ObservedEvent, TransactionalHandler};
-use outbox_core::ConnectSettings;
+use outbox_core::connect::ConnectSettings;
 use outbox_tests::consumer_kit::{Recorder, fast_config};
 
 /// Writes the event's effect in the handler's transaction.

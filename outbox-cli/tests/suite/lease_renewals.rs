@@ -84,11 +84,11 @@ fn probes() -> Vec<(&'static str, String)> {
         ),
         (
             "a consumer's renewal",
-            lone_renewal(&schema.render(outbox_consumer::HEARTBEAT_STATEMENT)),
+            lone_renewal(&schema.render(outbox_consumer::internal::HEARTBEAT_STATEMENT)),
         ),
         (
             "a set's renewal",
-            set_renewal(&schema.render(outbox_consumer::HEARTBEAT_SET_STATEMENT)),
+            set_renewal(&schema.render(outbox_consumer::internal::HEARTBEAT_SET_STATEMENT)),
         ),
     ]
 }
@@ -154,11 +154,11 @@ async fn leased_consumer(
 async fn renew(client: &impl GenericClient, count: usize) {
     let schema = Schema::default();
     let lone = client
-        .prepare(&schema.render(outbox_consumer::HEARTBEAT_STATEMENT))
+        .prepare(&schema.render(outbox_consumer::internal::HEARTBEAT_STATEMENT))
         .await
         .unwrap();
     let set = client
-        .prepare(&schema.render(outbox_consumer::HEARTBEAT_SET_STATEMENT))
+        .prepare(&schema.render(outbox_consumer::internal::HEARTBEAT_SET_STATEMENT))
         .await
         .unwrap();
     for i in 0..count {
@@ -229,7 +229,7 @@ async fn a_claim_waiting_for_a_renewal_in_flight_reads_it_and_leaves_the_lease()
     let renewal = client.transaction().await.unwrap();
     let renewed = renewal
         .execute(
-            &Schema::default().render(outbox_consumer::HEARTBEAT_STATEMENT),
+            &Schema::default().render(outbox_consumer::internal::HEARTBEAT_STATEMENT),
             &[&"p", &"c", &"holder", &3i64, &30f64],
         )
         .await

@@ -1,6 +1,7 @@
 //! Migrations: idempotent, safe when concurrent, refuse tampering, honour the schema name.
 
-use outbox_core::{Error, MIGRATIONS, Migration, Schema, migrate, migrate_with};
+use outbox_core::migrate::{MIGRATIONS, Migration, migrate_with};
+use outbox_core::{Error, Schema, migrate};
 use outbox_tests::{empty_db, fresh_db};
 
 #[tokio::test]
@@ -142,7 +143,7 @@ async fn schema_name_is_configurable() {
         .unwrap()
         .get(0);
     assert!(event_id.starts_with("task-deleted:t:"));
-    let numbered = outbox_core::Sequencer::new(&schema)
+    let numbered = outbox_core::sequencer::Sequencer::new(&schema)
         .drain(&mut client)
         .await
         .unwrap();

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use outbox_core::ConnectSettings;
+use outbox_core::connect::ConnectSettings;
 use outbox_tests::consumer_kit::{eventually, write_event};
 use outbox_tests::process_kit::{OutboxProcess, run_outbox};
 use outbox_tests::standby_kit::{PORT, Replication, StandbyPair};

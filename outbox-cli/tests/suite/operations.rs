@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use outbox_consumer::{ConsumerError, RetrySchedule};
-use outbox_core::{Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{
     Recorder, SeedCursor, SeedEvent, WAIT, cursor, eventually, fast_config, seed_consumer,
     seed_delivery, start, write_event,

@@ -530,7 +530,7 @@ fn metric_names_are_found_in_expressions() {
     );
 }
 
-/// Log lines show durations as people read them (`outbox_core::Readable`: `91.2ms`, `1.5s`),
+/// Log lines show durations as people read them (`outbox_core::internal::Readable`: `91.2ms`, `1.5s`),
 /// never `Debug`'s `91.245485ms` or humantime's `91ms 245us 485ns`: no log field of the
 /// libraries formats a duration either way.
 #[test]

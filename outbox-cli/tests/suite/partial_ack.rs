@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outbox_consumer::handler::PartialAck;
 use outbox_consumer::{
     Consumer, ConsumerError, FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent,
-    PartialAck, Reconciler,
+    Reconciler,
 };
 use outbox_tests::consumer_kit::{cursor, eventually, fast_config, write_event};
 use outbox_tests::fresh_db;

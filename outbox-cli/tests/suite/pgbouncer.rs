@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_consumer::{Consumer, RetrySchedule};
+use outbox_core::connect::{ConnectSettings, Pooler};
 use outbox_core::{
-    ConnectSettings, Event, Payload, Pooler, Prior, ProjectId, Schema, TaskDeleted, TaskId,
-    WriteOutcome, Writer, WriterProcessId,
+    Event, Payload, Prior, ProjectId, Schema, TaskDeleted, TaskId, WriteOutcome, Writer,
+    WriterProcessId,
 };
 use outbox_tests::consumer_kit::{Recorder, eventually, fast_config};
 use outbox_tests::fresh_db;
@@ -90,7 +91,7 @@ async fn write_through(settings: ConnectSettings, writer: usize) -> Vec<String> 
 
 async fn delivery_state(settings: &ConnectSettings, event: &str) -> String {
     let client = settings.connect().await.unwrap();
-    outbox_core::Unnamed::query_opt_unnamed(
+    outbox_core::internal::Unnamed::query_opt_unnamed(
         &client,
         "SELECT state FROM outbox.lifecycle_deliveries \
          WHERE project_id = 'p2' AND consumer_id = 'c3' AND event_id = $1",
@@ -233,7 +234,7 @@ async fn the_whole_service_works_through_pgbouncer_in_transaction_mode() {
     eventually(WAIT, "c2's cursor past every event", || async {
         assert_no_statement_errors(&consumer.stderr());
         let client = settings.connect().await.unwrap();
-        let acked: Option<i64> = outbox_core::Unnamed::query_opt_unnamed(
+        let acked: Option<i64> = outbox_core::internal::Unnamed::query_opt_unnamed(
             &client,
             "SELECT last_acked_sequence FROM outbox.lifecycle_consumer_cursors \
              WHERE project_id = 'p1' AND consumer_id = 'c2'",

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_core::{ConnectSettings, Event, Payload, ProjectId, Schema, TaskId, WriteOutcome};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::{Event, Payload, ProjectId, Schema, TaskId, WriteOutcome};
 use outbox_core::{Writer, WriterProcessId};
 use outbox_tests::cluster_kit::{PrivateCluster, try_write};
 use outbox_tests::consumer_kit::eventually;

@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use outbox_consumer::{Handler, HandlerFailure, ObservedEvent, ReconcileReason};
-use outbox_core::{HoldBack, ProjectId, PruneOptions, PruneReport, Pruner, Schema, Sequencer};
+use outbox_consumer::handler::ReconcileReason;
+use outbox_consumer::{Handler, HandlerFailure, ObservedEvent};
+use outbox_core::retention::{HoldBack, PruneOptions, PruneReport, Pruner};
+use outbox_core::sequencer::Sequencer;
+use outbox_core::{ProjectId, Schema};
 use outbox_tests::consumer_kit::{
     Recorder, SeedEvent, WAIT, cursor, eventually, fast_config, seed_consumer, seed_delivery,
     start, start_with, write_event,
@@ -150,7 +153,7 @@ async fn prune(db: &TestDb, options: PruneOptions) -> PruneReport {
     pruner.run(&mut client).await.unwrap()
 }
 
-fn entry<'r>(report: &'r PruneReport, project: &str) -> &'r outbox_core::ProjectPrune {
+fn entry<'r>(report: &'r PruneReport, project: &str) -> &'r outbox_core::retention::ProjectPrune {
     report
         .projects
         .iter()

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use outbox_consumer::Consumer;
-use outbox_core::{ConnectSettings, Schema, Unnamed, Writer, WriterProcessId};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::internal::Unnamed;
+use outbox_core::{Schema, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{Recorder, cursor, eventually, fast_config, write_event};
 use outbox_tests::process_kit::run_outbox;
 use outbox_tests::{TestDb, fresh_db};

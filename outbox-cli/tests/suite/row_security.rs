@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_consumer::{Consumer, ConsumerError};
-use outbox_core::{
-    ConnectSettings, MIGRATIONS, Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, Writer,
-    WriterProcessId, migrate_with,
-};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::migrate::{MIGRATIONS, migrate_with};
+use outbox_core::sequencer::Sequencer;
+use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
 use outbox_tests::consumer_kit::{
     Recorder, cursor, eventually, fast_config, seed_consumer, write_event,
 };

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
+use outbox_core::sequencer::Sequencer;
 use outbox_core::{
-    Prior, ProjectId, Schema, Sequencer, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
+    Prior, ProjectId, Schema, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
 use outbox_tests::stats_kit::{assert_the_counters_move, event_table_reads};
 use outbox_tests::{TestDb, fresh_db, hold_snapshot, sequenced};
@@ -368,7 +369,7 @@ async fn an_elected_sequencers_step_returns_in_time_to_renew() {
         .await
         .unwrap();
     // A 500 ms lease: renewals are due every 125 ms; 5,000 ticks of one event take longer.
-    let mut elected = outbox_core::ElectedSequencer::new(
+    let mut elected = outbox_core::sequencer::ElectedSequencer::new(
         Sequencer::new(&schema).with_batch(1),
         &schema,
         "host:1:step".into(),

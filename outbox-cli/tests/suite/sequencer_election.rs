@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use outbox_core::{ElectedSequencer, Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::{ElectedSequencer, Sequencer};
 use outbox_tests::consumer_kit::{PROCESS_WAIT as WAIT, Writers, eventually};
 use outbox_tests::process_kit::OutboxProcess;
 use outbox_tests::{TestDb, fresh_db, sequenced};

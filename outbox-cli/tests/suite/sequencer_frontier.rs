@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{Schema, Sequencer};
+use outbox_core::Schema;
+use outbox_core::sequencer::Sequencer;
 use outbox_tests::consumer_kit::{eventually, eventually_count};
 use outbox_tests::{TestDb, fresh_db, hold_snapshot, sequenced};
 use tokio_postgres::Client;

@@ -8,9 +8,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::Utc;
-use outbox_core::{
-    ConnectSettings, Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId,
-};
+use outbox_core::connect::ConnectSettings;
+use outbox_core::{Prior, ProjectId, Schema, TaskDeleted, TaskId, Writer, WriterProcessId};
 use outbox_tests::TASKS_TABLE;
 use outbox_tests::consumer_kit::eventually;
 use outbox_tests::process_kit::{ConsumeProcess, outbox_binary, run_outbox};

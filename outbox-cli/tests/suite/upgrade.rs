@@ -9,7 +9,9 @@
 use std::time::Duration;
 
 use outbox_consumer::{Consumer, RetrySchedule};
-use outbox_core::{MIGRATIONS, Schema, Sequencer, migrate, migrate_with};
+use outbox_core::migrate::{MIGRATIONS, migrate_with};
+use outbox_core::sequencer::Sequencer;
+use outbox_core::{Schema, migrate};
 use outbox_tests::consumer_kit::{
     Recorder, SeedEvent, cursor, eventually, fast_config, seed_consumer, seed_delivery, write_event,
 };

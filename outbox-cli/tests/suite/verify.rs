@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use outbox_core::ConnectSettings;
+use outbox_core::connect::ConnectSettings;
 use outbox_tests::consumer_kit::{eventually, write_event};
 use outbox_tests::pgbouncer::PgBouncer;
 use outbox_tests::process_kit::{OutboxProcess, outbox_binary, run_outbox};

@@ -2,9 +2,10 @@
 //! identical in its Rust and SQL faces.
 
 use chrono::{DateTime, TimeDelta, Utc};
+use outbox_core::event::ValidationError;
+use outbox_core::internal::observe;
 use outbox_core::{
-    Error, Prior, ProjectId, Schema, TaskDeleted, TaskId, ValidationError, WriteOutcome, Writer,
-    WriterProcessId, observe,
+    Error, Prior, ProjectId, Schema, TaskDeleted, TaskId, WriteOutcome, Writer, WriterProcessId,
 };
 use outbox_tests::fresh_db;
 use serde_json::json;

@@ -2,9 +2,9 @@
 //! and host running the process.
 
 use nix::unistd::{Uid, User};
-use outbox_core::AuditKind;
-use outbox_core::Unnamed as _;
 use outbox_core::admin::{AuditLog, AuditRecord};
+use outbox_core::internal::Unnamed as _;
+use outbox_core::states::AuditKind;
 
 use crate::config::ConsumerConfig;
 use crate::error::ConsumerError;
@@ -60,7 +60,7 @@ fn reactivating_user() -> String {
         .find_map(|name| std::env::var(name).ok().filter(|u| !u.is_empty()));
     let uid = Uid::current();
     let user = from_env.unwrap_or_else(|| user_of(uid, User::from_uid(uid).ok().flatten()));
-    let host = outbox_core::host_name().unwrap_or_else(|| "unknown-host".into());
+    let host = outbox_core::internal::host_name().unwrap_or_else(|| "unknown-host".into());
     format!("{user}@{host}")
 }
 

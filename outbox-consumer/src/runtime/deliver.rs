@@ -9,7 +9,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use outbox_core::{Sequencer, Unnamed as _};
+use outbox_core::internal::Unnamed as _;
+use outbox_core::sequencer::Sequencer;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -168,7 +169,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             return AfterFailure::Wait(crate::backoff::outage_backoff(failures));
         }
         let delay = crate::backoff::backoff(failures, rand::random());
-        tracing::warn!(error = %e, retry_in = %outbox_core::Readable(delay), "transient failure; will retry");
+        tracing::warn!(error = %e, retry_in = %outbox_core::internal::Readable(delay), "transient failure; will retry");
         AfterFailure::Wait(delay)
     }
 
@@ -344,7 +345,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
 async fn wait(
     lease: &Lease,
     shutdown: &CancellationToken,
-    availability: &crate::Availability,
+    availability: &crate::outage::Availability,
     signals: Option<&Signals>,
     deadline: Instant,
 ) -> Woken {

@@ -58,7 +58,7 @@ impl<D, R> Consumer<D, R> {
         progress.meters.failure(&class).increment(1);
         tracing::warn!(
             sequence = event.sequence, event_id = %event.event_id, attempts,
-            class = %class, retry_in = %outbox_core::Readable(delay), "event failed; will retry"
+            class = %class, retry_in = %outbox_core::internal::Readable(delay), "event failed; will retry"
         );
         progress.position.hold(Some(Held {
             sequence: event.sequence,
@@ -108,7 +108,7 @@ impl<D, R> Consumer<D, R> {
             Some(delay) => {
                 tracing::warn!(
                     sequence = event.sequence, event_id = %event.event_id, attempts,
-                    class = %class, retry_in = %outbox_core::Readable(delay), "event failed; will retry"
+                    class = %class, retry_in = %outbox_core::internal::Readable(delay), "event failed; will retry"
                 );
                 progress.position.hold(Some(Held {
                     sequence: event.sequence,

@@ -98,7 +98,7 @@ pub(crate) struct Lone;
 
 impl Membership for Lone {
     fn owner(&self) -> String {
-        outbox_core::owner_token()
+        outbox_core::internal::owner_token()
     }
 
     fn statements(&self, config: &ConsumerConfig) -> Arc<Statements> {

@@ -99,9 +99,9 @@ impl<D, R> Consumer<D, R> {
     }
 
     /// Opens the LISTEN connection through `connector` (built by
-    /// [`outbox_core::ConnectSettings::connector`]), so that it uses the same TLS settings as
+    /// [`outbox_core::connect::ConnectSettings::connector`]), so that it uses the same TLS settings as
     /// the pool; without it the listener connects without TLS.
-    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+    pub fn listen_tls(mut self, connector: outbox_core::connect::Connector) -> Self {
         if let Some(listen) = &mut self.listen {
             listen.tls = Some(connector);
         }

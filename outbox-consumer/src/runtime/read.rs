@@ -8,7 +8,7 @@ use super::progress::Progress;
 use crate::error::ConsumerError;
 use crate::event::{FailureClass, ObservedEvent};
 use crate::store::Statements;
-use outbox_core::Acceptance;
+use outbox_core::contract::Acceptance;
 
 impl<D, R> Consumer<D, R> {
     /// `contract_mismatch` for an event of a declared type in a major the consumer did not

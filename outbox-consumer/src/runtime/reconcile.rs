@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use outbox_core::{Sequencer, Unnamed as _};
+use outbox_core::internal::Unnamed as _;
+use outbox_core::sequencer::Sequencer;
 use tokio_util::sync::CancellationToken;
 
 use super::Consumer;
@@ -129,7 +130,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
             head_event_id: identity.clone(),
             reason,
         };
-        let reconciled = outbox_core::observe(self.reconciler.reconcile(&live));
+        let reconciled = outbox_core::internal::observe(self.reconciler.reconcile(&live));
         let Some(reconciled) = within_grace(shutdown, grace, reconciled).await else {
             tracing::warn!("shutdown grace ran out while the reconciler ran; abandoned");
             return Ok(());
@@ -202,7 +203,7 @@ impl<D, R: Reconciler> Consumer<D, R> {
                 .drain_through(client, SEQUENCER_PATIENCE)
                 .await?;
         }
-        let tx = outbox_core::read_only_snapshot(client).await?;
+        let tx = outbox_core::internal::read_only_snapshot(client).await?;
         let pid: i32 = tx
             .query_one_unnamed(sql::BACKEND_PID, &[])
             .await?

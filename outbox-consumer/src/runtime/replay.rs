@@ -3,7 +3,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use outbox_core::Unnamed as _;
+use outbox_core::internal::Unnamed as _;
 
 use super::Consumer;
 use crate::dispatch::{DispatchContext, DispatchMode};
@@ -12,7 +12,7 @@ use crate::event::FailureClass;
 use crate::handler::Reconciler;
 use crate::lease::Lease;
 use crate::store::{self, Statements};
-use outbox_core::Acceptance;
+use outbox_core::contract::Acceptance;
 
 impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     /// Re-dispatches dead letters an operator asked to replay.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use outbox_core::Unnamed as _;
+use outbox_core::internal::Unnamed as _;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 

@@ -24,7 +24,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use outbox_core::Unnamed as _;
+use outbox_core::internal::Unnamed as _;
 use tokio_postgres::types::ToSql;
 
 use crate::error::ConsumerError;

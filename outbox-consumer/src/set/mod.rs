@@ -4,7 +4,7 @@
 //!
 //! Each pair is an ordinary [`Consumer`] run with its own lease, cursor, fencing, retries and
 //! dead letters, so a poison event or a lost lease stops or delays only its pair. What the
-//! pairs share lives in their [`Shared`] side: the lease heartbeat and the fallback poll are one
+//! pairs share lives in their `Shared` side: the lease heartbeat and the fallback poll are one
 //! statement each for the whole set, which keeps an idle set of a thousand consumers at a few
 //! statements a second.
 
@@ -16,7 +16,8 @@ mod shared;
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use outbox_core::{ConsumerId, ProjectId, PruneOptions};
+use outbox_core::retention::PruneOptions;
+use outbox_core::{ConsumerId, ProjectId};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_postgres::Config;
@@ -42,12 +43,11 @@ pub enum Projects {
     /// Every project with a numbered event, including projects that appear while the set
     /// runs: found by the set's fallback poll (every
     /// [`poll_interval`](DeliverySettings::poll_interval), which reads every project's head)
-    /// and, sooner, by the first notification naming a project not followed yet. A project
-    /// that appears while the set runs is delivered from its first event, as
-    /// [`StartFrom::Earliest`](crate::StartFrom::Earliest) does: its whole history is retained,
-    /// so its first deletions arrive as events rather than folded into a reconciliation.
-    /// Probe projects ([`outbox_core::PROBE_PROJECT_PREFIX`], `outbox verify`'s) are not
-    /// followed.
+    /// and, sooner, by the first notification naming a project not followed yet. A project that
+    /// appears while the set runs is delivered from its first event, as [`StartFrom::Earliest`]
+    /// does: its whole history is retained, so its first deletions arrive as events rather than
+    /// folded into a reconciliation. Probe projects
+    /// ([`outbox_core::ids::PROBE_PROJECT_PREFIX`], `outbox verify`'s) are not followed.
     All,
 }
 
@@ -111,7 +111,7 @@ pub struct ConsumerSet<F> {
     /// Makes each pair's handler and reconciler.
     factory: Arc<F>,
     /// TLS for the listener connection (`None`: plain, as `tokio_postgres::NoTls`).
-    listen_tls: Option<outbox_core::Connector>,
+    listen_tls: Option<outbox_core::connect::Connector>,
     /// Every started pair's probe.
     probes: PairProbes,
     /// Whether the first pair to end with an error stops every other pair.
@@ -161,7 +161,7 @@ impl<F: PairFactory> ConsumerSet<F> {
     /// Opens the LISTEN connection through `connector`, as [`Consumer::listen_tls`] does.
     ///
     /// [`Consumer::listen_tls`]: crate::Consumer::listen_tls
-    pub fn listen_tls(mut self, connector: outbox_core::Connector) -> Self {
+    pub fn listen_tls(mut self, connector: outbox_core::connect::Connector) -> Self {
         self.listen_tls = Some(connector);
         self
     }

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use deadpool_postgres::Pool;
 use futures_util::FutureExt as _;
 use futures_util::future::BoxFuture;
-use outbox_core::{ProjectId, Schema, Unnamed as _};
+use outbox_core::internal::Unnamed as _;
+use outbox_core::{ProjectId, Schema};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -64,7 +65,7 @@ pub(crate) struct Shared {
     /// Where newly discovered projects go, when the set follows every project.
     discovered: Option<mpsc::UnboundedSender<String>>,
     /// When [`Shared::poll_once`] last succeeded: a member waiting idle counts it as its own
-    /// poll (see [`crate::Probe`]).
+    /// poll (see [`crate::probe::Probe`]).
     pub poll_clock: Arc<PollClock>,
     /// Each project's latest read, shared by its consumers.
     pub reads: SharedReads,
@@ -79,7 +80,7 @@ pub(crate) struct Shared {
     /// (they could deadlock).
     row_writes: Arc<tokio::sync::Mutex<()>>,
     /// The process's view of its database, which the set's heartbeat and poll report to.
-    pub availability: crate::Availability,
+    pub availability: crate::outage::Availability,
 }
 
 impl Shared {
@@ -87,8 +88,8 @@ impl Shared {
     /// project (new ones are sent there).
     pub fn new(
         schema: &Schema,
-        pooler: outbox_core::Pooler,
-        availability: crate::Availability,
+        pooler: outbox_core::connect::Pooler,
+        availability: crate::outage::Availability,
         listed: Option<Vec<String>>,
         consumer_ids: Vec<String>,
         discovered: Option<mpsc::UnboundedSender<String>>,
@@ -96,7 +97,7 @@ impl Shared {
         let followed = listed.iter().flatten().cloned().collect();
         let (acks, ack_queue) = GroupAcks::new();
         Self {
-            owner: outbox_core::owner_token(),
+            owner: outbox_core::internal::owner_token(),
             statements: Arc::new(Statements::new(schema, pooler)),
             heartbeat_set: schema.render(sql::HEARTBEAT_SET),
             poll_set: schema.render(sql::POLL_SET),
@@ -176,9 +177,9 @@ impl Shared {
     }
 
     /// Announces `project` to the set if it follows every project and has not seen it yet; a
-    /// probe project ([`outbox_core::PROBE_PROJECT_PREFIX`]) is no user's and never followed.
+    /// probe project ([`outbox_core::ids::PROBE_PROJECT_PREFIX`]) is no user's and never followed.
     fn discover(&self, project: &str) {
-        if outbox_core::is_probe_project(project) {
+        if outbox_core::ids::is_probe_project(project) {
             return;
         }
         if let Some(discovered) = &self.discovered {

@@ -2,7 +2,9 @@
 //! a consumer's declared event types against the registry.
 
 use chrono::{DateTime, Utc};
-use outbox_core::{ConsumerId, PayloadText, Prior, ProjectId, Unnamed as _};
+use outbox_core::event::PayloadText;
+use outbox_core::internal::Unnamed as _;
+use outbox_core::{ConsumerId, Prior, ProjectId};
 use tokio_postgres::{GenericClient, Row};
 
 use super::Statements;
@@ -29,7 +31,7 @@ pub(crate) struct Batch {
 pub(crate) async fn check_declared(
     client: &(impl GenericClient + Sync),
     statements: &Statements,
-    types: &outbox_core::EventTypes,
+    types: &outbox_core::contract::EventTypes,
 ) -> Result<(), ConsumerError> {
     if types.is_default() {
         return Ok(());
@@ -73,17 +75,19 @@ pub(crate) fn decode(
     let (prior, payload) = match (event_type.as_str(), deleted_at) {
         // `task:deleted` keeps its original layout (the prior state as the stored payload);
         // its contract's payload is built around it.
-        (outbox_core::TASK_DELETED, Some(at)) => match serde_json::from_slice::<Prior>(stored) {
-            Ok(prior) => {
-                let text = format!(
-                    r#"{{"deleted_at":"{}","prior":{}}}"#,
-                    outbox_core::format_timestamp(at),
-                    String::from_utf8_lossy(stored)
-                );
-                (Some(prior), EventPayload::from_json(text))
+        (outbox_core::event::TASK_DELETED, Some(at)) => {
+            match serde_json::from_slice::<Prior>(stored) {
+                Ok(prior) => {
+                    let text = format!(
+                        r#"{{"deleted_at":"{}","prior":{}}}"#,
+                        outbox_core::event::format_timestamp(at),
+                        String::from_utf8_lossy(stored)
+                    );
+                    (Some(prior), EventPayload::from_json(text))
+                }
+                Err(_) => (None, None),
             }
-            Err(_) => (None, None),
-        },
+        }
         _ => (
             Some(Prior::default()),
             std::str::from_utf8(stored)

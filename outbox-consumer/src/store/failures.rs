@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use outbox_core::{AuditKind, Unnamed as _};
+use outbox_core::internal::Unnamed as _;
+use outbox_core::states::AuditKind;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 

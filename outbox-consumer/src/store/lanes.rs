@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use outbox_core::Unnamed as _;
+use outbox_core::internal::Unnamed as _;
 use tokio_postgres::types::Type;
 use tokio_postgres::{GenericClient, Transaction};
 

@@ -3,9 +3,9 @@
 //! the head, the floor and the event at a position; and the audit row written when the two
 //! sides disagree.
 
-use outbox_core::AuditKind;
-use outbox_core::Unnamed as _;
 use outbox_core::admin::AuditRecord;
+use outbox_core::internal::Unnamed as _;
+use outbox_core::states::AuditKind;
 use tokio_postgres::GenericClient;
 
 use super::Statements;

@@ -44,12 +44,12 @@ impl Serialize for RegisteredContract {
         map.insert("registered_by".into(), self.registered_by.clone().into());
         map.insert(
             "registered_at".into(),
-            crate::format_timestamp(self.registered_at).into(),
+            crate::event::format_timestamp(self.registered_at).into(),
         );
         map.insert("changed_by".into(), self.changed_by.clone().into());
         map.insert(
             "changed_at".into(),
-            self.changed_at.map(crate::format_timestamp).into(),
+            self.changed_at.map(crate::event::format_timestamp).into(),
         );
         value.serialize(s)
     }

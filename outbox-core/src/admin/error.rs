@@ -26,7 +26,7 @@ pub enum InputError {
     /// A listing limit outside `1..=MAX_LIMIT`.
     #[error("invalid limit: {0} is outside 1..={MAX_LIMIT}")]
     Limit(i64),
-    /// A status threshold out of range (retention above [`MAX_RETENTION`](crate::MAX_RETENTION), a negative
+    /// A status threshold out of range (retention above [`MAX_RETENTION`](crate::retention::MAX_RETENTION), a negative
     /// `max_prunable`).
     #[error("invalid threshold: {0}")]
     Threshold(String),

@@ -2,9 +2,10 @@
 //! repair what the runtime cannot decide on its own (replay, resolve, retire).
 //!
 //! ```no_run
-//! use outbox_core::{Admin, ConsumerId, EventId, OperatorName, ProjectId, Reason, Schema};
+//! use outbox_core::admin::{Admin, Reason};
+//! use outbox_core::{ConsumerId, EventId, OperatorName, ProjectId, Schema};
 //!
-//! # async fn example(client: &mut tokio_postgres::Client) -> Result<(), outbox_core::AdminError> {
+//! # async fn example(client: &mut tokio_postgres::Client) -> Result<(), outbox_core::admin::AdminError> {
 //! let admin = Admin::new(&Schema::default());
 //! let project = ProjectId::new("p1")?;
 //! let consumer = ConsumerId::new("dashboard")?;

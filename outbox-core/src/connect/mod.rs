@@ -28,6 +28,8 @@
 //!   socket; [`TargetSession`], libpq's `target_session_attrs`).
 //! - `factory`: [`Connector`], single connections and the deadpool pool.
 //! - `outage`: [`is_outage`], the failures a long-running process waits out.
+//! - [`libpq_env`]: the libpq environment (`PGHOST`, ..., the password file), which
+//!   tokio-postgres does not read.
 
 mod error;
 mod explain;
@@ -44,3 +46,14 @@ pub use factory::Connector;
 pub use hosts::{TargetSession, TlsConnection, WrongServer};
 pub use outage::is_outage;
 pub use settings::{ConnectSettings, Pooler, RootCert, SslMode};
+
+/// The libpq environment: `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`,
+/// `PGAPPNAME`, `PGCONNECT_TIMEOUT`, and the password file (`PGPASSFILE`, or `~/.pgpass`),
+/// which tokio-postgres does not read. The code is the crate's `libpq_env` module, re-exported
+/// here so its log lines keep their target (`outbox_core::libpq_env`).
+pub mod libpq_env {
+    pub use crate::libpq_env::{
+        CONNECTION_VARIABLES, EnvConnection, EnvError, apply_passfile, config_from_env,
+        passfile_path,
+    };
+}

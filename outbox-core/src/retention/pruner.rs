@@ -35,7 +35,8 @@ pub(super) struct Statements {
 /// Runs retention sweeps of one schema. Cheap to clone.
 ///
 /// ```no_run
-/// use outbox_core::{PruneOptions, Pruner, Schema};
+/// use outbox_core::Schema;
+/// use outbox_core::retention::{PruneOptions, Pruner};
 ///
 /// # async fn example(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
 /// let pruner = Pruner::new(&Schema::default(), PruneOptions::default())?;

@@ -7,9 +7,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use outbox_core::{
-    Admin, AdminError, ConsumerId, EventId, OperatorName, ProjectId, Reason, ReplayTarget,
-};
+use outbox_core::admin::{Admin, AdminError, Reason, ReplayTarget};
+use outbox_core::{ConsumerId, EventId, OperatorName, ProjectId};
 use serde::Deserialize;
 use serde_json::json;
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
-use outbox_core::{Admin, AuditFilter, DeadLetterFilter, HealthThresholds};
+use outbox_core::admin::{Admin, AuditFilter, DeadLetterFilter, HealthThresholds};
 
 pub(crate) use admin::{replay, resolve, retire};
 use render::Sections;

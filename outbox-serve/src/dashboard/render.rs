@@ -2,7 +2,8 @@
 //! project ID, an event ID or a failure reason can never inject markup.
 
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-use outbox_core::{AuditEntry, DeadLetter, Health, Listing, Status};
+use outbox_core::admin::{AuditEntry, DeadLetter, Listing, Status};
+use outbox_core::states::Health;
 
 use super::assets::{SCRIPT, STYLE};
 use crate::auth::AdminAuth;
@@ -73,7 +74,7 @@ pub(super) fn status(status: &Status) -> Markup {
                 }
             }
         }
-        p.muted { "as of " (outbox_core::format_timestamp(status.as_of)) }
+        p.muted { "as of " (outbox_core::event::format_timestamp(status.as_of)) }
     }
 }
 
@@ -93,7 +94,7 @@ pub(super) fn dead_letters(listing: &Listing<DeadLetter>, admin: bool) -> Markup
                         td { (d.project_id) } td { (d.consumer_id) } td { (d.event_id) }
                         td { (d.sequence) } td { (d.state.as_str()) } td { (d.attempts) }
                         td { (opt(&d.last_failure_class)) }
-                        td { (opt(&d.parked_at.map(outbox_core::format_timestamp))) }
+                        td { (opt(&d.parked_at.map(outbox_core::event::format_timestamp))) }
                         @if admin {
                             td {
                                 @for (action, gap) in [("replay", " "), ("resolve", "")] {
@@ -124,7 +125,7 @@ pub(super) fn audit(listing: &Listing<AuditEntry>) -> Markup {
             tbody {
                 @for a in &listing.items {
                     tr {
-                        td { (outbox_core::format_timestamp(a.recorded_at)) }
+                        td { (outbox_core::event::format_timestamp(a.recorded_at)) }
                         td { (a.kind.as_str()) } td { (opt(&a.project_id)) }
                         td { (opt(&a.consumer_id)) } td { (opt(&a.event_id)) }
                         td { (opt(&a.actor)) } td { (opt(&a.count)) } td { (opt(&a.reason)) }

@@ -396,7 +396,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         if self.skips(&event) {
             return (event, Ok(Ok(())));
         }
-        let result = outbox_core::observe(self.dispatch.handle_in_lane(lane, &event)).await;
+        let result =
+            outbox_core::internal::observe(self.dispatch.handle_in_lane(lane, &event)).await;
         (event, result)
     }
 
@@ -523,7 +524,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             Some(delay) => {
                 tracing::warn!(
                     sequence = event.sequence, event_id = %event.event_id, attempts,
-                    class = %class, retry_in = %outbox_core::Readable(delay),
+                    class = %class, retry_in = %outbox_core::internal::Readable(delay),
                     "event failed; will retry (its task's later events wait)"
                 );
                 Finished::Retry {
