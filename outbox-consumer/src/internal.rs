@@ -19,3 +19,6 @@ pub use crate::sql::HEARTBEAT as HEARTBEAT_STATEMENT;
 /// projects, `$2` consumers, `$3` generations, `$4` the set's lease owner, `$5` lease
 /// seconds), checked by the same tests.
 pub use crate::sql::HEARTBEAT_SET as HEARTBEAT_SET_STATEMENT;
+/// The planner settings a set's grouped statements run under (key scans only), so the tests
+/// measure them as they run.
+pub use crate::sql::KEY_SCANS_ONLY;
