@@ -102,33 +102,6 @@ fresh_database() {
     DATABASE_URL=$(sed "s|/postgres?|/bench_$1?|" <<<"$admin_url")
     export DATABASE_URL
     peer_setup "$1"
-    if [ "$1" = pgq ]; then
-        sql <<'SQL'
-CREATE PROCEDURE bench_ticker(period_ms int) LANGUAGE plpgsql AS $$
-DECLARE
-    last_maint timestamptz := clock_timestamp();
-    op record;
-BEGIN
-    LOOP
-        PERFORM pgq.ticker();
-        COMMIT;
-        IF clock_timestamp() - last_maint >= interval '5 seconds' THEN
-            FOR op IN SELECT func_name, func_arg FROM pgq.maint_operations() LOOP
-                CONTINUE WHEN op.func_name = 'vacuum';
-                IF op.func_arg IS NULL THEN
-                    EXECUTE format('SELECT %s()', op.func_name);
-                ELSE
-                    EXECUTE format('SELECT %s(%L)', op.func_name, op.func_arg);
-                END IF;
-                COMMIT;
-            END LOOP;
-            last_maint := clock_timestamp();
-        END IF;
-        PERFORM pg_sleep(period_ms / 1000.0);
-    END LOOP;
-END $$;
-SQL
-    fi
 }
 
 # start_pipeline SYSTEM PERIOD_MS: the numbering and the consumer, in the background.
@@ -138,7 +111,7 @@ start_pipeline() {
     case $system in
     pgq)
         sql -c "UPDATE pgq.queue SET queue_ticker_max_lag = interval '$period milliseconds' WHERE queue_name = 'bench_queue'"
-        PGAPPNAME=bench-ticker sql -c "CALL bench_ticker($period)" >/dev/null 2>"$work/ticker.err" &
+        PGAPPNAME=bench-ticker sql -c "CALL bench_ticker('pgq', $period)" >/dev/null 2>"$work/ticker.err" &
         pids+=($!)
         cat >"$work/consumer.sql" <<SQL
 DO \$\$

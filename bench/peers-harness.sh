@@ -91,50 +91,6 @@ load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # --- per-system setup, producer, consumer and ticker ------------------------------------
 
-setup() {
-    peer_setup "$1"
-    # The maintenance loops: one procedure, a transaction per step.
-    sql <<SQL
-CREATE PROCEDURE bench_ticker(kind text) LANGUAGE plpgsql AS \$\$
-DECLARE
-    started timestamptz := clock_timestamp();
-    last_maint timestamptz := clock_timestamp();
-    op record;
-BEGIN
-    LOOP
-        IF kind = 'pgq' THEN
-            PERFORM pgq.ticker();
-            COMMIT;
-            IF clock_timestamp() - last_maint >= interval '5 seconds' THEN
-                FOR op IN SELECT func_name, func_arg FROM pgq.maint_operations() LOOP
-                    CONTINUE WHEN op.func_name = 'vacuum';
-                    IF op.func_arg IS NULL THEN
-                        EXECUTE format('SELECT %s()', op.func_name);
-                    ELSE
-                        EXECUTE format('SELECT %s(%L)', op.func_name, op.func_arg);
-                    END IF;
-                    COMMIT;
-                END LOOP;
-                last_maint := clock_timestamp();
-            END IF;
-            PERFORM pg_sleep(1);
-        ELSE
-            PERFORM pgque.ticker();
-            COMMIT;
-            IF clock_timestamp() - last_maint >= interval '5 seconds' THEN
-                PERFORM pgque.maint();
-                COMMIT;
-                PERFORM pgque.maint_rotate_tables_step2();
-                COMMIT;
-                last_maint := clock_timestamp();
-            END IF;
-            PERFORM pg_sleep(0.1);
-        END IF;
-    END LOOP;
-END \$\$;
-SQL
-}
-
 # The authors' consumer.sql, schema swapped, with each event's age in milliseconds added to
 # its NOTICE (`ev ts=<epoch s> n=<events> ages=<ms,ms,...>`).
 consumer_sql() {
@@ -172,7 +128,7 @@ start_consumer() {
         pgbench -n -c 1 -j 1 -T "$total" -f "$work/consumer.sql" "$DATABASE_URL" \
             >"$work/consumer.out" 2>"$work/consumer.log" &
         pids+=($!)
-        PGAPPNAME=bench-ticker sql -c "CALL bench_ticker('$1')" >/dev/null 2>"$work/ticker.err" &
+        PGAPPNAME=bench-ticker sql -c "CALL bench_ticker('$1', $([ "$1" = pgq ] && echo 1000 || echo 100))" >/dev/null 2>"$work/ticker.err" &
         pids+=($!)
         ;;
     esac
@@ -239,7 +195,7 @@ for system in $systems; do
     psql "$admin_url" -X -q -c "DROP DATABASE IF EXISTS bench_$system" -c "CREATE DATABASE bench_$system"
     DATABASE_URL=$(sed "s|/postgres?|/bench_$system?|" <<<"$admin_url")
     export DATABASE_URL
-    setup "$system"
+    peer_setup "$system"
     : >"$work/phases"
     : >"$work/samples"
     rm -f "$work"/producer_agg* "$work/stamps" "$work/consumer.log" "$work/lines.fifo"

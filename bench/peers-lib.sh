@@ -4,7 +4,7 @@
 
 # peer_setup SYSTEM: the system's schema in $DATABASE_URL: PgQ's or PgQue's queue
 # `bench_queue` (rotation every 30 s, as the peers' harness) with the consumer `bench_consumer`,
-# or this project's migrations.
+# and the ticker procedure (create_ticker), or this project's migrations.
 peer_setup() {
     case $1 in
     pgq)
@@ -14,6 +14,7 @@ SELECT pgq.create_queue('bench_queue');
 UPDATE pgq.queue SET queue_rotation_period = '30 seconds' WHERE queue_name = 'bench_queue';
 SELECT pgq.register_consumer('bench_queue', 'bench_consumer');
 SQL
+        create_ticker
         ;;
     pgque)
         sql -f "$peers/sql/pgque.sql" >/dev/null
@@ -22,6 +23,7 @@ SELECT pgque.create_queue('bench_queue');
 UPDATE pgque.queue SET queue_rotation_period = '30 seconds' WHERE queue_name = 'bench_queue';
 SELECT pgque.register_consumer('bench_queue', 'bench_consumer');
 SQL
+        create_ticker
         ;;
     ours)
         "$outbox" migrate >&2
@@ -44,4 +46,46 @@ SELECT outbox.write_task_deleted('p0', lpad(:k::text, 64, 't'), clock_timestamp(
 SQL
         ;;
     esac
+}
+
+# create_ticker: `bench_ticker(kind, period_ms)`, PgQ's or PgQue's ticker and maintenance as
+# their daemons run them: a tick every period_ms, maintenance every 5 s, a transaction per step.
+create_ticker() {
+    sql <<'SQL'
+CREATE PROCEDURE bench_ticker(kind text, period_ms int) LANGUAGE plpgsql AS $$
+DECLARE
+    last_maint timestamptz := clock_timestamp();
+    op record;
+BEGIN
+    LOOP
+        IF kind = 'pgq' THEN
+            PERFORM pgq.ticker();
+            COMMIT;
+            IF clock_timestamp() - last_maint >= interval '5 seconds' THEN
+                FOR op IN SELECT func_name, func_arg FROM pgq.maint_operations() LOOP
+                    CONTINUE WHEN op.func_name = 'vacuum';
+                    IF op.func_arg IS NULL THEN
+                        EXECUTE format('SELECT %s()', op.func_name);
+                    ELSE
+                        EXECUTE format('SELECT %s(%L)', op.func_name, op.func_arg);
+                    END IF;
+                    COMMIT;
+                END LOOP;
+                last_maint := clock_timestamp();
+            END IF;
+        ELSE
+            PERFORM pgque.ticker();
+            COMMIT;
+            IF clock_timestamp() - last_maint >= interval '5 seconds' THEN
+                PERFORM pgque.maint();
+                COMMIT;
+                PERFORM pgque.maint_rotate_tables_step2();
+                COMMIT;
+                last_maint := clock_timestamp();
+            END IF;
+        END IF;
+        PERFORM pg_sleep(period_ms / 1000.0);
+    END LOOP;
+END $$;
+SQL
 }
