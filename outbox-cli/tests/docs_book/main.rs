@@ -4,8 +4,10 @@
 //!   command and subcommand, as the built binary prints it, so the reference is clap's own text
 //!   and cannot drift from the flags. The test fails when the committed page is not current;
 //!   `OUTBOX_BLESS=1` rewrites it instead.
+//! - [`generated`]: the metrics and SQL reference pages, generated from the code the same way.
 //! - [`links`]: no relative link of the book or the README points at nothing.
 
+mod generated;
 mod links;
 
 use std::path::PathBuf;
