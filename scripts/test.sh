@@ -39,7 +39,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 # current (mdBook is installed the first time, see scripts/mdbook.sh).
 bash scripts/mdbook.sh check
 log=$(mktemp)
-cargo test --workspace --no-fail-fast -- --test-threads "${OUTBOX_TEST_THREADS:-4}" 2>&1 | tee "$log"
+# Three tests at a time: many start processes, clusters and nats-servers of their own, and on a
+# two-core machine a fourth left the relay tests' NATS clusters too starved to elect leaders.
+cargo test --workspace --no-fail-fast -- --test-threads "${OUTBOX_TEST_THREADS:-3}" 2>&1 | tee "$log"
 # One closing line for the whole suite (cargo prints one per test binary, the last of which
 # is often an empty doc-test run).
 awk '/^test result:/ { p += $4; f += $6 } END { printf "suite: %d passed, %d failed\n", p, f }' "$log"

@@ -295,7 +295,7 @@ async fn a_dotted_project_id_is_one_subject_token() {
     let mut other = spawn_relay_with(&db, &nats, "acme", "DOTTED", &["--fence", "subject"]);
     write_event(&db, "acme.eu", "T-1").await;
     write_event(&db, "acme", "T-1").await;
-    eventually(Duration::from_secs(20), "both relayed", || async {
+    eventually(Duration::from_secs(60), "both relayed", || async {
         cursor(&db, "acme.eu", "relay-acme.eu").await == Some(1)
             && cursor(&db, "acme", "relay-acme").await == Some(1)
     })
