@@ -361,22 +361,10 @@ pub async fn cursor(db: &TestDb, project: &str, consumer: &str) -> Option<i64> {
 /// gone, so a cursor read right after the kill may not be the durable one yet; it is once the
 /// killed process's sessions have ended. Only for moments when no other `outbox` process runs.
 pub async fn sessions_ended(db: &TestDb) {
-    let client = db.connect().await;
     eventually(
         PROCESS_WAIT,
         "the killed process's sessions to end",
-        || async {
-            let open: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND application_name = 'outbox'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            open == 0
-        },
+        || async { crate::set_kit::connections_named(db, "outbox").await == 0 },
     )
     .await;
 }
