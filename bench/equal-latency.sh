@@ -163,8 +163,7 @@ stop_pipeline() {
     case $1 in
     pgq)
         grep -q ERROR "$work/consumer.log" && { grep ERROR "$work/consumer.log" | head -5 >&2; die "pgq: the consumer failed"; }
-        sed -n 's/.*ev ts=\([0-9]*\) n=\([0-9]*\) ages=\(.*\)$/\1 \3/p' "$work/consumer.log" | awk '
-            { if ($2 == "") next; n = split($2, a, ","); for (i = 1; i <= n; i++) printf "%.0f %.0f\n", $1 * 1000, a[i] * 1000 }' >"$work/arrivals"
+        notice_arrivals <"$work/consumer.log" >"$work/arrivals"
         ;;
     ours)
         grep -q . "$work/consumer.err" && { log "ours: the consumer's warnings:"; cat "$work/consumer.err" >&2; }

@@ -229,8 +229,7 @@ for system in $systems; do
         ;;
     *)
         grep -q 'ERROR' "$work/consumer.log" && { grep ERROR "$work/consumer.log" | head -5 >&2; die "$system: the consumer failed"; }
-        sed -n 's/.*ev ts=\([0-9]*\) n=\([0-9]*\) ages=\(.*\)$/\1 \3/p' "$work/consumer.log" | awk '
-            { if ($2 == "") next; n = split($2, a, ","); for (i = 1; i <= n; i++) printf "%.0f %.0f\n", $1 * 1000, a[i] * 1000 }' >"$work/arrivals"
+        notice_arrivals <"$work/consumer.log" >"$work/arrivals"
         ;;
     esac
     consumed_total=$(wc -l <"$work/arrivals")

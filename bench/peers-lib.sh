@@ -89,3 +89,10 @@ BEGIN
 END $$;
 SQL
 }
+
+# notice_arrivals: the arrivals (unix ms and age in µs, a line per event) from a PgQ or PgQue
+# consumer's NOTICEs on stdin (`ev ts=<epoch s> n=<events> ages=<ms,ms,...>`).
+notice_arrivals() {
+    sed -n 's/.*ev ts=\([0-9]*\) n=\([0-9]*\) ages=\(.*\)$/\1 \3/p' | awk '
+        { if ($2 == "") next; n = split($2, a, ","); for (i = 1; i <= n; i++) printf "%.0f %.0f\n", $1 * 1000, a[i] * 1000 }'
+}
