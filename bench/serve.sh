@@ -8,6 +8,7 @@
 #   BENCH_QUICK=1 bench/serve.sh    smoke run: 3 s per scenario, 200 clients
 #
 # Environment: BENCH_SSE_CLIENTS (1000), BENCH_SSE_RATE (2000), BENCH_SSE_SECONDS (10),
+# BENCH_SSE_SERVE_ARGS (options added to `outbox serve`, e.g. "--min-tick-pause 5ms"; none),
 # OUTBOX_BENCH_PG_DIR (<project>/.pg-bench-serve), OUTBOX_BENCH_PG_PORT (54335).
 # The report goes to stdout and to bench/RESULTS-serve.md; progress to stderr.
 set -euo pipefail
@@ -43,6 +44,9 @@ url=$(pg reset)
 "$root/target/release/outbox" --database-url "$url" migrate >/dev/null
 revision=$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)
 rows=""
+timelines=""
+serve_args=()
+for arg in ${BENCH_SSE_SERVE_ARGS:-}; do serve_args+=("--serve-arg=$arg"); done
 # A single client first: the floor of the same path with next to no fan-out. Then the two
 # fan-out scenarios alternate twice, so that a change in the host's load shows as a difference
 # between repetitions rather than between scenarios.
@@ -60,9 +64,16 @@ for scenario in "1 0" "$clients 0" "$clients 10" "$clients 0" "$clients 10"; do
     log "scenario: $n clients, $slow slow, $rate events/s for ${seconds}s"
     row=$("$root/target/release/outbox-sse-bench" --database-url "$db_url" \
         --outbox "$root/target/release/outbox" --clients "$n" --slow-clients "$slow" \
-        --rate "$rate" --seconds "$seconds" --label "$run: $n + $slow slow")
+        --rate "$rate" --seconds "$seconds" --label "$run: $n + $slow slow" --timeline \
+        ${serve_args[@]+"${serve_args[@]}"} 2>"$pg_dir.timeline") || {
+        cat "$pg_dir.timeline" >&2
+        die "scenario $run failed"
+    }
+    grep -v 'committed in second' "$pg_dir.timeline" >&2 || true
     echo "$row" >&2
     rows+="$row"$'\n'
+    timelines+="Scenario $run ($n clients, $slow slow):"$'\n\n'
+    timelines+=$(grep 'committed in second' "$pg_dir.timeline" | sed 's/^sse-bench: /    /')$'\n\n'
 done
 
 report=$(cat <<EOF2
@@ -84,6 +95,8 @@ seconds per wall second over the writing and draining window (1.0 = one core). "
 with the server for the same cores. "load" is the 1-minute load average at the end. Everything runs on one machine: PostgreSQL, the
 server, the writers and all clients share its cores (and other work on the host shows in the
 load). The single-client row is the floor: the same path with next to no fan-out.
+\`outbox serve\` runs with its defaults${BENCH_SSE_SERVE_ARGS:+ and \`$BENCH_SSE_SERVE_ARGS\`} (each client written at
+most once per \`--client-write-interval\`, 20 ms).
 
 | scenario | clients | slow clients | events/s | p50 ms | p99 ms | max ms | dispatched ≤ 50 ms | complete | dropped | gaps | server RSS MiB | server CPU | harness CPU | load |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
@@ -93,6 +106,13 @@ Goals from the issue: p99 ≤ 50 ms, RSS ≤ 100 MB, no client missing an event;
 clients' drop must not move the others' p99. Compare "dispatched ≤ 50 ms" between rows before
 blaming the fan-out: when it falls, the durable side itself was starved of CPU (the slow
 clients cannot cause that: publishing never waits for a client).
+
+## Where in the run the tail is
+
+Commit-to-client latency of the events committed in each second of the run (second 0 is
+when the clients began to connect; writing starts about a second later).
+
+${timelines%$'\n\n'}
 EOF2
 )
 echo "$report"

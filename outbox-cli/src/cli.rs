@@ -112,6 +112,11 @@ pub struct SequenceArgs {
     /// numbered back to back and a saturated one in fewer, larger ticks.
     #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_tick_pause, default_value = "2ms", requires = "every")]
     pub max_tick_pause: std::time::Duration,
+    /// With --every: the shortest pause after a tick that numbered events, 0s to 100ms (raises
+    /// --max-tick-pause to itself): fewer, larger ticks at moderate rates, for up to this much
+    /// more wait for a number.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_tick_pause, default_value = "0s", requires = "every")]
+    pub min_tick_pause: std::time::Duration,
     /// Most events numbered per transaction: 1 to 1000000.
     #[arg(long, default_value_t = outbox_core::sequencer::DEFAULT_BATCH, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub batch_size: i64,
@@ -471,6 +476,11 @@ pub struct ConsumerOptions {
     /// times this.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "10s")]
     pub sequencer_lease_ttl: Duration,
+    /// Shortest pause of this process's sequencer after a tick that numbered events, 0s to
+    /// 100ms: fewer, larger ticks (and reads and acknowledgements after them) at moderate
+    /// rates, for up to this much more latency. 0s: as the batch asks (50µs per event).
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_tick_pause, default_value = "0s")]
+    pub min_tick_pause: Duration,
     /// Do not run the sequencer in this process.
     #[arg(long)]
     pub no_sequencer: bool,

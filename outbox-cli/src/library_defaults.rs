@@ -89,6 +89,7 @@ fn serve_with_no_options_is_the_library_default() {
             s.max_clients,
             s.retry_after,
             s.keep_alive,
+            s.client_write_interval,
             s.ready_max_poll_age,
             s.dashboard_refresh,
             s.drain_timeout,

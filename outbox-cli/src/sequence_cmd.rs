@@ -45,6 +45,14 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
             crate::cli::human(MIN_SEQUENCER_LEASE_TTL)
         )));
     }
+    if let Some(every) = args.every.filter(|every| args.min_tick_pause > *every) {
+        return Err(Failure::usage(format!(
+            "--min-tick-pause {} is longer than --every {}: the pause after a busy tick must \
+             not exceed the slowest idle tick",
+            crate::cli::human(args.min_tick_pause),
+            crate::cli::human(every)
+        )));
+    }
     let database = global.database()?;
     let sequencer = Sequencer::new(&global.schema).with_batch(args.batch_size);
     let Some(every) = args.every else {
@@ -66,7 +74,8 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
         args.lease_ttl,
         every,
     )
-    .with_max_tick_pause(args.max_tick_pause);
+    .with_max_tick_pause(args.max_tick_pause)
+    .with_min_tick_pause(args.min_tick_pause);
     let mut delay = Duration::ZERO;
     loop {
         tokio::select! {

@@ -101,7 +101,8 @@ pub(crate) fn spawn_sequencer(
         outbox_core::internal::owner_token(),
         ttl,
         interval,
-    );
+    )
+    .with_min_tick_pause(duties.min_tick_pause);
     let availability = duties.availability.clone();
     task::spawn(async move { run_sequencer(pool, elected, interval, availability, stop).await })
 }

@@ -177,6 +177,11 @@ pub struct Duties {
     pub sequence_interval: Option<Duration>,
     /// Length of the sequencer lease: a dead leader is replaced within 1.25 times this.
     pub sequencer_lease_ttl: Duration,
+    /// The shortest pause of this process's sequencer after a tick that numbered something,
+    /// at most [`outbox_core::sequencer::MAX_TICK_PAUSE_LIMIT`]; zero (the default) pauses as
+    /// the batch asks ([`outbox_core::sequencer::Cadence`]). Fewer, larger ticks, reads and
+    /// acknowledgements at moderate rates, for up to this much more latency.
+    pub min_tick_pause: Duration,
     /// How often this process runs the retention sweep of its projects (also once at start);
     /// `None` leaves pruning to other processes or `outbox prune`.
     pub prune_interval: Option<Duration>,
@@ -303,6 +308,7 @@ impl Default for Duties {
             gauge_interval: None,
             sequence_interval: Some(outbox_core::sequencer::DEFAULT_IDLE_TICK),
             sequencer_lease_ttl: outbox_core::sequencer::DEFAULT_SEQUENCER_LEASE_TTL,
+            min_tick_pause: Duration::ZERO,
             prune_interval: Some(Duration::from_secs(3600)),
             retention: outbox_core::retention::DEFAULT_RETENTION,
             availability: crate::outage::Availability::new(),
@@ -321,6 +327,23 @@ impl Duties {
                 "sequencer lease TTL {:?} is below the minimum of {:?}",
                 self.sequencer_lease_ttl,
                 outbox_core::sequencer::MIN_SEQUENCER_LEASE_TTL
+            )));
+        }
+        if self.min_tick_pause > outbox_core::sequencer::MAX_TICK_PAUSE_LIMIT {
+            return Err(ConfigError(format!(
+                "minimum tick pause {} is above the limit of {}",
+                outbox_core::internal::Readable(self.min_tick_pause),
+                outbox_core::internal::Readable(outbox_core::sequencer::MAX_TICK_PAUSE_LIMIT)
+            )));
+        }
+        if let Some(idle) = self
+            .sequence_interval
+            .filter(|idle| self.min_tick_pause > *idle)
+        {
+            return Err(ConfigError(format!(
+                "minimum tick pause {} is above the sequence interval {} (the slowest tick                  while idle)",
+                outbox_core::internal::Readable(self.min_tick_pause),
+                outbox_core::internal::Readable(idle)
             )));
         }
         if self.prune_interval.is_some_and(|d| d.is_zero()) {
@@ -372,6 +395,25 @@ mod tests {
             Duration::from_secs(10)
         );
         assert_eq!(config().delivery.batch_size, 500);
+    }
+
+    #[test]
+    fn refuses_a_minimum_tick_pause_above_the_limit_or_the_idle_tick() {
+        let mut duties = Duties {
+            min_tick_pause: Duration::from_millis(50),
+            ..Duties::default()
+        };
+        duties.validate().unwrap();
+        duties.min_tick_pause = Duration::from_millis(51);
+        let refused = duties.validate().unwrap_err().0;
+        assert!(
+            refused.contains("above the sequence interval 50ms"),
+            "{refused}"
+        );
+        duties.sequence_interval = Some(Duration::from_secs(1));
+        duties.min_tick_pause = Duration::from_millis(101);
+        let refused = duties.validate().unwrap_err().0;
+        assert!(refused.contains("above the limit of 100ms"), "{refused}");
     }
 
     #[test]

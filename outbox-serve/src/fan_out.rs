@@ -17,7 +17,7 @@ use bytes::Bytes;
 use outbox_consumer::handler::PartialAck;
 use outbox_consumer::{Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
 use outbox_core::ProjectId;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use outbox_service::lines::{event_line, reconcile_line};
@@ -96,6 +96,10 @@ pub struct Subscription {
     pub queued: Arc<AtomicUsize>,
     /// Set when the fan-out dropped the client for falling behind.
     pub lagged: Arc<AtomicBool>,
+    /// Signalled when the queue passes half its limit: a client waiting out its write
+    /// interval writes at once rather than be dropped for a burst (a catch-up publishes
+    /// thousands of events in one interval).
+    pub filling: Arc<Notify>,
     /// Ring frames after the client's position, taken in the same critical section as the
     /// subscription, so nothing falls between them and the queue.
     pub backlog: Vec<Frame>,
@@ -122,6 +126,8 @@ struct Slot {
     queued: Arc<AtomicUsize>,
     /// Shared with the client: set when it is dropped for lagging.
     lagged: Arc<AtomicBool>,
+    /// Shared with the client: wakes it when its queue passes half the limit.
+    filling: Arc<Notify>,
     /// Closes the client's connection.
     connection: CancellationToken,
 }
@@ -200,6 +206,7 @@ impl FanOut {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let lagged = Arc::new(AtomicBool::new(false));
+        let filling = Arc::new(Notify::new());
         let mut inner = self.lock();
         let id = inner.next_id;
         inner.next_id += 1;
@@ -209,6 +216,7 @@ impl FanOut {
                 queue: tx,
                 queued: queued.clone(),
                 lagged: lagged.clone(),
+                filling: filling.clone(),
                 connection,
             },
         );
@@ -235,6 +243,7 @@ impl FanOut {
             queue: rx,
             queued,
             lagged,
+            filling,
             backlog,
             ring_first: inner.ring.front().map(Frame::sequence),
             at_position,
@@ -279,6 +288,9 @@ impl FanOut {
                 slot.lagged.store(true, Ordering::Release);
                 dropped.push(slot.connection.clone());
                 return false;
+            }
+            if (queued + count) * 2 > self.queue_limit {
+                slot.filling.notify_one();
             }
             slot.queued.fetch_add(count, Ordering::AcqRel);
             slot.queue.send(batch.clone()).is_ok()

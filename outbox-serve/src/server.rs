@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use outbox_consumer::history::History;
+use outbox_consumer::set::{PairFactory, PairOutcome};
 use outbox_consumer::{
-    ConsumerError, DeliverySettings, Duties, Handler, HandlerFailure, ObservedEvent, Projects,
-    Reconciler,
+    ConsumerError, ConsumerSet, DeliverySettings, Duties, Handler, HandlerFailure, ObservedEvent,
+    Projects, Reconciler,
 };
 use outbox_core::{ConsumerId, ProjectId};
 use outbox_service::{Connections, MetricsError};
@@ -42,6 +43,10 @@ pub struct ServerSettings {
     pub retry_after: Duration,
     /// Interval of SSE keep-alive comments.
     pub keep_alive: Duration,
+    /// Shortest time between two writes to one SSE client: events published meanwhile go out
+    /// together in the next write. Bounds each client's writes per second under a steady
+    /// stream, for up to this much more latency; zero writes each published batch at once.
+    pub client_write_interval: Duration,
     /// `/readyz` fails when a consumer has not polled successfully for this long.
     pub ready_max_poll_age: Duration,
     /// How often the dashboard's status, dead letters and audit trail refresh.
@@ -58,6 +63,14 @@ pub struct ServerSettings {
 }
 
 impl ServerSettings {
+    /// Default shortest time between two writes to one SSE client
+    /// ([`ServerSettings::client_write_interval`]).
+    pub const DEFAULT_CLIENT_WRITE_INTERVAL: Duration = Duration::from_millis(20);
+
+    /// Longest client write interval `outbox serve` accepts: past this it is latency, not
+    /// pacing.
+    pub const MAX_CLIENT_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
     /// The defaults of `outbox serve`, following every project under `consumer_id`.
     pub fn new(consumer_id: ConsumerId) -> Self {
         Self {
@@ -68,6 +81,7 @@ impl ServerSettings {
             max_clients: 1000,
             retry_after: Duration::from_secs(5),
             keep_alive: Duration::from_secs(15),
+            client_write_interval: Self::DEFAULT_CLIENT_WRITE_INTERVAL,
             ready_max_poll_age: Duration::from_secs(30),
             dashboard_refresh: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(5),
@@ -93,6 +107,9 @@ pub enum ServeError {
     /// The listener has no local address.
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
+    /// The consumers' thread or its runtime could not be started.
+    #[error("could not start the consumers' thread: {0}")]
+    ConsumerThread(std::io::Error),
 }
 
 /// No handler before the fan-out: the consumers only fan out.
@@ -252,6 +269,7 @@ impl<C: Handler + Reconciler> Server<C> {
             max_clients: settings.max_clients,
             retry_after: settings.retry_after,
             keep_alive: settings.keep_alive,
+            client_write_interval: settings.client_write_interval,
             ready_max_poll_age: settings.ready_max_poll_age,
             dashboard_refresh: settings.dashboard_refresh,
             admin: settings.admin,
@@ -267,7 +285,7 @@ impl<C: Handler + Reconciler> Server<C> {
             settings.drain_timeout,
             settings.header_read_timeout,
         ));
-        let outcomes = set.run(stop.clone()).await;
+        let outcomes = run_apart(set, stop.clone())?.await;
         stop.cancel();
         let _ = http.await;
         // A failure first; else a retirement, which stopped only its project while the others
@@ -284,6 +302,50 @@ impl<C: Handler + Reconciler> Server<C> {
             None => Ok(()),
         }
     }
+}
+
+/// Runs the consumer set on a thread of its own, with a runtime of its own, and returns its
+/// outcome when it ends.
+///
+/// Why apart: on the HTTP runtime, each published batch wakes every SSE client's task, and a
+/// reply from the database to the durable side (the sequencer's tick, the consumer's read and
+/// acknowledgement) then waits in the run queue behind a thousand socket writes. Each step of
+/// an event's path waited a whole round of the clients, so the durable side fell behind the
+/// writers exactly when clients were many (bench/RESULTS-serve.md). On its own thread the
+/// operating system schedules it beside the HTTP workers, and a client never delays an
+/// acknowledgement. The set's connections are opened from that thread, so their I/O is
+/// driven there too; the fan-out's queues work across runtimes.
+fn run_apart<F: PairFactory>(
+    set: ConsumerSet<F>,
+    stop: CancellationToken,
+) -> Result<impl Future<Output = Result<Vec<PairOutcome>, ConsumerError>>, ServeError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::ConsumerThread)?;
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let span = tracing::Span::current();
+    let thread = std::thread::Builder::new()
+        .name("outbox-consumers".into())
+        .spawn(move || {
+            let _entered = span.enter();
+            let outcomes = runtime.block_on(set.run(stop));
+            // The runtime ends here, with the connections' tasks; the outcome goes last.
+            drop(runtime);
+            let _ = sender.send(outcomes);
+        })
+        .map_err(ServeError::ConsumerThread)?;
+    Ok(async move {
+        match receiver.await {
+            Ok(outcomes) => outcomes,
+            // Dropped without a send: the thread panicked, as a task of the set would have on
+            // the caller's runtime; the panic goes on here.
+            Err(_) => match thread.join() {
+                Err(panic) => std::panic::resume_unwind(panic),
+                Ok(()) => unreachable!("the consumers' thread sends its outcome before it ends"),
+            },
+        }
+    })
 }
 
 /// Says "serving" once this process holds the lease of every served project (a retired one

@@ -48,6 +48,8 @@ pub struct AppState {
     pub retry_after: Duration,
     /// Interval of SSE keep-alive comments.
     pub keep_alive: Duration,
+    /// Shortest time between two writes to one SSE client.
+    pub client_write_interval: Duration,
     /// `/readyz` needs a successful poll within this long.
     pub ready_max_poll_age: Duration,
     /// How often the dashboard's own stream refreshes.

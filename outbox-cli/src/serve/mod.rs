@@ -66,6 +66,11 @@ pub struct ServeArgs {
     /// Interval of SSE keep-alive comments.
     #[arg(long, allow_hyphen_values = true, value_parser = parse_duration, default_value = "15s")]
     pub keep_alive: Duration,
+    /// Shortest time between two writes to one SSE client, 0s to 1s: events published
+    /// meanwhile go out together. Caps each client's writes under a steady stream (the cost of
+    /// many clients), for up to this much more latency; 0s writes every batch at once.
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true, value_parser = parse_client_write_interval, default_value = "20ms")]
+    pub client_write_interval: Duration,
     /// /readyz fails when a consumer has not polled successfully for this long (an idle
     /// consumer counts the server's shared poll, every --poll-interval); longer than
     /// --poll-interval.
@@ -88,6 +93,21 @@ pub struct ServeArgs {
     /// The operator name admin actions are recorded under (required with a token).
     #[arg(long, env = "OUTBOX_ADMIN_OPERATOR")]
     pub admin_operator: Option<String>,
+}
+
+/// `--client-write-interval`: a duration from 0s to
+/// [`outbox_serve::ServerSettings::MAX_CLIENT_WRITE_INTERVAL`].
+fn parse_client_write_interval(text: &str) -> Result<Duration, String> {
+    let range = "must be between 0s and 1s";
+    if text.trim().starts_with('-') {
+        return Err(format!("invalid duration {text:?}: {range}"));
+    }
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 0s, 20ms)"))?;
+    if d > outbox_serve::ServerSettings::MAX_CLIENT_WRITE_INTERVAL {
+        return Err(format!("invalid duration {text:?}: {range}"));
+    }
+    Ok(d)
 }
 
 /// The address `--listen` names: an IP address and port, or a host name and port resolved
@@ -208,6 +228,7 @@ pub(crate) fn server_settings(args: &ServeArgs, admin: Option<AdminAuth>) -> Ser
         lagged_grace: args.lagged_grace,
         max_clients: args.max_clients as usize,
         keep_alive: args.keep_alive,
+        client_write_interval: args.client_write_interval,
         ready_max_poll_age: args.ready_max_poll_age,
         dashboard_refresh: args.dashboard_refresh,
         drain_timeout: args.drain_timeout,

@@ -412,6 +412,16 @@ async fn limits_are_in_help_and_refusals_name_the_flags_as_typed() {
     );
     let err = refused(&["sequence", "--every", "1s", "--lease-ttl", "100ms"]).await;
     assert!(err.contains("--lease-ttl 100ms is too short"), "{err}");
+    let err = refused(with(&["--min-tick-pause", "60ms"])).await;
+    assert!(
+        err.contains("--min-tick-pause 60ms is longer than --sequence-interval 50ms (the default)"),
+        "{err}"
+    );
+    let err = refused(&["sequence", "--every", "10ms", "--min-tick-pause", "20ms"]).await;
+    assert!(
+        err.contains("--min-tick-pause 20ms is longer than --every 10ms"),
+        "{err}"
+    );
     for (args, range) in [
         (
             with(&["--lease-ttl", "-5s"]),
@@ -437,6 +447,22 @@ async fn limits_are_in_help_and_refusals_name_the_flags_as_typed() {
         (
             &["audit", "--follow-interval", "-1s"][..],
             "must be greater than zero",
+        ),
+        (
+            with(&["--min-tick-pause", "101ms"]),
+            "must be between 0s and 100ms",
+        ),
+        (
+            &[
+                "serve",
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+                "--client-write-interval",
+                "2s",
+            ][..],
+            "must be between 0s and 1s",
         ),
     ] {
         let err = refused(args).await;

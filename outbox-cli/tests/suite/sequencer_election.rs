@@ -351,3 +351,74 @@ async fn a_leader_killed_on_this_host_is_replaced_at_once_not_after_its_lease() 
         successor[0].stderr()
     );
 }
+
+/// Writes `count` events to project `p`, one every `gap`, then waits until all are numbered;
+/// returns how many ticks numbered them (each tick is one transaction, so its events share
+/// one `sequenced_at`).
+async fn ticks_for_a_steady_stream(db: &TestDb, count: usize, gap: Duration) -> i64 {
+    let client = db.connect().await;
+    for i in 0..count {
+        client
+            .execute(
+                "SELECT outbox.write_task_deleted('p', 'steady-' || $1::text, now(), 'w')",
+                &[&i.to_string()],
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(gap).await;
+    }
+    eventually(WAIT, "every event to be numbered", || async {
+        numbered(db).await == count as i64
+    })
+    .await;
+    client
+        .query_one(
+            "SELECT count(DISTINCT sequenced_at) FROM outbox.lifecycle_outbox",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// `--min-tick-pause` holds between busy ticks, for `outbox sequence --every` and for the
+/// sequencer a consumer process runs: a stream of one event every 10 ms for 1.5 s is
+/// numbered in about 15 ticks with a 100 ms pause (about one tick per event without it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minimum_tick_pause_numbers_a_steady_stream_in_fewer_ticks() {
+    let starts: [(&str, &[&str]); 2] = [
+        (
+            "sequence",
+            &["--every", "200ms", "--min-tick-pause", "100ms"],
+        ),
+        (
+            "consume",
+            &[
+                "--project",
+                "p",
+                "--consumer-id",
+                "c",
+                "--sequence-interval",
+                "200ms",
+                "--min-tick-pause",
+                "100ms",
+            ],
+        ),
+    ];
+    for (command, args) in starts {
+        let db = fresh_db().await;
+        let process = OutboxProcess::spawn_command(&db.url, command, args);
+        eventually(WAIT, "the process to lead the sequencer", || async {
+            lease(&db).await.2
+        })
+        .await;
+        let ticks = ticks_for_a_steady_stream(&db, 150, Duration::from_millis(10)).await;
+        assert!(
+            (5..=30).contains(&ticks),
+            "{command}: 150 events over 1.5 s in {ticks} ticks with --min-tick-pause 100ms; \
+             log:\n{}",
+            process.stderr()
+        );
+        drop(process);
+    }
+}

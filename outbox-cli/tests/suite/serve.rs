@@ -1817,3 +1817,49 @@ async fn serving_is_said_only_once_the_leases_are_held() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--ready-max-poll-age"), "{err}");
 }
+
+/// Waits until `client` has `n` events; returns when that was seen (polled every 2 ms).
+async fn nth_event_seen(client: &SseClient, n: usize) -> tokio::time::Instant {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while client.events().len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "event {n} did not arrive"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::Instant::now()
+}
+
+/// `--client-write-interval`: after a write, a client is not written again before the
+/// interval has passed, however soon the next event is handled; the first event after a quiet
+/// spell goes out at once (the first write below is not held back by the stream's opening).
+#[tokio::test]
+async fn a_client_is_written_at_most_once_per_write_interval() {
+    let db = fresh_db().await;
+    let server = ServeProcess::start(
+        &db.url,
+        &args(&[
+            "--project",
+            "p1",
+            "--consumer-id",
+            "feed",
+            "--client-write-interval",
+            "400ms",
+        ]),
+    )
+    .await;
+    ready(&server).await;
+    let client = SseClient::open(server.addr, "/v1/projects/p1/events", &[]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    write_event(&db, "p1", "A").await;
+    let first = nth_event_seen(&client, 1).await;
+    write_event(&db, "p1", "B").await;
+    let second = nth_event_seen(&client, 2).await;
+    let gap = second - first;
+    assert!(
+        gap >= Duration::from_millis(350),
+        "B came {gap:?} after A with a 400 ms write interval"
+    );
+    assert_eq!(client.sequences(), vec![1, 2]);
+}

@@ -51,6 +51,14 @@ struct Args {
     /// Writer tasks, each with its own connection.
     #[arg(long, default_value_t = 8)]
     writers: usize,
+    /// Also print commit-to-client percentiles per second of the run (by commit time) to
+    /// stderr: where in the run the tail is.
+    #[arg(long)]
+    timeline: bool,
+    /// An argument more for `outbox serve` (repeat for several), e.g.
+    /// `--serve-arg=--min-tick-pause --serve-arg=5ms`.
+    #[arg(long, allow_hyphen_values = true)]
+    serve_arg: Vec<String>,
     /// A label for the report.
     #[arg(long, default_value = "")]
     label: String,
@@ -61,6 +69,8 @@ struct Args {
 struct Seen {
     /// Commit-to-client latencies, microseconds.
     latencies_us: Vec<u32>,
+    /// The second of the run each of those events committed in (for `--timeline`).
+    committed_in: Vec<u16>,
     /// Events received.
     events: u64,
     /// `id:` values that did not follow the previous one.
@@ -218,6 +228,8 @@ async fn client(
                 if committed > 0 {
                     seen.latencies_us
                         .push(now.saturating_sub(committed).min(u32::MAX as u64) as u32);
+                    seen.committed_in
+                        .push((committed / 1_000_000).min(u16::MAX as u64) as u16);
                 }
             }
         }
@@ -244,6 +256,7 @@ async fn run(args: Args) -> BoxResult<()> {
             &(args.clients + args.slow_clients + 10).to_string(),
             "--no-prune",
         ])
+        .args(&args.serve_arg)
         .env("OUTBOX_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -395,6 +408,7 @@ async fn run(args: Args) -> BoxResult<()> {
     stop.cancel();
 
     let mut all = Vec::new();
+    let mut by_second: Vec<Vec<Duration>> = Vec::new();
     let (mut complete, mut gaps, mut ended) = (0usize, 0u64, 0usize);
     for handle in clients {
         let seen = handle.await??;
@@ -403,6 +417,15 @@ async fn run(args: Args) -> BoxResult<()> {
         }
         gaps += seen.gaps;
         ended += seen.ended_early as usize;
+        if args.timeline {
+            for (&us, &second) in seen.latencies_us.iter().zip(&seen.committed_in) {
+                let second = usize::from(second);
+                if by_second.len() <= second {
+                    by_second.resize_with(second + 1, Vec::new);
+                }
+                by_second[second].push(Duration::from_micros(us as u64));
+            }
+        }
         all.extend(
             seen.latencies_us
                 .into_iter()
@@ -413,6 +436,17 @@ async fn run(args: Args) -> BoxResult<()> {
     let _ = server.kill().await;
     let p = stats::percentiles(&mut all).ok_or("no samples")?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for (second, latencies) in by_second.iter_mut().enumerate() {
+        if let Some(p) = stats::percentiles(latencies) {
+            eprintln!(
+                "sse-bench: committed in second {second}: {} samples, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                latencies.len(),
+                ms(p.p50),
+                ms(p.p99),
+                ms(p.max)
+            );
+        }
+    }
     println!(
         "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1}% | {} of {} | {} | {} | {:.1} | {:.2} | {:.2} | {} |",
         args.label,
