@@ -16,8 +16,9 @@
 #              (LISTEN) printing event lines, stamped as they arrive
 #   numbering  PgQ: pgq.ticker() every P, with the queue's ticker_max_lag = P (PgQ's own rule
 #              otherwise makes a tick only after 500 events or 3 s); maintenance every 5 s.
-#              This project: `outbox sequence --every P --max-tick-pause P` (after a tick that
-#              numbered n events it pauses n x 50 µs, at most P; idle, it backs off up to P)
+#              This project: `outbox sequence --every P --min-tick-pause P --max-tick-pause P`
+#              (after a tick that numbered something it pauses P, as PgQ's ticker period does;
+#              idle, it backs off up to P)
 #
 # 1. Calibration: for each latency target (p99 of the event's age at the consumer, from the
 #    producer's transaction) the producer runs at -R 2000 with 4 clients; candidates P go from
@@ -137,6 +138,7 @@ SQL
         ;;
     ours)
         OUTBOX_LOG=warn "$outbox" sequence --every "${period}ms" --max-tick-pause "${period}ms" \
+            --min-tick-pause "${period}ms" \
             >/dev/null 2>"$work/sequencer.err" &
         pids+=($!)
         mkfifo "$work/lines.fifo"
