@@ -13,6 +13,7 @@ use crate::db::DatabaseUrl;
 mod durations;
 pub use durations::{
     DURATIONS_HELP, human, parse_duration, parse_long_duration, parse_retention, parse_tick_pause,
+    parse_up_to,
 };
 
 /// Options shared by every command.

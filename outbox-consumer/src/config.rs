@@ -341,7 +341,8 @@ impl Duties {
             .filter(|idle| self.min_tick_pause > *idle)
         {
             return Err(ConfigError(format!(
-                "minimum tick pause {} is above the sequence interval {} (the slowest tick                  while idle)",
+                "minimum tick pause {} is above the sequence interval {} (the slowest tick while \
+                 idle)",
                 outbox_core::internal::Readable(self.min_tick_pause),
                 outbox_core::internal::Readable(idle)
             )));

@@ -82,15 +82,25 @@ pub fn parse_retention(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Parses the sequencer's longest pause after a busy tick: 0s to 100ms.
+/// Parses a pause of the sequencer after a busy tick (`--max-tick-pause`, `--min-tick-pause`):
+/// 0s to 100ms.
 pub fn parse_tick_pause(text: &str) -> Result<Duration, String> {
-    let range = "must be between 0s and 100ms";
+    parse_up_to(
+        text,
+        outbox_core::sequencer::MAX_TICK_PAUSE_LIMIT,
+        "0s, 500us, 2ms",
+    )
+}
+
+/// Parses a duration from zero (inclusive) to `max`, named in the refusal with `examples`.
+pub fn parse_up_to(text: &str, max: Duration, examples: &str) -> Result<Duration, String> {
+    let range = format!("must be between 0s and {}", human(max));
     if text.trim().starts_with('-') {
         return Err(format!("invalid duration {text:?}: {range}"));
     }
     let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 0s, 500us, 2ms)"))?;
-    if d > outbox_core::sequencer::MAX_TICK_PAUSE_LIMIT {
+        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: {examples})"))?;
+    if d > max {
         return Err(format!("invalid duration {text:?}: {range}"));
     }
     Ok(d)

@@ -98,16 +98,11 @@ pub struct ServeArgs {
 /// `--client-write-interval`: a duration from 0s to
 /// [`outbox_serve::ServerSettings::MAX_CLIENT_WRITE_INTERVAL`].
 fn parse_client_write_interval(text: &str) -> Result<Duration, String> {
-    let range = "must be between 0s and 1s";
-    if text.trim().starts_with('-') {
-        return Err(format!("invalid duration {text:?}: {range}"));
-    }
-    let d = humantime::parse_duration(text.trim())
-        .map_err(|e| format!("invalid duration {text:?}: {e} (examples: 0s, 20ms)"))?;
-    if d > outbox_serve::ServerSettings::MAX_CLIENT_WRITE_INTERVAL {
-        return Err(format!("invalid duration {text:?}: {range}"));
-    }
-    Ok(d)
+    crate::cli::parse_up_to(
+        text,
+        outbox_serve::ServerSettings::MAX_CLIENT_WRITE_INTERVAL,
+        "0s, 20ms",
+    )
 }
 
 /// The address `--listen` names: an IP address and port, or a host name and port resolved
