@@ -7,7 +7,9 @@
 #![doc = concat!("```\n", include_str!("../doc/embedding.rs"), "```")]
 //!
 //! All served projects run as one [`outbox_consumer::ConsumerSet`]: one pool, one LISTEN
-//! connection and one place in the sequencer election, however many projects it serves. Each
+//! connection and one place in the sequencer election, however many projects it serves, on
+//! a thread and runtime of its own beside the caller's (a thousand clients' writes never delay
+//! a reply from the database to it). Each
 //! project's consumer is the ordinary runtime, with lease, retries and all; its sink
 //! publishes to the project's [`FanOut`](fan_out::FanOut). SSE clients own no cursor: they resume from the
 //! fan-out's ring, from retained history (read-only) or from a reconciliation. Their ids

@@ -304,6 +304,9 @@ impl<C: Handler + Reconciler> Server<C> {
     }
 }
 
+/// Stack of the consumers' thread.
+const CONSUMER_THREAD_STACK: usize = 8 << 20;
+
 /// Runs the consumer set on a thread of its own, with a runtime of its own, and returns its
 /// outcome when it ends.
 ///
@@ -327,6 +330,9 @@ fn run_apart<F: PairFactory>(
     let span = tracing::Span::current();
     let thread = std::thread::Builder::new()
         .name("outbox-consumers".into())
+        // As a main thread has: the set's own future was polled on the caller's `block_on`
+        // thread before, and an unoptimised build's TLS set-up runs deep.
+        .stack_size(CONSUMER_THREAD_STACK)
         .spawn(move || {
             let _entered = span.enter();
             let outcomes = runtime.block_on(set.run(stop));
