@@ -173,6 +173,19 @@ pub fn given(id: &str) -> bool {
     GIVEN.get().is_some_and(|given| given.contains(id))
 }
 
+/// Refuses a `--min-tick-pause` longer than the slowest idle tick, option `idle_id`
+/// (`sequence_interval` for a consumer process, `every` for `outbox sequence`).
+pub fn check_min_tick_pause(pause: Duration, idle_id: &str, idle: Duration) -> Result<(), String> {
+    if pause <= idle {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is longer than {}: the pause after a busy tick must not exceed the slowest idle tick",
+        flag_value("min_tick_pause", &human(pause)),
+        flag_value(idle_id, &human(idle)),
+    ))
+}
+
 /// `--flag VALUE` for a given option, `--flag VALUE (the default)` for one left alone.
 pub fn flag_value(id: &str, value: &str) -> String {
     let flag = format!("--{}", id.replace('_', "-"));

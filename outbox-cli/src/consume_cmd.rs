@@ -259,16 +259,13 @@ pub fn delivery_settings(args: &ConsumerOptions) -> Result<DeliverySettings, Fai
 /// What a process running consumers with `args` does beside delivering, checked, with the
 /// process's one [`Availability`](outbox_consumer::outage::Availability) (`--give-up-after`).
 pub fn duties(global: &Global, args: &ConsumerOptions) -> Result<Duties, Failure> {
-    if !args.no_sequencer && args.min_tick_pause > args.sequence_interval {
-        return Err(Failure::usage(format!(
-            "{} is longer than {}: the pause after a busy tick must not exceed the slowest \
-             idle tick",
-            crate::cli::flag_value("min_tick_pause", &crate::cli::human(args.min_tick_pause)),
-            crate::cli::flag_value(
-                "sequence_interval",
-                &crate::cli::human(args.sequence_interval)
-            ),
-        )));
+    if !args.no_sequencer {
+        crate::cli::check_min_tick_pause(
+            args.min_tick_pause,
+            "sequence_interval",
+            args.sequence_interval,
+        )
+        .map_err(Failure::usage)?;
     }
     let availability = outbox_consumer::outage::Availability::new();
     availability.set_give_up_after(args.give_up_after);

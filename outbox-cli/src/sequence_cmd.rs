@@ -45,13 +45,9 @@ pub async fn run(global: &Global, args: SequenceArgs) -> Result<(), Failure> {
             crate::cli::human(MIN_SEQUENCER_LEASE_TTL)
         )));
     }
-    if let Some(every) = args.every.filter(|every| args.min_tick_pause > *every) {
-        return Err(Failure::usage(format!(
-            "--min-tick-pause {} is longer than --every {}: the pause after a busy tick must \
-             not exceed the slowest idle tick",
-            crate::cli::human(args.min_tick_pause),
-            crate::cli::human(every)
-        )));
+    if let Some(every) = args.every {
+        crate::cli::check_min_tick_pause(args.min_tick_pause, "every", every)
+            .map_err(Failure::usage)?;
     }
     let database = global.database()?;
     let sequencer = Sequencer::new(&global.schema).with_batch(args.batch_size);
