@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_tests::cluster_kit::try_write;
-use outbox_tests::consumer_kit::{cursor, eventually, write_event};
+use outbox_tests::consumer_kit::{cursor, write_event};
 use outbox_tests::nats_cluster_kit::NatsCluster;
 use outbox_tests::nats_kit::{assert_exactly_once_in_order, consume_durable, read_stream};
 use outbox_tests::process_kit::OutboxProcess;
@@ -261,16 +261,21 @@ async fn a_relay_started_while_the_cluster_has_no_leader_waits_for_one() {
     cluster.nodes[2].kill_9();
     let mut relay = spawn_relay(&db, &urls, "p1");
     let event = write_event(&db, "p1", "T-1").await;
-    eventually(
-        Duration::from_secs(30),
-        "the relay saying it waits for NATS",
-        || async {
-            relay
-                .stderr()
-                .contains("NATS did not answer the stream check; asking again until it does")
-        },
-    )
-    .await;
+    // The first check may take a JetStream request timeout (10 s) per request of the stream
+    // check after the process's own start, longer on a loaded host.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !relay
+        .stderr()
+        .contains("NATS did not answer the stream check; asking again until it does")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay did not say within 60 s that it waits for NATS (exit {:?}); it said:\n{}",
+            relay.exited(),
+            relay.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(relay.exited(), None, "still waiting:\n{}", relay.stderr());
 
