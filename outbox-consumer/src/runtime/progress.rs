@@ -4,7 +4,7 @@
 use tokio::time::Instant;
 
 use super::fetch::Prefetch;
-use super::lanes::Window;
+use super::lanes::Ahead;
 use super::position::{Handled, Position};
 use crate::config::ConsumerConfig;
 use crate::event::FailureClass;
@@ -37,7 +37,7 @@ pub(super) struct Progress {
     pub prefetched: Option<Prefetch>,
     /// With lanes: the events read ahead of the cursor and where each stands, kept between
     /// rounds (`None`: the next round starts over from the cursor).
-    pub lanes: Option<Window>,
+    pub lanes: Option<Ahead>,
     /// The run's metrics.
     pub meters: Meters,
 }
@@ -85,7 +85,7 @@ impl Progress {
     /// Whether nothing is held back: nothing failed waits, nothing handled is unacknowledged,
     /// no lane has anything ahead of the cursor.
     pub fn is_settled(&self) -> bool {
-        self.position.is_settled() && self.lanes.as_ref().is_none_or(Window::is_empty)
+        self.position.is_settled() && self.lanes.as_ref().is_none_or(Ahead::is_empty)
     }
 
     /// Records an acknowledged prefix in the position and the metrics.

@@ -38,10 +38,11 @@ use crate::signals::Signals;
 use crate::store::{self, Batch, Decoded, Statements};
 use ack::{Ack, finish_ack};
 use window::Finished;
-pub(super) use window::Window;
+use window::Window;
 
-/// How many times `max_ahead` one round reads at most before it lets the loop go round (to
-/// look for replay requests and check the lease) once what runs has ended.
+/// How many times `max_ahead` (or `max_batch_size`, if larger) one round reads at most before
+/// it lets the loop go round (to look for replay requests and check the lease) once what runs
+/// has ended. A budget of one read would leave no read on its way while the lanes work.
 const ROUND_READS: i64 = 4;
 
 /// How long an event whose handler gave up without failing (not at shutdown) waits before
@@ -81,8 +82,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         cursor: i64,
     ) -> Result<Step, ConsumerError> {
         let max_ahead = self.config.delivery.max_ahead;
-        let mut window = match progress.lanes.take() {
-            Some(window) if window.cursor() == cursor => window,
+        let mut ahead = match progress.lanes.take() {
+            Some(ahead) if ahead.window.cursor() == cursor => ahead,
             _ => {
                 // Starting over from the cursor: what failed or was parked ahead of it is
                 // in the database.
@@ -94,19 +95,23 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     true => store::load_receipts(&**client, statements, lease, cursor).await?,
                     false => Default::default(),
                 };
-                Window::new(cursor, known, receipts)
+                Ahead {
+                    window: Window::new(cursor, known, receipts),
+                    pending: VecDeque::new(),
+                    read_size: self.config.delivery.batch_size,
+                }
             }
         };
         // On an error the window is dropped with whatever ran: the next round starts over
         // from the cursor (a plain handler is at least once).
         let outcome = self
-            .drive(lease, statements, signals, shutdown, progress, &mut window)
+            .drive(lease, statements, signals, shutdown, progress, &mut ahead)
             .await?;
         progress.meters.lanes_busy(0);
-        progress.meters.ahead_of_cursor(window.settled());
+        progress.meters.ahead_of_cursor(ahead.window.settled());
         match outcome {
             Ended::Gap => {
-                drop(window);
+                drop(ahead);
                 self.reconcile(
                     lease,
                     statements,
@@ -119,7 +124,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
             }
             Ended::StartOver => Ok(Step::More),
             Ended::Round(step) => {
-                progress.lanes = Some(window);
+                progress.lanes = Some(ahead);
                 Ok(step)
             }
         }
@@ -133,8 +138,13 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         signals: &Signals,
         shutdown: &CancellationToken,
         progress: &mut Progress,
-        window: &mut Window,
+        ahead: &mut Ahead,
     ) -> Result<Ended, ConsumerError> {
+        let Ahead {
+            window,
+            pending,
+            read_size,
+        } = ahead;
         let settings = &self.config.delivery;
         let (lanes, max_ahead) = (settings.lanes, settings.max_ahead);
         let ack_every = (settings.batch_size as usize)
@@ -152,14 +162,11 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         // is on its way while one is decoded.
         let mut reading: FuturesOrdered<Reading> = FuturesOrdered::new();
         let mut requested: i64 = 0;
-        // Events read beyond `max_ahead`, waiting for room in the window: up to one read of
-        // `max_batch_size`, so the next read is in memory when the lanes need it rather than
-        // asked for then (a fast handler would wait on every read).
-        let mut pending: VecDeque<Decoded> = VecDeque::new();
-        let read_ahead = settings.max_batch_size;
-        let mut read_size = settings.batch_size;
+        // Events read but not yet in the window, with those asked for: up to `READS_AHEAD`
+        // reads of the largest size, as one lane holds.
+        let read_ahead = READS_AHEAD as i64 * settings.max_batch_size;
         let mut more_to_read = true;
-        let mut read_budget = ROUND_READS * max_ahead;
+        let mut read_budget = ROUND_READS * max_ahead.max(settings.max_batch_size);
         let mut gap = false;
         let mut unchecked = false;
         let mut grace_ends: Option<Instant> = None;
@@ -204,8 +211,12 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     let settle = self.settle(lease, statements, progress, window, event, result?);
                     alongside(&mut running, &mut ended, settle).await?;
                 }
-                let room = window.room(max_ahead - acking_count as i64);
-                self.admit(progress, window, &mut pending, room);
+                if read_budget > 0 || !reading.is_empty() {
+                    // Once the round has read its share, what was read waits for the next
+                    // round, which starts with it while its first read is on its way.
+                    let room = window.room(max_ahead - acking_count as i64);
+                    self.admit(progress, window, pending, room);
+                }
                 window.release_due(Instant::now());
                 while running.len() < lanes {
                     let Some((event, undecodable)) = window.start() else {
@@ -227,8 +238,14 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 let room = window.room(max_ahead - acking_count as i64) + read_ahead
                     - pending.len() as i64
                     - requested;
-                if reading.len() < READS_AHEAD && more_to_read && room > 0 && read_budget > 0 {
-                    let limit = read_size.min(room);
+                // A read of the full size or none: a read costs about as much to ask for as to
+                // receive a thousand events.
+                if reading.len() < READS_AHEAD
+                    && more_to_read
+                    && room >= *read_size
+                    && read_budget > 0
+                {
+                    let limit = *read_size;
                     let after = window.read_through() + pending.len() as i64 + requested;
                     requested += limit;
                     let read = fetch::after(
@@ -239,9 +256,15 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         after,
                         limit,
                     );
-                    reading.push_back(Box::pin(
-                        async move { read.await.map(|batch| (batch, limit)) },
-                    ));
+                    // On a task of its own: the rows are decoded beside the lanes, not between
+                    // them. Dropped (a read not used), the task is aborted.
+                    let read = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(read));
+                    reading.push_back(Box::pin(async move {
+                        match read.await {
+                            Ok(batch) => batch.map(|batch| (batch, limit)),
+                            Err(e) => std::panic::resume_unwind(e.into_panic()),
+                        }
+                    }));
                 }
                 // Acknowledged every `ack_every` events, and, at most every `ACK_PAUSE`, when
                 // lanes have nothing to do (a slow or failing event ahead of the rest would
@@ -321,7 +344,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     // live stream answers many small reads).
                     read_budget -= batch.events.len() as i64;
                     self.config.duties.availability.reached();
-                    let taken = self.take_read(progress, window, &mut pending, batch);
+                    let taken = self.take_read(progress, window, pending, batch);
                     if !matches!(taken, Taken::Events { full: true }) {
                         // The reads after this one start past where it ended: not used.
                         reading.clear();
@@ -330,11 +353,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     match taken {
                         Taken::Events { full } => {
                             more_to_read = full;
-                            if full {
-                                read_size = read_size
-                                    .saturating_mul(2)
-                                    .min(settings.max_batch_size);
-                            }
+                            *read_size = match full {
+                                true => read_size.saturating_mul(2).min(settings.max_batch_size),
+                                false => settings.batch_size,
+                            };
                         }
                         Taken::Gap => {
                             more_to_read = false;
@@ -434,7 +456,7 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
     }
 
     /// Moves up to `room` events waiting in `pending` into the window. They are counted here,
-    /// not as they are read: what waits in `pending` when a round ends is read again.
+    /// not as they are read: what waits in `pending` when a round ends waits for the next.
     fn admit(
         &self,
         progress: &mut Progress,
@@ -541,6 +563,34 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                 Finished::Parked
             }
         })
+    }
+}
+
+/// What the lanes keep between rounds (`Progress::lanes`): the window, the events read
+/// beyond it, and the read size, so that a round starts where the last one stopped rather
+/// than with a fresh read of `batch_size` (a catch-up would pay one every round).
+pub(super) struct Ahead {
+    /// The events ahead of the cursor and where each stands.
+    pub(super) window: Window,
+    /// Events read beyond `max_ahead`, waiting for room in the window: with the reads on
+    /// their way, up to `READS_AHEAD` reads of `max_batch_size`, so the next read is in memory
+    /// when the lanes need it rather than asked for then (a fast handler would wait on every
+    /// read). They follow the window without a hole and are counted as they enter it.
+    pending: VecDeque<Decoded>,
+    /// The next read's size: doubled after a full read up to `max_batch_size`, back to
+    /// `batch_size` after a short one.
+    read_size: i64,
+}
+
+impl Ahead {
+    /// Whether nothing is ahead of the cursor in the window.
+    pub(super) fn is_empty(&self) -> bool {
+        self.window.is_empty()
+    }
+
+    /// When the earliest retry held in the window is due.
+    pub(super) fn next_ready_at(&self) -> Option<Instant> {
+        self.window.next_ready_at()
     }
 }
 
