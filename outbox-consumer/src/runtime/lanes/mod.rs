@@ -211,10 +211,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     more_to_read = true;
                 }
                 while let Some((event, result)) = ended.pop() {
-                    if let Some((event, failure)) = settled_at_once(window, event, result?) {
-                        let settle = self
-                            .settle_failure(lease, statements, progress, window, event, failure);
-                        alongside(&mut running, &mut ended, settle).await?;
+                    if let Some(saving) =
+                        self.settle(lease, statements, progress, window, event, result?)
+                    {
+                        alongside(&mut running, &mut ended, saving).await?;
                     }
                 }
                 if read_budget > 0 || !reading.is_empty() {
@@ -233,12 +233,10 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                     // a trip through the set of running ones.
                     match (&mut handling).now_or_never() {
                         Some((event, result)) => {
-                            if let Some((event, failure)) = settled_at_once(window, event, result?)
+                            if let Some(saving) =
+                                self.settle(lease, statements, progress, window, event, result?)
                             {
-                                let settle = self.settle_failure(
-                                    lease, statements, progress, window, event, failure,
-                                );
-                                alongside(&mut running, &mut ended, settle).await?;
+                                alongside(&mut running, &mut ended, saving).await?;
                             }
                         }
                         None => running.push(handling),
@@ -341,11 +339,8 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
                         ended.push(done);
                     }
                     while let Some((event, result)) = ended.pop() {
-                        if let Some((event, failure)) = settled_at_once(window, event, result?) {
-                            let settle = self.settle_failure(
-                                lease, statements, progress, window, event, failure,
-                            );
-                            alongside(&mut running, &mut ended, settle).await?;
+                        if let Some(saving) = self.settle(lease, statements, progress, window, event, result?) {
+                            alongside(&mut running, &mut ended, saving).await?;
                         }
                     }
                     progress.meters.ahead_of_cursor(window.settled());
@@ -436,8 +431,31 @@ impl<D: DispatchMode, R: Reconciler> Consumer<D, R> {
         (event, result)
     }
 
-    /// Records a failure of an event that ran: saved for its retry or parked (an event
-    /// handled is settled at once by [`settled_at_once`]).
+    /// Settles an event that ran. One handled is finished in the window at once (no future,
+    /// no copy of the event into one: a fast handler's catch-up settles hundreds of thousands
+    /// a second); for a failure it returns the work that saves it, to run beside the handlers
+    /// still running.
+    fn settle<'a>(
+        &'a self,
+        lease: &'a Lease,
+        statements: &'a Statements,
+        progress: &'a mut Progress,
+        window: &'a mut Window,
+        event: ObservedEvent,
+        result: Result<(), HandlerFailure>,
+    ) -> Option<impl Future<Output = Result<(), ConsumerError>> + 'a> {
+        match result {
+            Ok(()) => {
+                window.finish(event, Finished::Handled);
+                None
+            }
+            Err(failure) => {
+                Some(self.settle_failure(lease, statements, progress, window, event, failure))
+            }
+        }
+    }
+
+    /// Records a failure of an event that ran: saved for its retry or parked.
     async fn settle_failure(
         &self,
         lease: &Lease,
@@ -519,23 +537,6 @@ enum Ended {
     /// off, a handler's `before_ack_prefix` failed): the next round starts over from the
     /// cursor.
     StartOver,
-}
-
-/// Settles an event that ran and was handled, at once (no future, no copy of the event into
-/// one: a fast handler's catch-up settles hundreds of thousands a second); a failure is handed
-/// back for [`settle_failure`](Consumer::settle_failure).
-fn settled_at_once(
-    window: &mut Window,
-    event: ObservedEvent,
-    result: Result<(), HandlerFailure>,
-) -> Option<(ObservedEvent, HandlerFailure)> {
-    match result {
-        Ok(()) => {
-            window.finish(event, Finished::Handled);
-            None
-        }
-        Err(failure) => Some((event, failure)),
-    }
 }
 
 /// Runs `work` while the handlers running go on: a transactional handler holds a pooled
