@@ -1,13 +1,13 @@
 //! PostgreSQL going away in every phase of every long-running command: a storm of fast and
 //! immediate restarts at random moments while writers write and every kind of process
-//! (`consume` alone and `--all-projects`, `serve`, `relay nats`, `sequence --every`) is
-//! killed -9 and started again, some of them while the database is down. No process exits on
-//! its own and every committed event reaches every consumer, `task:archived` events (a third
-//! of p2's, declared by every consumer) as well as deletions, the relay's on their own
-//! subject. Beside it: a process started
-//! while PostgreSQL is down begins when it comes up (readiness and the gauge say so
-//! meanwhile); permanent errors still exit at once with their messages; `--give-up-after`
-//! ends the wait. Each test that stops PostgreSQL uses a cluster of its own.
+//! (`consume` alone, with `--lanes 8` and with `--all-projects`, `serve`, `relay nats`,
+//! `sequence --every`) is killed -9 and started again, some of them while the database is
+//! down. No process exits on its own and every committed event reaches every consumer,
+//! `task:archived` events (a third of p2's, declared by every consumer) as well as deletions,
+//! the relay's on their own subject. Beside it: a process started while PostgreSQL is down
+//! begins when it comes up (readiness and the gauge say so meanwhile); permanent errors still
+//! exit at once with their messages; `--give-up-after` ends the wait. Each test that stops
+//! PostgreSQL uses a cluster of its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -270,6 +270,8 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
     single.extend(strings(FAST));
     let mut all = strings(&["--all-projects", "--consumer-id", "all"]);
     all.extend(strings(FAST));
+    let mut lanes = strings(&["--project", "p3", "--consumer-id", "lanes", "--lanes", "8"]);
+    lanes.extend(strings(FAST));
     let mut serve = strings(&[
         "--listen",
         &serve_addr.to_string(),
@@ -306,6 +308,7 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
         Role::new("serve", "serve", serve),
         Role::new("relay nats", "relay", relay),
         Role::new("sequence --every", "sequence", sequence),
+        Role::new("consume --lanes 8", "consume", lanes),
     ];
     for role in &mut roles {
         role.start(&url);
@@ -387,6 +390,7 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
         ("p1", "web"),
         ("p2", "web"),
         ("p2", "relay"),
+        ("p3", "lanes"),
     ];
     eventually(
         Duration::from_secs(40),
@@ -422,6 +426,14 @@ async fn a_restart_storm_stops_no_process_and_loses_nothing() {
             "--all-projects printed every confirmed {project} event"
         );
     }
+    let in_lanes = roles[5].delivered();
+    let missing = confirmed["p3"]
+        .difference(in_lanes.get("p3").unwrap_or(&BTreeSet::new()))
+        .count();
+    assert_eq!(
+        missing, 0,
+        "the consumer with lanes printed every confirmed p3 event"
+    );
     let messages: Vec<_> = read_stream(&nats.jetstream().await, "STORM")
         .await
         .into_iter()
