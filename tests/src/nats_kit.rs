@@ -462,11 +462,24 @@ pub async fn consume_durable(
     let mut messages = consumer.messages().await.expect("consume");
     let mut out = Vec::with_capacity(count);
     while out.len() < count {
-        let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        let message = match tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
             .unwrap_or_else(|_| panic!("only {} of {count} messages delivered", out.len()))
             .expect("message stream ended")
-            .expect("message");
+        {
+            Ok(message) => message,
+            // A pull request while the consumer's leader moves (an R3 cluster after a node
+            // loss) finds no responder; the next one is answered. Missing messages still
+            // end in the timeout above.
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::consumer::pull::MessagesErrorKind::NoResponders =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(e) => panic!("message: {e:?}"),
+        };
         let headers = message.headers.as_ref().expect("headers");
         let msg_id = headers
             .get(async_nats::header::NATS_MESSAGE_ID)
