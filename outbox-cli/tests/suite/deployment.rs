@@ -1,6 +1,6 @@
 //! The deployment the README tells users to run, run end to end: every long-running command
-//! (`consume` with stdout and with `--child`, `consume --all-projects`, `serve`, `relay nats`,
-//! `sequence --every`) logs in as a role that holds only `outbox_consumer` (and `SELECT` on the
+//! (`consume` with stdout, with `--child` and with `--child --lanes`, `consume --all-projects`,
+//! `serve`, `relay nats`, `sequence --every`) logs in as a role that holds only `outbox_consumer` (and `SELECT` on the
 //! application's table, for the default live query); services write as an `outbox_writer`
 //! role and operators act as an `outbox_operator` role. Each command goes through one shared
 //! scenario: a reconciliation at its first start (a new consumer, or one whose cursor is
@@ -53,15 +53,17 @@ const CONSUMER_OPTIONS: &[&str] = &[
 enum Command {
     ConsumeStdout,
     ConsumeChild,
+    ConsumeChildLanes,
     ConsumeAllProjects,
     Serve,
     RelayNats,
     SequenceEvery,
 }
 
-const COMMANDS: [Command; 6] = [
+const COMMANDS: [Command; 7] = [
     Command::ConsumeStdout,
     Command::ConsumeChild,
+    Command::ConsumeChildLanes,
     Command::ConsumeAllProjects,
     Command::Serve,
     Command::RelayNats,
@@ -73,6 +75,7 @@ impl Command {
         match self {
             Command::ConsumeStdout => "stdout",
             Command::ConsumeChild => "child",
+            Command::ConsumeChildLanes => "lanes",
             Command::ConsumeAllProjects => "all",
             Command::Serve => "serve",
             Command::RelayNats => "relay",
@@ -655,13 +658,19 @@ async fn run(site: &Site, work: &Path) {
             let (running, written) = consumer_scenario(site, "consume", args, "dash", None).await;
             assert_printed(site, &running, &written);
         }
-        Command::ConsumeChild => {
+        Command::ConsumeChild | Command::ConsumeChildLanes => {
             let child = write_child(work);
-            let args = consumer_args(
-                &["--project", "p1", "--consumer-id", "hook"],
-                &["--child", &child],
-            );
-            let (_, written) = consumer_scenario(site, "consume", args, "hook", Some(work)).await;
+            // With lanes the child is handed several events at once (it answers them in
+            // order, which is one of the orders lanes accept), and the poison event is parked
+            // while the events of other tasks go on.
+            let (consumer, lanes) = match site.command {
+                Command::ConsumeChildLanes => ("lanes", &["--lanes", "4"][..]),
+                _ => ("hook", &[][..]),
+            };
+            let mut extra = vec!["--child", child.as_str()];
+            extra.extend(lanes);
+            let args = consumer_args(&["--project", "p1", "--consumer-id", consumer], &extra);
+            let (_, written) = consumer_scenario(site, "consume", args, consumer, Some(work)).await;
             let seen = std::fs::read_to_string(work.join("seen")).unwrap_or_default();
             assert!(
                 seen.contains("\"reason\":\"missing_cursor\""),
