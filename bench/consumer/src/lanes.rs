@@ -48,6 +48,20 @@ pub struct LanesArgs {
     /// Where the markdown report is written (besides stdout).
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../RESULTS-lanes.md"))]
     pub results: PathBuf,
+    /// Runs only these parts (default: all three, in this order).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Part>,
+}
+
+/// The three parts of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// A handler sleeping 10 ms with 1, 8 and 64 lanes.
+    Sleeping,
+    /// A no-op catch-up with 16 lanes beside 1.
+    CatchUp,
+    /// Commit to handler at 2,000 events/s with 8 lanes.
+    Latency,
 }
 
 /// Counts handler calls: when the first began and when the last ended; sleeps if asked.
@@ -167,7 +181,7 @@ async fn latency_run(
     rate: u32,
     seconds: f64,
     sleep: Duration,
-) -> BoxResult<stats::Percentiles> {
+) -> BoxResult<Latency> {
     let url = db::fresh_database(admin_url, "outbox_bench_lanes").await?;
     let pg = db::parse(&url)?;
     let total = (f64::from(rate) * seconds).round() as usize;
@@ -207,10 +221,10 @@ async fn latency_run(
             interval,
         )));
     }
-    let mut commits: HashMap<String, Instant> = HashMap::with_capacity(total);
+    let mut commits: HashMap<String, Stamp> = HashMap::with_capacity(total);
     for writer in writers {
         for (event_id, at) in writer.await??.commits {
-            commits.insert(event_id, at.mono);
+            commits.insert(event_id, at);
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -231,12 +245,32 @@ async fn latency_run(
     // is visible once the server committed it): that counts as no latency at all.
     let mut latencies: Vec<Duration> = started
         .iter()
-        .filter_map(|(id, at)| Some(at.mono.saturating_duration_since(*commits.get(id)?)))
+        .filter_map(|(id, at)| Some(at.mono.saturating_duration_since(commits.get(id)?.mono)))
         .collect();
     if latencies.len() < total {
         return Err(format!("{} of {total} events handled", latencies.len()).into());
     }
-    stats::percentiles(&mut latencies).ok_or_else(|| "no samples".into())
+    let numbered = latency::numbered_at(&url, "lat").await?;
+    let (mut to_numbered, mut numbered_to_handler) = (Vec::new(), Vec::new());
+    for (id, at) in &started {
+        if let (Some(committed), Some(numbered)) = (commits.get(id), numbered.get(id)) {
+            to_numbered.push(latency::millis(*numbered - committed.wall));
+            numbered_to_handler.push(latency::millis(at.wall - *numbered));
+        }
+    }
+    Ok(Latency {
+        commit_to_handler: stats::percentiles(&mut latencies).ok_or("no samples")?,
+        to_numbered: latency::p50_p99(&mut to_numbered),
+        numbered_to_handler: latency::p50_p99(&mut numbered_to_handler),
+    })
+}
+
+/// One latency run: commit to handler start, and the same split at the numbering tick's
+/// start (wall clock, p50 and p99 in ms; approximate, as in the latency benchmark).
+struct Latency {
+    commit_to_handler: stats::Percentiles,
+    to_numbered: (f64, f64),
+    numbered_to_handler: (f64, f64),
 }
 
 /// The whole lanes benchmark and its report.
@@ -259,108 +293,138 @@ pub async fn run(args: LanesArgs) -> BoxResult<String> {
         if quick { " (BENCH_QUICK)" } else { "" },
     )?;
 
-    writeln!(
-        report,
-        "## A handler sleeping 10 ms, every event its own task\n\n\
+    let wanted = |part: Part| args.only.is_empty() || args.only.contains(&part);
+    if wanted(Part::Sleeping) {
+        writeln!(
+            report,
+            "## A handler sleeping 10 ms, every event its own task\n\n\
          | lanes | events | handler call, mean ms | events/s | goal (0.9 x lanes x 100) | met |\n\
          |---|---|---|---|---|---|"
-    )?;
-    for lanes in [1_usize, 8, 64] {
-        let events = ((lanes * 100) as f64 * seconds).round() as i64;
-        let (mut rates, mut calls) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
-        for rep in 0..reps {
-            eprintln!(
-                "outbox-bench lanes: {lanes} lane(s), 10 ms handler, run {}",
-                rep + 1
-            );
-            let (rate, call) = drain(
-                url,
-                lanes,
-                outbox_consumer::config::DEFAULT_MAX_AHEAD,
-                events,
-                Duration::from_millis(10),
-            )
-            .await?;
-            rates.push(rate);
-            calls.push(call);
+        )?;
+        for lanes in [1_usize, 8, 64] {
+            let events = ((lanes * 100) as f64 * seconds).round() as i64;
+            let (mut rates, mut calls) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+            for rep in 0..reps {
+                eprintln!(
+                    "outbox-bench lanes: {lanes} lane(s), 10 ms handler, run {}",
+                    rep + 1
+                );
+                let (rate, call) = drain(
+                    url,
+                    lanes,
+                    outbox_consumer::config::DEFAULT_MAX_AHEAD,
+                    events,
+                    Duration::from_millis(10),
+                )
+                .await?;
+                rates.push(rate);
+                calls.push(call);
+            }
+            let rate = stats::median(&rates).ok_or("no runs")?;
+            let call = stats::median(&calls).ok_or("no runs")?;
+            let goal = 0.9 * lanes as f64 * 100.0;
+            writeln!(
+                report,
+                "| {lanes} | {events} | {call:.2} | {rate:.0} | {goal:.0} | {} |",
+                if rate >= goal { "yes" } else { "no" }
+            )?;
         }
-        let rate = stats::median(&rates).ok_or("no runs")?;
-        let call = stats::median(&calls).ok_or("no runs")?;
-        let goal = 0.9 * lanes as f64 * 100.0;
+    }
+    if wanted(Part::CatchUp) {
         writeln!(
             report,
-            "| {lanes} | {events} | {call:.2} | {rate:.0} | {goal:.0} | {} |",
-            if rate >= goal { "yes" } else { "no" }
-        )?;
-    }
-
-    writeln!(
-        report,
-        "\n## A no-op handler catching up {catch_up} events\n\n\
+            "\n## A no-op handler catching up {catch_up} events\n\n\
          | lanes | --max-ahead | events/s | of 1 lane |\n|---|---|---|---|"
-    )?;
-    // One lane holds up to three reads of 4,000 events (one dispatched, two read ahead):
-    // lanes given as much room ahead as that are measured too.
-    let mut one_lane = f64::NAN;
-    for (lanes, max_ahead) in [
-        (1_usize, outbox_consumer::config::DEFAULT_MAX_AHEAD),
-        (16, outbox_consumer::config::DEFAULT_MAX_AHEAD),
-        (16, 12_000),
-    ] {
-        let mut rates = Vec::with_capacity(reps);
+        )?;
+        // One lane holds up to three reads of 4,000 events (one dispatched, two read ahead):
+        // lanes given as much room ahead as that are measured too.
+        let mut one_lane = f64::NAN;
+        for (lanes, max_ahead) in [
+            (1_usize, outbox_consumer::config::DEFAULT_MAX_AHEAD),
+            (16, outbox_consumer::config::DEFAULT_MAX_AHEAD),
+            (16, 12_000),
+        ] {
+            let mut rates = Vec::with_capacity(reps);
+            for rep in 0..reps {
+                eprintln!(
+                    "outbox-bench lanes: {lanes} lane(s), --max-ahead {max_ahead}, no-op catch-up, run {}",
+                    rep + 1
+                );
+                rates.push(
+                    drain(url, lanes, max_ahead, catch_up, Duration::ZERO)
+                        .await?
+                        .0,
+                );
+            }
+            let rate = stats::median(&rates).ok_or("no runs")?;
+            if lanes == 1 {
+                one_lane = rate;
+            }
+            let shown = match lanes {
+                1 => "(unused)".to_owned(),
+                _ => max_ahead.to_string(),
+            };
+            writeln!(
+                report,
+                "| {lanes} | {shown} | {rate:.0} | {:.2} |",
+                rate / one_lane
+            )?;
+        }
+        writeln!(report, "\nGoal: 16 lanes at least 0.90 of 1 lane.")?;
+    }
+
+    if wanted(Part::Latency) {
+        eprintln!(
+            "outbox-bench lanes: latency at 2,000 events/s, 1 lane, no-op handler (baseline)"
+        );
+        let baseline = latency_run(url, 1, 2_000, seconds, Duration::ZERO).await?;
+        let mut runs = Vec::with_capacity(reps);
         for rep in 0..reps {
             eprintln!(
-                "outbox-bench lanes: {lanes} lane(s), --max-ahead {max_ahead}, no-op catch-up, run {}",
+                "outbox-bench lanes: latency at 2,000 events/s, 8 lanes, 2 ms handler, run {}",
                 rep + 1
             );
-            rates.push(
-                drain(url, lanes, max_ahead, catch_up, Duration::ZERO)
-                    .await?
-                    .0,
-            );
+            runs.push(latency_run(url, 8, 2_000, seconds, Duration::from_millis(2)).await?);
         }
-        let rate = stats::median(&rates).ok_or("no runs")?;
-        if lanes == 1 {
-            one_lane = rate;
-        }
-        let shown = match lanes {
-            1 => "(unused)".to_owned(),
-            _ => max_ahead.to_string(),
-        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let p99 = stats::median(
+            &runs
+                .iter()
+                .map(|run| ms(run.commit_to_handler.p99))
+                .collect::<Vec<_>>(),
+        )
+        .ok_or("no runs")?;
         writeln!(
             report,
-            "| {lanes} | {shown} | {rate:.0} | {:.2} |",
-            rate / one_lane
+            "\n## Commit to handler at 2,000 events/s ({seconds} s, LISTEN)\n\n\
+             Split at the numbering tick's start (wall clock, approximate): commit to numbered, \
+             and numbered to handler.\n\n\
+             | consumer | p50 ms | p99 ms | max ms | to numbered p50 / p99 ms | \
+             numbered to handler p50 / p99 ms |\n|---|---|---|---|---|---|"
+        )?;
+        let mut row = |name: String, run: &Latency| {
+            writeln!(
+                report,
+                "| {name} | {:.2} | {:.2} | {:.2} | {:.1} / {:.1} | {:.1} / {:.1} |",
+                ms(run.commit_to_handler.p50),
+                ms(run.commit_to_handler.p99),
+                ms(run.commit_to_handler.max),
+                run.to_numbered.0,
+                run.to_numbered.1,
+                run.numbered_to_handler.0,
+                run.numbered_to_handler.1,
+            )
+        };
+        for (i, run) in runs.iter().enumerate() {
+            row(format!("8 lanes, a 2 ms handler, run {}", i + 1), run)?;
+        }
+        row("baseline: 1 lane, a no-op handler".into(), &baseline)?;
+        writeln!(
+            report,
+            "\nGoal: p99 at most 10 ms with 8 lanes (median of the runs: {p99:.2} ms): {}.",
+            if p99 <= 10.0 { "met" } else { "not met" }
         )?;
     }
-    writeln!(report, "\nGoal: 16 lanes at least 0.90 of 1 lane.")?;
-
-    eprintln!("outbox-bench lanes: latency at 2,000 events/s, 1 lane, no-op handler (baseline)");
-    let baseline = latency_run(url, 1, 2_000, seconds, Duration::ZERO).await?;
-    eprintln!("outbox-bench lanes: latency at 2,000 events/s, 8 lanes, 2 ms handler");
-    let mut p50s = Vec::new();
-    let mut p99s = Vec::new();
-    let mut maxes = Vec::new();
-    for _ in 0..reps {
-        let p = latency_run(url, 8, 2_000, seconds, Duration::from_millis(2)).await?;
-        p50s.push(p.p50.as_secs_f64() * 1e3);
-        p99s.push(p.p99.as_secs_f64() * 1e3);
-        maxes.push(p.max.as_secs_f64() * 1e3);
-    }
-    let p99 = stats::median(&p99s).ok_or("no runs")?;
-    writeln!(
-        report,
-        "\n## Commit to handler at 2,000 events/s ({seconds} s, LISTEN)\n\n\
-         | consumer | p50 ms | p99 ms | max ms | goal p99 <= 10 ms |\n|---|---|---|---|---|\n\
-         | 8 lanes, a 2 ms handler | {:.2} | {p99:.2} | {:.2} | {} |\n\
-         | baseline: 1 lane, a no-op handler (one run) | {:.2} | {:.2} | {:.2} | |",
-        stats::median(&p50s).ok_or("no runs")?,
-        stats::median(&maxes).ok_or("no runs")?,
-        if p99 <= 10.0 { "met" } else { "not met" },
-        baseline.p50.as_secs_f64() * 1e3,
-        baseline.p99.as_secs_f64() * 1e3,
-        baseline.max.as_secs_f64() * 1e3,
-    )?;
     std::fs::write(&args.results, &report)?;
     Ok(report)
 }

@@ -78,7 +78,7 @@ pub(crate) struct Stamp {
     /// Monotonic: the latency itself.
     pub(crate) mono: Instant,
     /// Wall clock, comparable with `sequenced_at`: the split.
-    wall: DateTime<Utc>,
+    pub(crate) wall: DateTime<Utc>,
 }
 
 impl Stamp {
@@ -251,14 +251,14 @@ pub async fn run(url: &str, scenario: Scenario) -> BoxResult<Outcome> {
 }
 
 /// A signed wall-clock difference in milliseconds.
-fn millis(delta: chrono::TimeDelta) -> f64 {
+pub(crate) fn millis(delta: chrono::TimeDelta) -> f64 {
     delta
         .num_microseconds()
         .map_or(f64::NAN, |us| us as f64 / 1000.0)
 }
 
 /// Nearest-rank p50 and p99 of signed values (NaN when empty).
-fn p50_p99(values: &mut [f64]) -> (f64, f64) {
+pub(crate) fn p50_p99(values: &mut [f64]) -> (f64, f64) {
     if values.is_empty() {
         return (f64::NAN, f64::NAN);
     }
@@ -346,7 +346,10 @@ pub(crate) async fn write_share(
 
 /// When each of the project's events was numbered (`sequenced_at`: the numbering tick's
 /// transaction start), by event ID.
-async fn numbered_at(url: &str, project: &str) -> BoxResult<HashMap<String, DateTime<Utc>>> {
+pub(crate) async fn numbered_at(
+    url: &str,
+    project: &str,
+) -> BoxResult<HashMap<String, DateTime<Utc>>> {
     let client = db::connect(&db::parse(url)?).await?;
     let rows = client
         .query(
