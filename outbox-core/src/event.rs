@@ -218,12 +218,60 @@ impl TaskDeleted {
 
 /// RFC 3339 in UTC with exactly six fractional digits, as used in event IDs.
 pub fn format_timestamp(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    use chrono::{Datelike as _, Timelike as _};
+    // Written field by field: every event line and relayed message formats two timestamps,
+    // and chrono's general formatter costs several times as much. Years of four digits only
+    // (chrono's own form of the others is kept).
+    if !(0..=9999).contains(&at.year()) {
+        return at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    }
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        at.year(),
+        at.month(),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.nanosecond() % 1_000_000_000 / 1_000
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn a_timestamp_formats_as_chrono_formats_it(micros in 0_i64..253_402_300_800_000_000) {
+            let at = DateTime::from_timestamp_micros(micros).unwrap();
+            proptest::prop_assert_eq!(
+                format_timestamp(at),
+                at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+            );
+        }
+    }
+
+    #[test]
+    fn a_timestamp_formats_with_six_fractional_digits_in_utc() {
+        use chrono::TimeZone as _;
+        let at = Utc.with_ymd_and_hms(2026, 3, 4, 5, 6, 7).unwrap();
+        assert_eq!(format_timestamp(at), "2026-03-04T05:06:07.000000Z");
+        let at = at + chrono::Duration::nanoseconds(123_456_789);
+        assert_eq!(format_timestamp(at), "2026-03-04T05:06:07.123456Z");
+        for at in [
+            at,
+            Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(12345, 1, 2, 3, 4, 5).unwrap(),
+            Utc.with_ymd_and_hms(-5, 1, 2, 3, 4, 5).unwrap(),
+        ] {
+            assert_eq!(
+                format_timestamp(at),
+                at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+            );
+        }
+    }
 
     #[test]
     fn payload_text_is_the_json_without_jsonb_s_version_byte() {

@@ -35,11 +35,11 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::publish::PublishAck;
+use async_nats::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use outbox_consumer::handler::PartialAck;
 use outbox_consumer::{FailureClass, Handler, HandlerFailure, LiveSet, ObservedEvent, Reconciler};
@@ -151,6 +151,8 @@ pub struct Publisher {
     pub(crate) stream: StreamSpec,
     /// Each declared type's subject.
     subjects: EventSubjects,
+    /// The CloudEvents source of the project's events (`ce-source`).
+    event_source: String,
     /// The database, to recognise the relay's own messages in the stream (see
     /// `provenance`); without it only their headers are checked.
     pub(crate) ledger: Option<Ledger>,
@@ -179,6 +181,7 @@ impl Publisher {
         let subjects =
             EventSubjects::new(&settings.prefix, &settings.project, &settings.event_types);
         Self {
+            event_source: provenance::event_source(&settings.project),
             settings,
             stream,
             subjects,
@@ -354,34 +357,40 @@ impl Publisher {
     /// expectations, which `send` adds): the one place a message's own headers are built.
     fn headers(&self, sequence: i64) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert("Outbox-Sequence", sequence.to_string().as_str());
-        headers.insert("Outbox-Project", self.settings.project.as_str());
+        headers.insert(
+            HeaderName::from_static("Outbox-Sequence"),
+            sequence.to_string(),
+        );
+        headers.insert(
+            HeaderName::from_static("Outbox-Project"),
+            self.settings.project.as_str(),
+        );
         headers
     }
 
     /// An event's headers: [`Publisher::headers`] and the CloudEvents binary-mode attributes
     /// (the sequence zero-padded to 20 digits, so that it orders as a string), with the
-    /// writer's trace context when it passed one.
+    /// writer's trace context when it passed one. Names are static and values moved in where
+    /// they are made: a relay builds these for every event.
     fn event_headers(&self, event: &ObservedEvent) -> HeaderMap {
         let mut headers = self.headers(event.sequence);
-        let source = provenance::event_source(&self.settings.project);
-        let time = outbox_core::event::format_timestamp(event.occurred_at);
-        let sequence = format!("{:020}", event.sequence);
-        let schema = outbox_core::contract::schema_urn(&event.event_type, event.type_major.into());
-        for (name, value) in [
-            ("ce-specversion", "1.0"),
-            ("ce-id", event.event_id.as_str()),
-            ("ce-source", source.as_str()),
-            ("ce-type", event.event_type.as_str()),
-            ("ce-time", time.as_str()),
-            ("ce-subject", event.task_id.as_str()),
-            ("ce-sequence", sequence.as_str()),
-            ("ce-dataschema", schema.as_str()),
-        ] {
-            headers.insert(name, value);
-        }
+        let name = HeaderName::from_static;
+        headers.insert(name("ce-specversion"), "1.0");
+        headers.insert(name("ce-id"), event.event_id.as_str());
+        headers.insert(name("ce-source"), self.event_source.as_str());
+        headers.insert(name("ce-type"), event.event_type.as_str());
+        headers.insert(
+            name("ce-time"),
+            outbox_core::event::format_timestamp(event.occurred_at),
+        );
+        headers.insert(name("ce-subject"), event.task_id.as_str());
+        headers.insert(name("ce-sequence"), format!("{:020}", event.sequence));
+        headers.insert(
+            name("ce-dataschema"),
+            outbox_core::contract::schema_urn(&event.event_type, event.type_major.into()),
+        );
         if let Some(traceparent) = &event.traceparent {
-            headers.insert("traceparent", traceparent.as_str());
+            headers.insert(name("traceparent"), traceparent.as_str());
         }
         headers
     }
