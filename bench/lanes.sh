@@ -4,6 +4,7 @@
 #
 #   bench/lanes.sh                   full run: 3 repetitions, 5 s per run
 #   BENCH_QUICK=1 bench/lanes.sh     smoke run: 1 repetition, 2 s per run
+#   bench/lanes.sh --only latency    one part (sleeping, catch-up, latency; comma-separated)
 #
 # Environment: BENCH_REPS, BENCH_LATENCY_SECONDS (see `outbox-bench lanes --help`),
 # OUTBOX_BENCH_PG_DIR (default <project>/.pg-bench-lanes), OUTBOX_BENCH_PG_PORT (default 54336).
