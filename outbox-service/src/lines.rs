@@ -34,7 +34,10 @@ pub fn event_line(event: &ObservedEvent) -> String {
         type_minor: event.type_minor,
         writer_process_id: &event.writer_process_id,
     };
-    serde_json::to_string(&line).expect("event lines serialize")
+    // Sized for a line at once: grown from serde_json's default, it would be copied three times.
+    let mut text = Vec::with_capacity(640 + event.payload.as_str().len());
+    serde_json::to_writer(&mut text, &line).expect("event lines serialize");
+    String::from_utf8(text).expect("serde_json writes UTF-8")
 }
 
 /// An event line's fields, declared in byte order of their names: the order a JSON object
